@@ -1,0 +1,1 @@
+"""pymooncake.api (see DESIGN.md §2)."""

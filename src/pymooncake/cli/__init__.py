@@ -1,0 +1,1 @@
+"""The ``pymooncake`` command: one entry point, one sub-command per component."""

@@ -1,0 +1,87 @@
+"""``pymooncake`` command-line entry point.
+
+Every sub-command lives in its own module under ``pymooncake.cli`` and exposes
+``register(subparsers)``; the modules are listed in ``COMMAND_MODULES`` and imported
+lazily enough that a command never pays for another component's imports (torch is only
+imported by the engine's commands when they run).
+
+Conventions for every sub-command:
+
+* ``--help`` on each;
+* ``--json`` on each that reports figures: one JSON document on stdout;
+* bad arguments → exit status 2 and a single ``pymooncake: error: ...`` line on stderr;
+* a runtime failure the user can fix (missing file, malformed trace line) → exit status 1
+  and a single ``pymooncake: error: ...`` line, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Sub-command modules, each with ``register(subparsers) -> None``.
+COMMAND_MODULES: tuple[str, ...] = (
+    "pymooncake.cli.trace",
+    "pymooncake.cli.transfer",
+    "pymooncake.cli.store",
+    "pymooncake.cli.engine",
+    "pymooncake.cli.sim",
+    "pymooncake.cli.bench",
+)
+
+
+class UsageError(Exception):
+    """Bad arguments detected after parsing (exit status 2)."""
+
+
+class CommandError(Exception):
+    """A failure the user can fix, reported as one line (exit status 1)."""
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse with a one-line error message and exit status 2 on bad arguments."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from pymooncake import __version__
+
+    parser = OneLineArgumentParser(
+        prog="pymooncake",
+        description="Mooncake-style KVCache-centric disaggregated LLM serving in Python.",
+    )
+    parser.add_argument("--version", action="version", version=f"pymooncake {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineArgumentParser)
+    sub.required = True
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(name)
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:  # a command group given without its sub-command
+        args.parser_for_help.print_help(sys.stderr)
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except UsageError as e:
+        sys.stderr.write(f"pymooncake: error: {e}\n")
+        return 2
+    except CommandError as e:
+        sys.stderr.write(f"pymooncake: error: {e}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

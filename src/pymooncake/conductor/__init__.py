@@ -1,0 +1,1 @@
+"""pymooncake.conductor (see DESIGN.md §2)."""

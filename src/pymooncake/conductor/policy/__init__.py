@@ -1,0 +1,1 @@
+"""pymooncake.conductor.policy (see DESIGN.md §2)."""

@@ -1,0 +1,1 @@
+"""pymooncake.engine (see DESIGN.md §2)."""

@@ -1,0 +1,1 @@
+"""pymooncake.identity (see DESIGN.md §2)."""

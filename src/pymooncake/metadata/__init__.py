@@ -1,0 +1,1 @@
+"""pymooncake.metadata (see DESIGN.md §2)."""

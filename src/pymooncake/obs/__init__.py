@@ -1,0 +1,1 @@
+"""pymooncake.obs (see DESIGN.md §2)."""

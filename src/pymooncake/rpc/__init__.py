@@ -1,0 +1,1 @@
+"""pymooncake.rpc (see DESIGN.md §2)."""

@@ -1,0 +1,1 @@
+"""pymooncake.sim (see DESIGN.md §2)."""

@@ -1,0 +1,1 @@
+"""pymooncake.store (see DESIGN.md §2)."""

@@ -1,0 +1,1 @@
+"""pymooncake.transfer (see DESIGN.md §2)."""

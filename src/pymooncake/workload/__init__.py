@@ -1,0 +1,1 @@
+"""pymooncake.workload (see DESIGN.md §2)."""

@@ -1,0 +1,55 @@
+"""CLI conventions: --help everywhere, exit status 2 with one line on bad arguments."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pymooncake.cli.main import build_parser
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pymooncake", *args],
+                          capture_output=True, text=True, check=False, timeout=120)
+
+
+def test_top_level_help() -> None:
+    out = run_cli("--help")
+    assert out.returncode == 0
+    assert "usage: pymooncake" in out.stdout
+
+
+@pytest.mark.parametrize("args", [["--no-such-flag"], ["no-such-command"], []])
+def test_bad_arguments_exit_2_with_one_line(args: list[str]) -> None:
+    out = run_cli(*args)
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("pymooncake: error:")
+
+
+def _all_subcommands() -> list[list[str]]:
+    """Every leaf command path, e.g. ['trace', 'stats']."""
+    paths: list[list[str]] = []
+
+    def walk(parser, prefix):  # noqa: ANN001
+        for action in parser._actions:
+            if action.__class__.__name__ == "_SubParsersAction":
+                for name, child in action.choices.items():
+                    walk(child, [*prefix, name])
+                return
+        if prefix:
+            paths.append(prefix)
+
+    walk(build_parser(), [])
+    return paths
+
+
+def test_every_subcommand_has_help() -> None:
+    paths = _all_subcommands()
+    for path in paths:
+        out = run_cli(*path, "--help")
+        assert out.returncode == 0, (path, out.stderr)
+        assert "usage:" in out.stdout
