@@ -1,1 +1,2 @@
-"""pymooncake.obs (see DESIGN.md §2)."""
+"""Observability: one Prometheus registry (``obs.metrics``), spans (``obs.tracing``),
+logging (``obs.logging``) and SLO arithmetic (``obs.slo``)."""
