@@ -9,7 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 
-def add_group(subparsers: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:
+def add_group(subparsers: argparse._SubParsersAction, name: str,
+              help: str) -> argparse._SubParsersAction:
     """Add a command group (``pymooncake NAME SUB ...``) and return its sub-parsers.
 
     ``pymooncake NAME`` alone prints the group's help and exits with status 2.

@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Mooncake-style KVCache-centric disaggregated LLM serving in Python.",
     )
     parser.add_argument("--version", action="version", version=f"pymooncake {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineArgumentParser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                parser_class=OneLineArgumentParser)
     sub.required = True
     for name in COMMAND_MODULES:
         module = importlib.import_module(name)
