@@ -1,1 +1,23 @@
-"""pymooncake.rpc (see DESIGN.md §2)."""
+"""The one control-plane RPC layer: msgpack frames over TCP, typed messages, timeouts.
+
+No pickle on the wire. Every call has a timeout. See ``rpc.codec`` for the frame format,
+``rpc.server.RpcServer`` and ``rpc.client.RpcClient`` / ``SyncRpcClient`` for the ends.
+"""
+
+from pymooncake.rpc.client import RpcClient, SyncRpcClient
+from pymooncake.rpc.codec import MAX_FRAME_BYTES, from_wire, to_wire
+from pymooncake.rpc.errors import ErrorCode, RpcConnectionError, RpcError, RpcTimeout
+from pymooncake.rpc.server import RpcServer
+
+__all__ = [
+    "MAX_FRAME_BYTES",
+    "ErrorCode",
+    "RpcClient",
+    "RpcConnectionError",
+    "RpcError",
+    "RpcServer",
+    "RpcTimeout",
+    "SyncRpcClient",
+    "from_wire",
+    "to_wire",
+]

@@ -1,0 +1,212 @@
+"""RPC clients: ``RpcClient`` (asyncio, multiplexed) and ``SyncRpcClient`` (blocking).
+
+Both connect on first use and reconnect on the next call after the connection is lost.
+Every call has a timeout (``timeout_s``, seconds). A call that times out or loses its
+connection raises ``RpcTimeout`` / ``RpcConnectionError``; the request may or may not
+have run on the server, so callers retry only idempotent methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import socket
+import threading
+from typing import Any
+
+from pymooncake.rpc.codec import HEADER, MAX_FRAME_BYTES, pack_frame, to_wire, unpack_body
+from pymooncake.rpc.errors import ErrorCode, RpcConnectionError, RpcError, RpcTimeout
+
+
+def _result_of(msg: Any) -> Any:
+    if not isinstance(msg, dict):
+        raise RpcError(ErrorCode.MALFORMED_FRAME, f"response is not a map: {msg!r:.80}")
+    err = msg.get("e")
+    if err is not None:
+        if not isinstance(err, dict):
+            raise RpcError(ErrorCode.MALFORMED_FRAME, f"malformed error response: {err!r:.80}")
+        raise RpcError(str(err.get("c", ErrorCode.INTERNAL)), str(err.get("s", "")), err.get("d"))
+    return msg.get("r")
+
+
+class RpcClient:
+    """Asyncio client; many calls may be in flight on its one connection.
+
+    Use from one event loop. ``await call(method, params)`` returns the handler's result
+    or raises ``RpcError`` (with the server's code), ``RpcTimeout`` or
+    ``RpcConnectionError``.
+    """
+
+    def __init__(self, host: str, port: int, timeout_s: float = 5.0,
+                 connect_timeout_s: float = 5.0) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.host, self.port = host, port
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._connect_lock: asyncio.Lock | None = None
+
+    async def _ensure_connected(self) -> asyncio.StreamWriter:
+        if self._writer is not None and not self._writer.is_closing():
+            return self._writer
+        if self._connect_lock is None:
+            self._connect_lock = asyncio.Lock()
+        async with self._connect_lock:
+            if self._writer is not None and not self._writer.is_closing():
+                return self._writer
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port, limit=2**20),
+                    self.connect_timeout_s)
+            except (TimeoutError, OSError) as e:
+                raise RpcConnectionError(
+                    f"cannot connect to {self.host}:{self.port}: {e or type(e).__name__}") from e
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._writer = writer
+            self._reader_task = asyncio.ensure_future(self._read_loop(reader))
+            return writer
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        reason = "connection closed by the server"
+        try:
+            while True:
+                header = await reader.readexactly(HEADER.size)
+                (length,) = HEADER.unpack(header)
+                if length > MAX_FRAME_BYTES:
+                    reason = f"server sent a frame of {length} bytes"
+                    return
+                body = await reader.readexactly(length)
+                try:
+                    msg = unpack_body(body)
+                except ValueError:
+                    continue
+                rid = msg.get("i") if isinstance(msg, dict) else None
+                fut = self._pending.pop(rid, None) if isinstance(rid, int) else None
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            reason = f"connection lost: {e}"
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+            self._writer = None
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(RpcConnectionError(
+                        f"{self.host}:{self.port}: {reason}"))
+            self._pending.clear()
+
+    async def call(self, method: str, params: Any = None, timeout_s: float | None = None) -> Any:
+        """Call ``method`` with ``params`` (plain data or a dataclass) and return the result."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        writer = await self._ensure_connected()
+        rid = next(self._ids)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        try:
+            writer.write(pack_frame({"i": rid, "m": method, "p": to_wire(params)}))
+            if writer.transport.get_write_buffer_size() > 4 * 2**20:
+                await writer.drain()
+            msg = await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            raise RpcTimeout(f"{method} to {self.host}:{self.port}: no response in "
+                             f"{timeout:.3g} s") from None
+        finally:
+            self._pending.pop(rid, None)
+        return _result_of(msg)
+
+    async def notify(self, method: str, params: Any = None) -> None:
+        """Send a one-way notice (no response, no delivery guarantee)."""
+        writer = await self._ensure_connected()
+        writer.write(pack_frame({"m": method, "p": to_wire(params)}))
+
+    async def close(self) -> None:
+        """Close the connection; calls in flight fail with ``RpcConnectionError``."""
+        if self._writer is not None:
+            self._writer.close()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader_task
+            self._reader_task = None
+
+
+class SyncRpcClient:
+    """Blocking client for threads without an event loop; thread-safe (one call at a time).
+
+    After a timeout or a lost connection the socket is dropped (a late response would
+    desynchronise it) and the next call reconnects.
+    """
+
+    def __init__(self, host: str, port: int, timeout_s: float = 5.0) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.host, self.port = host, port
+        self.timeout_s = timeout_s
+        self._sock: socket.socket | None = None
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._buf = bytearray()
+
+    def _connect(self) -> socket.socket:
+        if self._sock is None:
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
+            except OSError as e:
+                raise RpcConnectionError(f"cannot connect to {self.host}:{self.port}: {e}") from e
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock = sock
+            self._buf.clear()
+        return self._sock
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+        self._sock = None
+        self._buf.clear()
+
+    def _recv_exact(self, sock: socket.socket, n: int) -> bytes:
+        while len(self._buf) < n:
+            chunk = sock.recv(max(65536, n - len(self._buf)))
+            if not chunk:
+                raise ConnectionError("connection closed by the server")
+            self._buf += chunk
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+    def call(self, method: str, params: Any = None, timeout_s: float | None = None) -> Any:
+        """Call ``method`` and block for its result (see ``RpcClient.call``)."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        with self._lock:
+            sock = self._connect()
+            rid = next(self._ids)
+            try:
+                sock.settimeout(timeout)
+                sock.sendall(pack_frame({"i": rid, "m": method, "p": to_wire(params)}))
+                while True:
+                    (length,) = HEADER.unpack(self._recv_exact(sock, HEADER.size))
+                    if length > MAX_FRAME_BYTES:
+                        raise ConnectionError(f"server sent a frame of {length} bytes")
+                    msg = unpack_body(self._recv_exact(sock, length))
+                    if isinstance(msg, dict) and msg.get("i") == rid:
+                        return _result_of(msg)
+            except TimeoutError:
+                self._drop()
+                raise RpcTimeout(f"{method} to {self.host}:{self.port}: no response in "
+                                 f"{timeout:.3g} s") from None
+            except (OSError, ValueError) as e:
+                self._drop()
+                raise RpcConnectionError(f"{method} to {self.host}:{self.port}: {e}") from e
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()

@@ -1,0 +1,157 @@
+"""Wire format of the RPC layer, and dataclass ↔ wire conversion.
+
+A frame is a 4-byte big-endian unsigned length followed by that many bytes of msgpack
+(``use_bin_type=True``; bytes stay bytes, str stays str; no pickle, no ext types).
+
+* request:  ``{"i": int id, "m": str method, "p": params}``
+* response: ``{"i": id, "r": result}`` or ``{"i": id, "e": {"c": code, "s": message, "d": data}}``
+* one-way notice (no response): ``{"m": str method, "p": params}`` (no ``"i"``)
+
+Frames over ``MAX_FRAME_BYTES`` are refused (``MALFORMED_FRAME``) and the connection is
+closed, since the stream cannot be resynchronised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import types
+import typing
+from typing import Any
+
+import msgpack
+
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+"""Largest frame either end accepts (bytes). Bulk data goes through the Transfer Engine."""
+
+HEADER = struct.Struct(">I")
+
+
+def pack_frame(obj: Any) -> bytes:
+    """msgpack ``obj`` and prefix its length. Raises ``ValueError`` if over the limit."""
+    body = msgpack.packb(obj, use_bin_type=True, default=_default)
+    if len(body) > MAX_FRAME_BYTES:
+        raise ValueError(f"frame of {len(body)} bytes exceeds MAX_FRAME_BYTES={MAX_FRAME_BYTES}")
+    return HEADER.pack(len(body)) + body
+
+
+def unpack_body(body: bytes) -> Any:
+    """Decode one frame body (raises ``ValueError`` on malformed msgpack)."""
+    try:
+        return msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several exception types for bad input
+        raise ValueError(f"malformed msgpack frame: {e}") from e
+
+
+def _default(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return to_wire(obj)
+    if isinstance(obj, tuple | set | frozenset):
+        return list(obj)
+    if isinstance(obj, memoryview):
+        return obj.tobytes()
+    raise TypeError(f"cannot send {type(obj).__name__} over RPC; use plain data or a dataclass")
+
+
+def to_wire(obj: Any) -> Any:
+    """Dataclasses → dicts of their fields (recursively), tuples → lists; else unchanged."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list | tuple):
+        return [to_wire(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_wire(v) for k, v in obj.items()}
+    return obj
+
+
+_SCALARS = (int, float, str, bytes, bool, type(None))
+
+
+def _convert(value: Any, hint: Any, where: str) -> Any:
+    """Check ``value`` against the type ``hint`` and convert lists/dicts to the hinted type."""
+    if hint is Any or hint is object:
+        return value
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for alt in args:
+            try:
+                return _convert(value, alt, where)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(f"{where}: {value!r} matches none of {hint}")
+    if hint is type(None) or hint is None:
+        if value is not None:
+            raise ValueError(f"{where}: expected None, got {type(value).__name__}")
+        return None
+    if dataclasses.is_dataclass(hint):
+        return from_wire(hint, value, where)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        if args and len(args) != len(value):
+            raise ValueError(f"{where}: expected {len(args)} items, got {len(value)}")
+        return tuple(_convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(args, value,
+                                                                                   strict=False)))
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
+        return [_convert(v, args[0], f"{where}[{i}]") if args else v for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected a map, got {type(value).__name__}")
+        if not args:
+            return value
+        return {_convert(k, args[0], f"{where} key"): _convert(v, args[1], f"{where}[{k!r}]")
+                for k, v in value.items()}
+    if isinstance(hint, type) and hint in _SCALARS:
+        if hint is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if hint is int and isinstance(value, bool):
+            raise ValueError(f"{where}: expected int, got bool")
+        if not isinstance(value, hint):
+            raise ValueError(f"{where}: expected {hint.__name__}, got {type(value).__name__}")
+        return value
+    if isinstance(hint, type) and issubclass(hint, str | int) and isinstance(value, str | int):
+        return hint(value)  # enums and NewType-like str/int subclasses
+    if getattr(hint, "__supertype__", None) is not None:  # typing.NewType
+        return _convert(value, hint.__supertype__, where)
+    return value
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def from_wire(cls: type, data: Any, where: str | None = None) -> Any:
+    """Build the dataclass ``cls`` from a wire map, checking field names and types.
+
+    Raises ``ValueError`` naming the field for: a non-map, an unknown field, a missing
+    required field, or a value of the wrong type. ``cls.__post_init__`` validation runs
+    as usual.
+    """
+    where = where or cls.__name__
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a map, got {type(data).__name__}")
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = typing.get_type_hints(cls)
+        _HINTS[cls] = hints
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {sorted(map(str, unknown))}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if f.name in data:
+            kwargs[f.name] = _convert(data[f.name], hints.get(f.name, Any), f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ValueError(f"{where}: missing field {f.name!r}")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from e
