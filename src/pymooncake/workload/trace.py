@@ -90,7 +90,8 @@ class TraceRequest:
         if not _is_int(self.output_length) or self.output_length < 0:
             raise ValueError(f"output_length must be an int >= 0, got {self.output_length!r}")
         if not isinstance(self.hash_ids, tuple):
-            raise ValueError(f"hash_ids must be a tuple of ints, got {type(self.hash_ids).__name__}")
+            raise ValueError("hash_ids must be a tuple of ints, "
+                             f"got {type(self.hash_ids).__name__}")
         for h in self.hash_ids:
             if not _is_int(h) or h < 0:
                 raise ValueError(f"hash_ids must be ints >= 0, got {h!r}")
