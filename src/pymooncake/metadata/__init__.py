@@ -1,1 +1,50 @@
-"""pymooncake.metadata (see DESIGN.md §2)."""
+"""pymooncake.metadata: key-value metadata with TTL leases and watches (DESIGN.md §2).
+
+Backends, chosen by URL with :func:`open_metadata`:
+
+* ``embedded://[name]`` (default): in-process, shared by handles of the same name;
+* ``http://host:port/metadata``: Mooncake-style HTTP metadata server
+  (``pymooncake metadata-server``, :class:`~pymooncake.metadata.http.MetadataHttpServer`);
+* ``etcd://host:port``: a real etcd v3 server.
+"""
+
+from __future__ import annotations
+
+from pymooncake.metadata.base import (
+    EventKind,
+    KeyValue,
+    LeaseId,
+    LeaseNotFound,
+    MetadataError,
+    MetadataStore,
+    Watch,
+    WatchCompacted,
+    WatchEvent,
+)
+
+__all__ = [
+    "EventKind", "KeyValue", "LeaseId", "LeaseNotFound", "MetadataError", "MetadataStore",
+    "Watch", "WatchCompacted", "WatchEvent", "open_metadata",
+]
+
+
+def open_metadata(url: str = "embedded://") -> MetadataStore:
+    """A :class:`MetadataStore` for ``url``.
+
+    Accepts ``embedded://`` / ``embedded://name``, ``http://host:port/metadata`` (Mooncake's
+    form) and ``etcd://host:port``. Raises ``ValueError`` for any other scheme.
+    """
+    if url.startswith("embedded://"):
+        from pymooncake.metadata.embedded import EmbeddedMetadata
+
+        return EmbeddedMetadata(url[len("embedded://"):] or "default")
+    if url.startswith("http://"):
+        from pymooncake.metadata.http import HttpMetadata
+
+        return HttpMetadata(url)
+    if url.startswith("etcd://"):
+        from pymooncake.metadata.etcd import EtcdMetadata
+
+        return EtcdMetadata(url)
+    raise ValueError(f"unsupported metadata url {url!r}: use embedded://[name], "
+                     "http://host:port/metadata or etcd://host:port")

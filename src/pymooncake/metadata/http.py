@@ -1,0 +1,357 @@
+"""HTTP metadata backend: a small stdlib server and an httpx client (``http://h:p/metadata``).
+
+Wire format follows Mooncake's HTTP metadata server: ``GET|PUT|DELETE /metadata?key=<k>``
+with the raw value as the body (a second PUT of a ``mooncake/rpc_meta/`` key is refused with
+HTTP 400, as Mooncake does). pymooncake adds, on the same server:
+
+* ``PUT /metadata?key=k&lease_id=N`` attach to a lease; ``&create=1`` put-if-absent (409);
+* ``GET /metadata/prefix?prefix=p`` → msgpack ``[[key, value, mod_revision, lease_id], ...]``;
+* ``POST /lease?ttl_s=T`` → lease id; ``POST /lease/keepalive?lease_id=N``;
+  ``DELETE /lease?lease_id=N`` (404 for an unknown or expired lease);
+* ``GET /watch?prefix=p&since=R&timeout_s=T`` long-poll → msgpack
+  ``{"revision": R', "events": [[kind, key, value, revision], ...]}``; ``since=-1`` only
+  returns the current revision; 410 when the events after ``R`` were compacted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import msgpack
+
+from pymooncake.metadata.base import (
+    EventKind,
+    KeyValue,
+    LeaseId,
+    LeaseNotFound,
+    MetadataError,
+    WatchCompacted,
+    WatchEvent,
+)
+from pymooncake.metadata.embedded import SharedState
+from pymooncake.obs.logging import init_logger
+
+logger = init_logger(__name__)
+
+MAX_WATCH_POLL_S = 30.0
+"""Longest a watch long-poll is held open by the server."""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        logger.debug("metadata http: " + format, *args)
+
+    def _reply(self, status: int, body: bytes = b"", ctype: str = "application/octet-stream",
+               headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, message: str) -> None:
+        self._reply(status, message.encode(), "text/plain; charset=utf-8")
+
+    def _params(self) -> tuple[str, dict[str, str]]:
+        parts = urlsplit(self.path)
+        q = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+        return parts.path, q
+
+    def _body(self) -> bytes:
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n > 0 else b""
+
+    def _dispatch(self, method: str) -> None:
+        path, q = self._params()
+        body = self._body() if method in ("PUT", "POST") else b""
+        st = self.server.state
+        try:
+            if path == "/metadata":
+                key = q.get("key", "")
+                if not key:
+                    return self._error(400, "missing query parameter 'key'")
+                if method == "GET":
+                    kv = st.run(st.kv.get, key)
+                    if kv is None:
+                        return self._error(404, f"metadata key not found: {key}")
+                    return self._reply(200, kv.value, headers={
+                        "X-Mod-Revision": str(kv.mod_revision),
+                        "X-Lease-Id": str(kv.lease_id or 0)})
+                if method == "PUT":
+                    lease = int(q["lease_id"]) if q.get("lease_id") else None
+                    create = q.get("create") in ("1", "true")
+                    if key.startswith("mooncake/rpc_meta/"):
+                        create = True
+                    if create:
+                        ok = st.run(lambda now: st.kv.create(key, body, now, lease))
+                        if not ok:
+                            code = 400 if key.startswith("mooncake/rpc_meta/") else 409
+                            return self._error(code, f"metadata key already exists: {key}")
+                        return self._reply(200, str(st.kv.revision).encode())
+                    rev = st.run(lambda now: st.kv.put(key, body, now, lease))
+                    return self._reply(200, str(rev).encode())
+                if method == "DELETE":
+                    if st.run(st.kv.delete, key):
+                        return self._reply(200)
+                    return self._error(404, f"metadata key not found: {key}")
+            elif path == "/metadata/prefix" and method == "GET":
+                kvs = st.run(st.kv.get_prefix, q.get("prefix", ""))
+                rows = [[kv.key, kv.value, kv.mod_revision, kv.lease_id or 0] for kv in kvs]
+                return self._reply(200, msgpack.packb(rows))
+            elif path == "/lease":
+                if method == "POST":
+                    lid = st.run(st.kv.grant_lease, float(q.get("ttl_s", "nan")))
+                    return self._reply(200, str(lid).encode())
+                if method == "DELETE":
+                    st.run(st.kv.revoke_lease, int(q["lease_id"]))
+                    return self._reply(200)
+            elif path == "/lease/keepalive" and method == "POST":
+                st.run(st.kv.keep_alive, int(q["lease_id"]))
+                return self._reply(200)
+            elif path == "/watch" and method == "GET":
+                return self._watch(q)
+            elif path == "/health" and method == "GET":
+                return self._reply(200, b"ok", "text/plain")
+            return self._error(404, f"no route {method} {path}")
+        except LeaseNotFound as e:
+            return self._error(404, str(e))
+        except WatchCompacted as e:
+            return self._error(410, str(e))
+        except (KeyError, ValueError) as e:
+            return self._error(400, f"bad request: {e}")
+
+    def _watch(self, q: dict[str, str]) -> None:
+        st = self.server.state
+        prefix = q.get("prefix", "")
+        since = int(q.get("since", "-1"))
+        timeout_s = min(float(q.get("timeout_s", "10")), MAX_WATCH_POLL_S)
+        deadline = time.monotonic() + timeout_s
+        with st.lock:
+            st.kv.expire(time.monotonic())
+            if since < 0:
+                events: list[WatchEvent] = []
+            else:
+                while True:
+                    events = st.kv.events_since(since, prefix)
+                    remaining = deadline - time.monotonic()
+                    if events or remaining <= 0 or self.server.stopping:
+                        break
+                    st.lock.wait(timeout=min(remaining, 0.5))
+            revision = st.kv.revision
+        rows = [[e.kind.value, e.key, e.value, e.revision] for e in events]
+        self._reply(200, msgpack.packb({"revision": revision, "events": rows}))
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._dispatch("GET")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._dispatch("PUT")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch("DELETE")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int]) -> None:
+        super().__init__(addr, _Handler)
+        self.state = SharedState()
+        self.stopping = False
+
+
+class MetadataHttpServer:
+    """Mooncake-style HTTP metadata server (``pymooncake metadata-server``).
+
+    ``port=0`` picks a free port; :attr:`url` is the ``http://host:port/metadata`` form that
+    :func:`~pymooncake.metadata.open_metadata` and Mooncake's ``metadata_server`` accept.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._server = _Server((host, port))
+        self.host = host
+        self.port = int(self._server.server_address[1])
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/metadata"
+
+    def start(self) -> MetadataHttpServer:
+        """Serve on a daemon thread; returns ``self``."""
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.1},
+                                        name="metadata-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve on the calling thread until :meth:`stop` (or KeyboardInterrupt)."""
+        self._server.serve_forever(poll_interval=0.1)
+
+    def stop(self) -> None:
+        self._server.stopping = True
+        with self._server.state.lock:
+            self._server.state.lock.notify_all()
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+class _HttpWatch:
+    def __init__(self, md: HttpMetadata, prefix: str, revision: int) -> None:
+        self._md = md
+        self._prefix = prefix
+        self._revision = revision
+        self._buffer: list[WatchEvent] = []
+        self._closed = False
+
+    def __aiter__(self) -> _HttpWatch:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        while not self._buffer:
+            if self._closed:
+                raise StopAsyncIteration
+            payload = await self._md._watch_poll(self._prefix, self._revision, 5.0)
+            self._revision = payload["revision"]
+            self._buffer.extend(payload["events"])
+        return self._buffer.pop(0)
+
+    async def close(self) -> None:
+        self._closed = True
+
+
+class HttpMetadata:
+    """Client of :class:`MetadataHttpServer` (or any server speaking its protocol).
+
+    ``url`` is ``http://host:port/metadata``. Raises :class:`MetadataError` when the server
+    cannot be reached within ``timeout_s`` seconds.
+    """
+
+    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"http metadata url must look like http://host:port/metadata, "
+                             f"got {url!r}")
+        self.url = url
+        self._base = f"http://{parts.hostname}:{parts.port or 80}"
+        self._path = parts.path or "/metadata"
+        self._timeout_s = timeout_s
+        self._clients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
+        self._lock = threading.Lock()
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            entry = self._clients.get(id(loop))
+            if entry is None or entry[0] is not loop:
+                entry = (loop, httpx.AsyncClient(base_url=self._base, timeout=self._timeout_s))
+                self._clients[id(loop)] = entry
+            return entry[1]
+
+    async def _request(self, method: str, path: str, params: dict[str, object],
+                       content: bytes | None = None,
+                       timeout_s: float | None = None) -> httpx.Response:
+        try:
+            return await self._client().request(
+                method, path, params=params, content=content,
+                timeout=timeout_s if timeout_s is not None else self._timeout_s)
+        except httpx.HTTPError as e:
+            raise MetadataError(f"metadata server {self._base} unreachable: {e!r}") from e
+
+    @staticmethod
+    def _check(resp: httpx.Response, ok: tuple[int, ...] = (200,)) -> None:
+        if resp.status_code == 404 and "lease" in resp.text:
+            raise LeaseNotFound(resp.text)
+        if resp.status_code == 410:
+            raise WatchCompacted(resp.text)
+        if resp.status_code not in ok:
+            raise MetadataError(f"metadata server answered {resp.status_code}: {resp.text}")
+
+    async def get(self, key: str) -> KeyValue | None:
+        r = await self._request("GET", self._path, {"key": key})
+        if r.status_code == 404:
+            return None
+        self._check(r)
+        lid = int(r.headers.get("X-Lease-Id", "0"))
+        return KeyValue(key, r.content, int(r.headers.get("X-Mod-Revision", "0")),
+                        LeaseId(lid) if lid else None)
+
+    async def get_prefix(self, prefix: str) -> list[KeyValue]:
+        r = await self._request("GET", self._path + "/prefix", {"prefix": prefix})
+        self._check(r)
+        return [KeyValue(k, v, rev, LeaseId(lid) if lid else None)
+                for k, v, rev, lid in msgpack.unpackb(r.content)]
+
+    async def put(self, key: str, value: bytes, *, lease_id: LeaseId | None = None) -> int:
+        params: dict[str, object] = {"key": key}
+        if lease_id is not None:
+            params["lease_id"] = int(lease_id)
+        r = await self._request("PUT", self._path, params, bytes(value))
+        self._check(r)
+        return int(r.text or 0)
+
+    async def create(self, key: str, value: bytes, *, lease_id: LeaseId | None = None) -> bool:
+        params: dict[str, object] = {"key": key, "create": 1}
+        if lease_id is not None:
+            params["lease_id"] = int(lease_id)
+        r = await self._request("PUT", self._path, params, bytes(value))
+        if r.status_code in (400, 409) and "already exists" in r.text:
+            return False
+        self._check(r)
+        return True
+
+    async def delete(self, key: str) -> bool:
+        r = await self._request("DELETE", self._path, {"key": key})
+        if r.status_code == 404:
+            return False
+        self._check(r)
+        return True
+
+    async def grant_lease(self, ttl_s: float) -> LeaseId:
+        r = await self._request("POST", "/lease", {"ttl_s": ttl_s})
+        self._check(r)
+        return LeaseId(int(r.text))
+
+    async def keep_alive(self, lease_id: LeaseId) -> None:
+        self._check(await self._request("POST", "/lease/keepalive", {"lease_id": int(lease_id)}))
+
+    async def revoke_lease(self, lease_id: LeaseId) -> None:
+        self._check(await self._request("DELETE", "/lease", {"lease_id": int(lease_id)}))
+
+    async def _watch_poll(self, prefix: str, since: int, timeout_s: float) -> dict:
+        r = await self._request("GET", "/watch",
+                                {"prefix": prefix, "since": since, "timeout_s": timeout_s},
+                                timeout_s=timeout_s + self._timeout_s)
+        self._check(r)
+        payload = msgpack.unpackb(r.content)
+        payload["events"] = [WatchEvent(EventKind(kind), key, value, rev)
+                             for kind, key, value, rev in payload["events"]]
+        return payload
+
+    async def watch_prefix(self, prefix: str) -> _HttpWatch:
+        payload = await self._watch_poll(prefix, -1, 0.0)
+        return _HttpWatch(self, prefix, int(payload["revision"]))
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            entry = self._clients.pop(id(loop), None)
+        if entry is not None:
+            await entry[1].aclose()

@@ -1,0 +1,167 @@
+"""One contract suite for every metadata backend: embedded, http (real server), etcd (real)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from pymooncake.metadata import (
+    EventKind,
+    LeaseNotFound,
+    MetadataError,
+    MetadataStore,
+    open_metadata,
+)
+
+_ns = itertools.count()
+
+
+@pytest.fixture(params=["embedded", "http", "etcd"])
+def url(request: pytest.FixtureRequest) -> str:
+    if request.param == "embedded":
+        return f"embedded://contract-{next(_ns)}"
+    if request.param == "http":
+        return request.getfixturevalue("http_metadata_url")
+    return request.getfixturevalue("etcd_url")
+
+
+@pytest.fixture
+def prefix() -> str:
+    # Servers are shared across tests; every test gets its own key space.
+    return f"t{next(_ns)}-{time.monotonic_ns()}/"
+
+
+async def _open(url: str) -> MetadataStore:
+    return open_metadata(url)
+
+
+async def _until(pred, timeout_s: float = 5.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not await pred():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+async def _next(it: AsyncIterator, timeout_s: float = 5.0):  # noqa: ANN202
+    return await asyncio.wait_for(it.__anext__(), timeout=timeout_s)
+
+
+def test_get_put_delete(url: str, prefix: str) -> None:
+    async def main() -> None:
+        md = await _open(url)
+        try:
+            assert await md.get(prefix + "a") is None
+            r1 = await md.put(prefix + "a", b"one")
+            r2 = await md.put(prefix + "a", b"two")
+            assert r2 > r1
+            kv = await md.get(prefix + "a")
+            assert kv is not None and kv.value == b"two" and kv.mod_revision == r2
+            await md.put(prefix + "b", b"\x00\xff" * 3)
+            await md.put(prefix + "c/d", b"")
+            kvs = await md.get_prefix(prefix)
+            assert [(k.key, k.value) for k in kvs] == [
+                (prefix + "a", b"two"), (prefix + "b", b"\x00\xff" * 3), (prefix + "c/d", b"")]
+            assert await md.delete(prefix + "a") is True
+            assert await md.delete(prefix + "a") is False
+            assert await md.get(prefix + "a") is None
+        finally:
+            await md.close()
+
+    asyncio.run(main())
+
+
+def test_create_is_put_if_absent(url: str, prefix: str) -> None:
+    async def main() -> None:
+        md = await _open(url)
+        try:
+            assert await md.create(prefix + "leader", b"A") is True
+            assert await md.create(prefix + "leader", b"B") is False
+            kv = await md.get(prefix + "leader")
+            assert kv is not None and kv.value == b"A"
+        finally:
+            await md.close()
+
+    asyncio.run(main())
+
+
+def test_lease_expiry_deletes_keys_and_keepalive_extends(url: str, prefix: str) -> None:
+    async def main() -> None:
+        md = await _open(url)
+        try:
+            t0 = time.monotonic()
+            short = await md.grant_lease(1.0)
+            kept = await md.grant_lease(1.0)
+            await md.put(prefix + "short", b"x", lease_id=short)
+            await md.put(prefix + "kept", b"y", lease_id=kept)
+            kv = await md.get(prefix + "short")
+            assert kv is not None and kv.lease_id == short
+
+            async def gone() -> bool:
+                await md.keep_alive(kept)
+                return await md.get(prefix + "short") is None
+
+            await _until(gone, timeout_s=6.0)
+            # Expired after its TTL (etcd may round up and expire late, never early).
+            assert time.monotonic() - t0 >= 0.95
+            assert await md.get(prefix + "kept") is not None
+            with pytest.raises(LeaseNotFound):
+                await md.keep_alive(short)
+            with pytest.raises(LeaseNotFound):
+                await md.put(prefix + "late", b"z", lease_id=short)
+            await md.revoke_lease(kept)
+            assert await md.get(prefix + "kept") is None
+        finally:
+            await md.close()
+
+    asyncio.run(main())
+
+
+def test_watch_sees_put_delete_and_expiry(url: str, prefix: str) -> None:
+    async def main() -> None:
+        md = await _open(url)
+        watch = await md.watch_prefix(prefix + "w/")
+        try:
+            await md.put(prefix + "other", b"not watched")
+            await md.put(prefix + "w/1", b"v1")
+            ev = await _next(watch)
+            assert (ev.kind, ev.key, ev.value) == (EventKind.PUT, prefix + "w/1", b"v1")
+            await md.delete(prefix + "w/1")
+            ev = await _next(watch)
+            assert (ev.kind, ev.key, ev.value) == (EventKind.DELETE, prefix + "w/1", b"")
+            lease = await md.grant_lease(1.0)
+            await md.put(prefix + "w/2", b"v2", lease_id=lease)
+            ev = await _next(watch)
+            assert (ev.kind, ev.key) == (EventKind.PUT, prefix + "w/2")
+            # No traffic at all: the expiry must still arrive as a delete.
+            ev = await _next(watch, timeout_s=6.0)
+            assert (ev.kind, ev.key) == (EventKind.DELETE, prefix + "w/2")
+        finally:
+            await watch.close()
+            await md.close()
+
+    asyncio.run(main())
+
+
+def test_unreachable_server_raises_metadata_error() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def main() -> None:
+        for u in (f"http://127.0.0.1:{port}/metadata",):
+            md = open_metadata(u)
+            with pytest.raises(MetadataError):
+                await md.get("x")
+
+    asyncio.run(main())
+
+
+def test_open_metadata_rejects_unknown_scheme() -> None:
+    with pytest.raises(ValueError, match="unsupported metadata url"):
+        open_metadata("redis://127.0.0.1:6379")
