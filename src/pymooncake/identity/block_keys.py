@@ -31,13 +31,23 @@ def encode_block_tokens(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
 
     Raises ``ValueError`` for a token id that is not an integer in ``[0, 2**32)``.
     """
-    arr = np.asarray(token_ids)
+    try:
+        arr = np.asarray(token_ids)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise ValueError(f"token_ids must be a flat sequence of ints in [0, 2**32): {e}") from None
+    if arr.dtype == object:
+        # Python ints beyond int64, or mixed types: check each element exactly.
+        for t in arr.ravel().tolist():
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= _MAX_TOKEN_ID:
+                raise ValueError(f"token ids must be ints in [0, 2**32), got {t!r}")
+        arr = arr.astype(np.int64)
     if arr.ndim != 1:
         raise ValueError(f"token_ids must be one-dimensional, got shape {arr.shape}")
     if arr.size == 0:
         return np.zeros(0, dtype="<u4")
     if arr.dtype.kind not in "iu":
-        raise ValueError(f"token_ids must be integers, got dtype {arr.dtype}")
+        raise ValueError(f"token_ids must be integers in [0, 2**32), got dtype {arr.dtype}"
+                         f" (first value {arr.ravel()[0].item()!r})")
     if int(arr.min()) < 0 or int(arr.max()) > _MAX_TOKEN_ID:
         raise ValueError(f"token ids must be in [0, 2**32), got range [{arr.min()}, {arr.max()}]")
     return arr.astype("<u4", copy=False)

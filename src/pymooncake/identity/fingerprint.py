@@ -65,11 +65,20 @@ def tokenizer_fingerprint(tokenizer_dir: str | Path | None = None,
 def adapter_fingerprint(adapter_files: dict[str, bytes] | str | Path) -> str:
     """BLAKE3 hex digest of an adapter's content (a directory, or name → bytes).
 
-    A directory is hashed over every regular file in it (relative path and content).
-    Raises ``FileNotFoundError`` for a missing or empty directory.
+    A directory is hashed over every regular file in it (relative path and content); the
+    adapter's *name* is not part of it, so one content has one identity on every instance
+    and two contents registered under one name have two (CASES BUG-02).
+    Raises ``FileNotFoundError`` for a missing or empty directory, ``ValueError`` for an
+    empty mapping or one whose values are not bytes.
     """
     if isinstance(adapter_files, dict):
         files = list(adapter_files.items())
+        if not files:
+            raise ValueError("adapter_files is empty: give the adapter's files (name -> bytes)")
+        for name, data in files:
+            if not isinstance(name, str) or not isinstance(data, bytes | bytearray | memoryview):
+                raise ValueError(f"adapter_files must map str names to bytes, got {name!r}: "
+                                 f"{type(data).__name__}")
     else:
         d = Path(adapter_files)
         if not d.is_dir():

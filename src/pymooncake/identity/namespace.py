@@ -16,6 +16,8 @@ Optional "extra" identity (``extra``) has one canonical empty value: ``None``, `
 
 from __future__ import annotations
 
+import numbers
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -33,6 +35,23 @@ KV_DTYPE_BYTES: dict[str, int] = {
     "float8_e5m2": 1,
     "int8": 1,
 }
+
+_WHAT = {
+    "model_id": "give the model name",
+    "weight_revision": "give the commit hash or a content digest of the weight files",
+    "tokenizer_fingerprint": "give identity.tokenizer_fingerprint(...) of the tokenizer",
+    "kv_dtype": f"give one of {sorted(KV_DTYPE_BYTES)}",
+    "kv_layout": "give identity.kv_layout_descriptor(...)",
+}
+_ELEM_BYTES = re.compile(r"(?:^|;)elem_bytes=(\d+)(?:;|$)")
+
+
+def _as_int(name: str, v: Any) -> int:
+    """An integral value (int or numpy integer, never bool) as a plain int."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {v!r}")
+    return int(v)
+
 
 # Version tag of the encoding; changing the encoding must change this tag.
 _NAMESPACE_TAG = b"pymooncake.identity.namespace/v1\x00"
@@ -52,8 +71,12 @@ def kv_layout_descriptor(num_layers: int, num_kv_heads_per_shard: int, head_dim:
         raise ValueError(f"unknown kv_dtype {kv_dtype!r}; known: {sorted(KV_DTYPE_BYTES)}")
     for name, v in (("num_layers", num_layers), ("num_kv_heads_per_shard", num_kv_heads_per_shard),
                     ("head_dim", head_dim)):
-        if not isinstance(v, int) or v <= 0:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if not isinstance(layout, str) or not layout or ";" in layout or "=" in layout:
+        raise ValueError(f"layout must be a non-empty name without ';' or '=', got {layout!r}")
+    num_layers, num_kv_heads_per_shard, head_dim = (
+        int(num_layers), int(num_kv_heads_per_shard), int(head_dim))
     return (f"{layout};layers={num_layers};kv_heads={num_kv_heads_per_shard};"
             f"head_dim={head_dim};elem_bytes={KV_DTYPE_BYTES[kv_dtype]}")
 
@@ -83,9 +106,12 @@ class CacheNamespace:
     All string fields are compared exactly (no case folding). ``digest()`` is stable across
     processes, runs and machines.
 
-    Raises ``ValueError`` on construction for an empty ``model_id``, an unknown
-    ``kv_dtype``, a non-positive ``block_size`` or ``tp_size``, or ``tp_rank`` outside
-    ``[0, tp_size)``.
+    Raises ``ValueError`` on construction for a non-str or empty ``model_id``,
+    ``weight_revision``, ``tokenizer_fingerprint``, ``kv_dtype`` or ``kv_layout``; an
+    unknown ``kv_dtype``; a ``kv_layout`` whose ``elem_bytes=`` disagrees with ``kv_dtype``;
+    a non-int (bools included) or non-positive ``block_size`` or ``tp_size``; ``tp_rank``
+    outside ``[0, tp_size)``; a non-str ``adapter_id``/``tenant_salt``; a malformed
+    ``extra``. Numpy integers are accepted and stored as ``int``.
     """
 
     model_id: str
@@ -118,22 +144,29 @@ class CacheNamespace:
             v = getattr(self, name)
             if not isinstance(v, str):
                 raise ValueError(f"CacheNamespace.{name} must be str, got {type(v).__name__}")
-        if not self.model_id:
-            raise ValueError("CacheNamespace.model_id must not be empty")
+            if not v:
+                raise ValueError(f"CacheNamespace.{name} must not be empty: {_WHAT[name]}")
         if self.kv_dtype not in KV_DTYPE_BYTES:
             raise ValueError(f"CacheNamespace.kv_dtype {self.kv_dtype!r} unknown; "
                              f"use one of {sorted(KV_DTYPE_BYTES)}")
+        for name in ("block_size", "tp_size", "tp_rank"):
+            object.__setattr__(self, name, _as_int(f"CacheNamespace.{name}", getattr(self, name)))
         for name in ("block_size", "tp_size"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            if v <= 0:
                 raise ValueError(f"CacheNamespace.{name} must be a positive int, got {v!r}")
-        if not isinstance(self.tp_rank, int) or not 0 <= self.tp_rank < self.tp_size:
+        if not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"CacheNamespace.tp_rank must be in [0, {self.tp_size}), "
                              f"got {self.tp_rank!r}")
         for name in ("adapter_id", "tenant_salt"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
                 raise ValueError(f"CacheNamespace.{name} must be str or None, got {v!r}")
+        m = _ELEM_BYTES.search(self.kv_layout)
+        if m is not None and int(m.group(1)) != KV_DTYPE_BYTES[self.kv_dtype]:
+            raise ValueError(f"CacheNamespace.kv_layout says elem_bytes={m.group(1)} but kv_dtype "
+                             f"{self.kv_dtype!r} has {KV_DTYPE_BYTES[self.kv_dtype]} bytes per "
+                             "element; build kv_layout with kv_layout_descriptor(..., kv_dtype)")
         object.__setattr__(self, "extra", _normalise_extra(self.extra))
 
     def canonical_bytes(self) -> bytes:
