@@ -1,0 +1,2 @@
+"""The store master: pure cores (objects, allocator, eviction, leases, core) under an asyncio
+service (``service.py``)."""

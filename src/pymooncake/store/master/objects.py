@@ -1,0 +1,99 @@
+"""Object table: key → object → replicas → (segment, addr, length, status) (pure).
+
+An object is written in two phases (paper §3.2; Mooncake ``PutStart``/``PutEnd``): it is
+``PROCESSING`` from ``put_start`` until ``put_end`` publishes it (``COMPLETE``). Readers
+never see a ``PROCESSING`` object. Every write has a fresh ``generation`` number; every
+state-changing call must name it (case BUG-18).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from pymooncake.store.master.leases import Pin
+from pymooncake.store.protocol import TIER_DRAM, TIER_SSD, ReplicaDesc
+
+
+class ObjectState(enum.Enum):
+    PROCESSING = "PROCESSING"
+    COMPLETE = "COMPLETE"
+
+
+@dataclass(slots=True)
+class Replica:
+    replica_id: int
+    segment: str
+    addr: int
+    length: int
+    tier: str = TIER_DRAM
+    host: str = ""
+    complete: bool = False
+
+    def desc(self) -> ReplicaDesc:
+        return ReplicaDesc(self.replica_id, self.segment, self.addr, self.length, self.tier,
+                           self.host, "COMPLETE" if self.complete else "PROCESSING")
+
+
+@dataclass(slots=True)
+class ObjectMeta:
+    key: str
+    size_bytes: int
+    generation: int
+    writer: str
+    put_start_ms: float
+    replicas: list[Replica] = field(default_factory=list)
+    state: ObjectState = ObjectState.PROCESSING
+    pin: Pin = field(default_factory=Pin)
+    soft_pin_ttl_ms: float | None = None
+    last_access_ms: float = 0.0
+    spilling: bool = False
+    promoting: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return self.state is ObjectState.COMPLETE
+
+    def dram_replicas(self) -> list[Replica]:
+        return [r for r in self.replicas if r.tier == TIER_DRAM]
+
+    def ssd_replicas(self) -> list[Replica]:
+        return [r for r in self.replicas if r.tier == TIER_SSD]
+
+    def readable_replicas(self) -> list[Replica]:
+        return [r for r in self.replicas if r.complete]
+
+
+class ObjectTable:
+    """``key → ObjectMeta``; also counts objects per key namespace (prefix)."""
+
+    def __init__(self) -> None:
+        self._objects: dict[str, ObjectMeta] = {}
+
+    def get(self, key: str) -> ObjectMeta | None:
+        return self._objects.get(key)
+
+    def put(self, obj: ObjectMeta) -> None:
+        self._objects[obj.key] = obj
+
+    def pop(self, key: str) -> ObjectMeta | None:
+        return self._objects.pop(key, None)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._objects
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def __iter__(self) -> Iterator[ObjectMeta]:
+        return iter(list(self._objects.values()))
+
+    def keys(self) -> list[str]:
+        return list(self._objects)
+
+
+def namespace_of(key: str, separators: str = "/:") -> str:
+    """The key's namespace prefix: text before the first ``/`` or ``:`` (``""`` if none)."""
+    cut = min((i for i in (key.find(s) for s in separators) if i >= 0), default=-1)
+    return key[:cut] if cut > 0 else ""

@@ -1,0 +1,154 @@
+"""Messages between store clients, storage processes and the master (private to ``store``).
+
+Every state-changing call on an object names the exact write ``generation`` it refers to
+(case BUG-18): ``put_end``/``put_revoke`` of an older generation are refused as stale.
+Addresses are absolute addresses inside the target segment's registered buffer (what the
+Transfer Engine takes as ``target_addr``); lengths are bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pymooncake.store.config import ReplicateConfig
+
+TIER_DRAM = "dram"
+TIER_SSD = "ssd"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaDesc:
+    """One replica: ``length`` bytes at ``addr`` in ``segment`` (``addr=-1`` on SSD)."""
+
+    replica_id: int
+    segment: str
+    addr: int
+    length: int
+    tier: str = TIER_DRAM
+    host: str = ""
+    status: str = "COMPLETE"
+
+
+@dataclass(frozen=True, slots=True)
+class PutHandle:
+    """What ``put_start`` grants: write ``size_bytes`` to each replica, then ``put_end``."""
+
+    key: str
+    generation: int
+    size_bytes: int
+    replicas: tuple[ReplicaDesc, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaList:
+    """Readable replicas of a published object, local-first order is the client's job.
+
+    ``lease_ttl_ms``: the read lease granted with this answer; a read that completes after
+    it has lapsed must report ``LEASE_EXPIRED`` (case BUG-15).
+    """
+
+    key: str
+    size_bytes: int
+    generation: int
+    replicas: tuple[ReplicaDesc, ...]
+    lease_ttl_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class MountRequest:
+    client_id: str
+    segment: str
+    host: str
+    base_addr: int
+    size_bytes: int
+    ssd_capacity_bytes: int = 0
+    rpc_host: str = ""
+    rpc_port: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class UnmountRequest:
+    client_id: str
+    segment: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatRequest:
+    client_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PutStartRequest:
+    client_id: str
+    key: str
+    size_bytes: int
+    config: ReplicateConfig = field(default_factory=ReplicateConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class PutEndRequest:
+    client_id: str
+    key: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRequest:
+    client_id: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class KeysRequest:
+    client_id: str
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveRequest:
+    client_id: str
+    key: str
+    force: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveAllRequest:
+    client_id: str
+    force: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPutStartRequest:
+    client_id: str
+    keys: tuple[str, ...]
+    sizes_bytes: tuple[int, ...]
+    config: ReplicateConfig = field(default_factory=ReplicateConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPutEndRequest:
+    client_id: str
+    keys: tuple[str, ...]
+    generations: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SpillOrder:
+    """Master → storage process: copy ``length`` bytes at ``addr`` of its segment to SSD."""
+
+    key: str
+    generation: int
+    segment: str
+    addr: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOrder:
+    """Master → storage process: read ``key`` from SSD into ``addr`` of its segment."""
+
+    key: str
+    generation: int
+    segment: str
+    addr: int
+    length: int
