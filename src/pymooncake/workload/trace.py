@@ -31,6 +31,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,12 +140,14 @@ def max_hash_ids(input_length: int, block_size: int) -> int:
     return -(-input_length // block_size)
 
 
-def _parse_line(text: str, block_size: int, index: int) -> TraceRequest:
+def _parse_line(raw: bytes, block_size: int, index: int) -> TraceRequest:
     """One non-blank line → ``TraceRequest``; ``ValueError`` says what is wrong."""
     try:
-        obj = json.loads(text)
+        obj = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise ValueError(f"malformed JSON ({e.msg} at column {e.colno})") from None
+        raise ValueError(f"malformed JSON ({e.msg} at column {e.pos + 1})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text (byte {e.start}: {e.reason})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     missing = [f for f in _REQUIRED_FIELDS if f not in obj]
@@ -168,12 +171,12 @@ def _parse_line(text: str, block_size: int, index: int) -> TraceRequest:
     return req
 
 
-def _open_text(path: Path):  # noqa: ANN202
+def _open_binary(path: Path):  # noqa: ANN202
     with open(path, "rb") as f:
         magic = f.read(2)
     if path.suffix == ".gz" or magic == _GZIP_MAGIC:
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rb")
+    return open(path, "rb")
 
 
 def load_trace(path: str | Path, *, skip_invalid: bool = False,
@@ -203,12 +206,12 @@ def load_trace(path: str | Path, *, skip_invalid: bool = False,
     skipped: list[str] = []
     lineno = 0
     try:
-        with _open_text(p) as f:
-            for lineno, text in enumerate(f, start=1):  # noqa: B007 (used after the loop)
-                if not text.strip():
+        with _open_binary(p) as f:
+            for lineno, raw in enumerate(f, start=1):  # noqa: B007 (used after the loop)
+                if not raw.strip():
                     continue
                 try:
-                    requests.append(_parse_line(text, block_size, len(requests)))
+                    requests.append(_parse_line(raw, block_size, len(requests)))
                 except ValueError as e:
                     err = TraceError(str(e), path=name, line=lineno)
                     if not skip_invalid:
@@ -222,7 +225,7 @@ def load_trace(path: str | Path, *, skip_invalid: bool = False,
         raise TraceError("is a directory, not a trace file", path=name) from None
     except PermissionError:
         raise TraceError("permission denied", path=name) from None
-    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError, OSError) as e:
+    except (gzip.BadGzipFile, EOFError, zlib.error, OSError) as e:
         raise TraceError(f"cannot read ({type(e).__name__}: {e})", path=name,
                          line=lineno + 1) from None
     if any(b.timestamp_ms < a.timestamp_ms for a, b in zip(requests, requests[1:], strict=False)):
