@@ -1,0 +1,93 @@
+"""Per-layer hooks and the external KV source: how KV is loaded and shipped layer by layer.
+
+The runner calls, for every step: ``start_step`` (begin async loads of this step's
+``KVLoad`` s), then for each layer ``i`` ``before_layer(i)`` — which must **block until layer
+i's loaded KV is in place** (CASES BUG-39: a no-op wait lets attention read KV that has not
+arrived) or raise ``KVLoadError`` — the layer's compute, ``after_layer(i)`` (the layer's new
+K/V are in the cache: ship them), and ``end_step``. A ``KVLoad`` only ever targets fresh
+blocks of the loading request (``ref_cnt == 1``, not computed: CASES BUG-10).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from pymooncake.identity import BlockKey
+
+if TYPE_CHECKING:
+    from pymooncake.engine.kv.kv_tensors import KVTensors
+    from pymooncake.engine.request import Request
+
+
+class KVLoadError(RuntimeError):
+    """A layer's KV load failed or timed out; ``request_ids`` name the requests hit."""
+
+    def __init__(self, message: str, request_ids: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.request_ids = request_ids
+
+
+@dataclass(frozen=True, slots=True)
+class KVLoad:
+    """Load blocks ``block_keys`` (tokens ``[first_token, first_token + num_tokens)``) of a
+    request into its fresh blocks ``block_ids``."""
+
+    request_id: str
+    block_ids: tuple[int, ...]
+    block_keys: tuple[BlockKey, ...]
+    first_token: int
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledSeq:
+    """One request in a step: tokens ``[num_computed_tokens, + num_new_tokens)`` computed."""
+
+    request_id: str
+    block_ids: tuple[int, ...]
+    num_computed_tokens: int
+    num_new_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """What the hooks see of one step."""
+
+    step_id: int
+    seqs: tuple[ScheduledSeq, ...]
+    loads: tuple[KVLoad, ...]
+
+
+class LayerHooks(Protocol):
+    """Called by the runner around every layer of every step (see module docstring)."""
+
+    def start_step(self, ctx: StepContext, kv: KVTensors) -> None: ...
+    def before_layer(self, layer: int, ctx: StepContext, kv: KVTensors) -> None: ...
+    def after_layer(self, layer: int, ctx: StepContext, kv: KVTensors) -> None: ...
+    def end_step(self, ctx: StepContext, kv: KVTensors) -> None: ...
+
+
+class KVLoadSource(LayerHooks, Protocol):
+    """An external KV tier (store, remote prefill) that can fill a request's prefix."""
+
+    def get_num_matched_tokens(self, req: Request, num_local_computed_tokens: int) -> int:
+        """Tokens after ``num_local_computed_tokens`` it can load, a multiple of the block
+        size (whole blocks only: partial tails are recomputed)."""
+        ...
+
+
+class NullHooks:
+    """Hooks that do nothing (base class for partial implementations)."""
+
+    def start_step(self, ctx: StepContext, kv: KVTensors) -> None:
+        return None
+
+    def before_layer(self, layer: int, ctx: StepContext, kv: KVTensors) -> None:
+        return None
+
+    def after_layer(self, layer: int, ctx: StepContext, kv: KVTensors) -> None:
+        return None
+
+    def end_step(self, ctx: StepContext, kv: KVTensors) -> None:
+        return None

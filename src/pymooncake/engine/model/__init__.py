@@ -1,0 +1,1 @@
+"""Llama-family decoder in PyTorch, its loader (safetensors) and the seeded tiny default."""

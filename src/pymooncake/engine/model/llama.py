@@ -1,0 +1,202 @@
+"""Llama-family decoder (Llama 2/3, Mistral-style, Qwen2 with QKV bias, Qwen3 with q/k norm).
+
+Parameter names follow Hugging Face's, except that q/k/v and gate/up projections are fused
+(``qkv_proj``, ``gate_up_proj``); ``loader.py`` concatenates the checkpoint tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from pymooncake.engine.model.attention import AttentionMetadata, paged_attention, write_kv
+from pymooncake.engine.model.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
+
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Shape and numerics of a Llama-family model (the fields of a HF ``config.json``)."""
+
+    architecture: str
+    """One of ``SUPPORTED_ARCHITECTURES`` keys."""
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, Any], ...] = ()
+    """``rope_scaling`` as sorted (key, value) pairs; empty for plain RoPE."""
+    attention_bias: bool = False
+    """Bias on q/k/v projections (Qwen2; Llama with ``attention_bias``)."""
+    qk_norm: bool = False
+    """RMSNorm over ``head_dim`` on q and k before RoPE (Qwen3)."""
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"architecture {self.architecture!r} is not supported; "
+                             f"use one of {sorted(SUPPORTED_ARCHITECTURES)}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads})")
+
+    @property
+    def rope_scaling_dict(self) -> dict[str, Any]:
+        return dict(self.rope_scaling)
+
+    @classmethod
+    def from_hf_config(cls, cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
+        """Build from a parsed HF ``config.json``; errors name ``source`` and the field."""
+        archs = cfg.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ValueError(f"{source}: architectures {archs} not supported; supported: "
+                             f"{sorted(SUPPORTED_ARCHITECTURES)}")
+        try:
+            hidden = int(cfg["hidden_size"])
+            heads = int(cfg["num_attention_heads"])
+            kind = SUPPORTED_ARCHITECTURES[arch]
+            rope_params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+            theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+            scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+            if scaling.get("rope_type", scaling.get("type", "default")) == "default":
+                scaling = {}
+            eos = cfg.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+            return cls(
+                architecture=arch,
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_layers=int(cfg["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(theta),
+                rope_scaling=tuple(sorted(scaling.items())),
+                attention_bias=bool(cfg.get("attention_bias", kind == "qwen2")),
+                qk_norm=kind == "qwen3",
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                bos_token_id=cfg.get("bos_token_id"),
+                eos_token_ids=eos_ids,
+            )
+        except KeyError as e:
+            raise ValueError(f"{source}: missing field {e.args[0]!r}") from None
+
+
+LayerCallback = Callable[[int], None]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (cfg.num_heads, cfg.num_kv_heads,
+                                                            cfg.head_dim)
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.scale = cfg.head_dim ** -0.5
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(o.reshape(t, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder plus LM head, computing over the paged KV cache.
+
+    ``forward(input_ids [T] int64, positions [T] int64, meta, k_caches, v_caches)`` returns
+    the final hidden states ``[T, hidden]``; ``compute_logits(hidden)`` the float32 logits
+    ``[N, vocab]``. ``before_layer(i)`` is called before layer ``i`` reads the cache (the
+    wait for that layer's loaded KV), ``after_layer(i)`` after it wrote its new K/V.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta,
+                                                       cfg.rope_scaling_dict), persistent=False)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+                before_layer: LayerCallback | None = None,
+                after_layer: LayerCallback | None = None) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        for i, layer in enumerate(self.model.layers):
+            if before_layer is not None:
+                before_layer(i)
+            x = layer(x, cos, sin, k_caches[i], v_caches[i], meta)
+            if after_layer is not None:
+                after_layer(i)
+        return self.model.norm(x)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        return logits if logits.dtype == torch.float64 else logits.float()

@@ -1,0 +1,127 @@
+"""Model runner: step inputs (flattened tokens, positions, slots, block tables), the forward
+pass with per-layer hooks, and the logits of the rows that sample."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from pymooncake.engine.hooks import LayerHooks, ScheduledSeq, StepContext
+from pymooncake.engine.kv.kv_cache_manager import KVCacheManager
+from pymooncake.engine.kv.kv_tensors import KVTensors
+from pymooncake.engine.model.attention import AttentionMetadata, PrefillSeq
+from pymooncake.engine.model.llama import LlamaForCausalLM
+from pymooncake.engine.scheduler import SchedulerOutput
+
+
+class ModelRunner:
+    """Executes ``SchedulerOutput`` s on a ``LlamaForCausalLM`` over ``KVTensors``."""
+
+    def __init__(self, model: LlamaForCausalLM, kv: KVTensors, kv_manager: KVCacheManager,
+                 hooks: Sequence[LayerHooks] = ()) -> None:
+        self.model = model
+        self.kv = kv
+        self.kv_manager = kv_manager
+        self.block_size = kv.block_size
+        self.hooks = list(hooks)
+        self.step_id = 0
+        self.layer_compute_start_s: list[float] = []
+        """``time.monotonic()`` at which each layer of the last step started computing
+        (after its ``before_layer`` hooks returned): BUG-39's event timestamps."""
+
+    def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
+        pos = torch.arange(start, end, dtype=torch.int64)
+        table = torch.as_tensor(block_ids, dtype=torch.int64)
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor,
+                                                     AttentionMetadata, list[int], StepContext]:
+        """Inputs of one step. Returns (input_ids [T], positions [T], metadata, indices of
+        the sampling rows in scheduled order, hook context)."""
+        ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        slots: list[torch.Tensor] = []
+        prefills: list[PrefillSeq] = []
+        decode_rows: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_ctx: list[int] = []
+        sample_rows: list[int] = []
+        seqs = []
+        t = 0
+        for s in out.scheduled:
+            req, n = s.request, s.num_new_tokens
+            start = req.num_computed_tokens
+            block_ids = self.kv_manager.get_block_ids(req)
+            seqs.append(ScheduledSeq(req.request_id, tuple(block_ids), start, n))
+            ids.extend(req.all_token_ids[start:start + n])
+            positions.append(torch.arange(start, start + n, dtype=torch.int64))
+            slots.append(self._slots(block_ids, start, start + n))
+            if n == 1 and start > 0:
+                decode_rows.append(t)
+                decode_tables.append(block_ids)
+                decode_ctx.append(start + 1)
+            elif start == 0:
+                prefills.append(PrefillSeq(t, n, n, None, None))
+            else:
+                ctx = start + n
+                mask = (torch.arange(ctx)[None, :]
+                        <= torch.arange(start, ctx)[:, None])
+                prefills.append(PrefillSeq(t, n, ctx, self._slots(block_ids, 0, ctx), mask))
+            t += n
+            if s.samples:
+                sample_rows.append(t - 1)
+        meta = AttentionMetadata(torch.cat(slots), prefills, None, None, None)
+        if decode_rows:
+            max_ctx = max(decode_ctx)
+            max_blocks = -(-max_ctx // self.block_size)
+            table = torch.zeros(len(decode_rows), max_blocks, dtype=torch.int64)
+            for r, bids in enumerate(decode_tables):
+                nb = min(len(bids), max_blocks)
+                table[r, :nb] = torch.as_tensor(bids[:nb], dtype=torch.int64)
+            pos = torch.arange(max_ctx, dtype=torch.int64)
+            meta.decode_slots = (table[:, pos // self.block_size] * self.block_size
+                                 + pos % self.block_size)
+            ctx_t = torch.as_tensor(decode_ctx, dtype=torch.int64)
+            meta.decode_mask = (pos[None, :] < ctx_t[:, None])[:, None, None, :]
+            meta.decode_index = torch.as_tensor(decode_rows, dtype=torch.int64)
+        ctx = StepContext(self.step_id, tuple(seqs), tuple(out.loads))
+        return (torch.as_tensor(ids, dtype=torch.int64), torch.cat(positions), meta,
+                sample_rows, ctx)
+
+    def execute(self, out: SchedulerOutput) -> torch.Tensor:
+        """Run one step; returns float32 (float64 in fp64 mode) logits ``[num_sampling, vocab]``
+        in scheduled order of the sampling requests.
+
+        Raises ``KVLoadError`` from a ``before_layer`` hook (the step is then void).
+        """
+        input_ids, positions, meta, sample_rows, ctx = self.prepare(out)
+        self.step_id += 1
+        self.layer_compute_start_s = []
+        for h in self.hooks:
+            h.start_step(ctx, self.kv)
+
+        def before(i: int) -> None:
+            for h in self.hooks:
+                h.before_layer(i, ctx, self.kv)
+            self.layer_compute_start_s.append(time.monotonic())
+
+        def after(i: int) -> None:
+            for h in self.hooks:
+                h.after_layer(i, ctx, self.kv)
+
+        hidden = self.model(input_ids, positions, meta, self.kv.k_caches, self.kv.v_caches,
+                            before if self.hooks else _record(self.layer_compute_start_s),
+                            after if self.hooks else None)
+        for h in self.hooks:
+            h.end_step(ctx, self.kv)
+        if not sample_rows:
+            return torch.empty(0, self.model.config.vocab_size)
+        return self.model.compute_logits(hidden[torch.as_tensor(sample_rows)])
+
+
+def _record(times: list[float]):
+    def before(_: int) -> None:
+        times.append(time.monotonic())
+    return before

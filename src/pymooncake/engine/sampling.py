@@ -1,0 +1,81 @@
+"""Per-request sampling: greedy, temperature, top-k, top-p, seed; logprobs of chosen tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How one request samples and when it stops."""
+
+    max_tokens: int = 16
+    """Generated tokens at most (stop reason ``length``)."""
+    temperature: float = 0.0
+    """0 = greedy (argmax); > 0 divides the logits before softmax."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 = all."""
+    top_p: float = 1.0
+    """Keep the smallest set of tokens whose probability reaches top_p."""
+    seed: int | None = None
+    """Per-request generator seed: the same seed gives the same tokens."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Stop after emitting any of these (the token is kept in the output)."""
+    stop: tuple[str, ...] = ()
+    """Stop when the decoded output contains any of these strings."""
+    ignore_eos: bool = False
+    """Do not stop at the model's EOS token ids."""
+    logprobs: bool = False
+    """Return the log-probability of each chosen token."""
+    return_logits: bool = False
+    """Keep the float32 logits row of every sampling step (tests, cold/warm comparisons)."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "stop", tuple(self.stop))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def sample_row(logits: torch.Tensor, params: SamplingParams,
+               generator: torch.Generator | None) -> tuple[int, float]:
+    """Sample one token from a ``[vocab]`` logits row; returns (token id, logprob).
+
+    The logprob is of the chosen token under the model's distribution (raw logits, before
+    temperature/top-k/top-p).
+    """
+    logprobs = torch.log_softmax(logits.double(), dim=-1)
+    if params.greedy:
+        token = int(torch.argmax(logits))
+        return token, float(logprobs[token])
+    x = logits.double() / params.temperature
+    if params.top_k and params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, idx = torch.sort(x, descending=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        cum = torch.cumsum(probs, dim=-1)
+        remove = cum - probs >= params.top_p  # keep the token that crosses top_p
+        sorted_x = sorted_x.masked_fill(remove, float("-inf"))
+        x = torch.full_like(x, float("-inf")).scatter(0, idx, sorted_x)
+    probs = torch.softmax(x, dim=-1)
+    token = int(torch.multinomial(probs, 1, generator=generator))
+    return token, float(logprobs[token])
+
+
+def greedy_batch(logits: torch.Tensor) -> list[int]:
+    """Argmax of each row of ``[N, vocab]`` logits."""
+    return torch.argmax(logits, dim=-1).tolist()
