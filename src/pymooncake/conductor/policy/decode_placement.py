@@ -1,0 +1,68 @@
+"""Decode placement: the least-loaded decode instance whose predicted TBT and KV capacity admit
+the request, judged at the moment its prefill will finish (FAST'25 §4, DESIGN.md §7)."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import replace
+
+from pymooncake.conductor.policy.estimators import Estimators
+from pymooncake.conductor.policy.types import (
+    ClusterView,
+    DecodeInstanceState,
+    Placement,
+    PolicyConfig,
+    Rejection,
+    RequestInfo,
+)
+
+
+def predicted_decode_load(inst: DecodeInstanceState, at_s: float,
+                          req: RequestInfo) -> tuple[int, int]:
+    """``(batch size, context tokens)`` of ``inst`` at ``at_s`` with ``req`` added.
+
+    Running requests predicted to finish by ``at_s`` have left (their share of the context
+    goes with them, pro rata); requests already placed on it (incoming) have joined.
+    """
+    leaving = bisect_right(inst.finish_s, at_s) if inst.finish_s else 0
+    remaining = max(inst.num_running - leaving, 0)
+    ctx = (inst.num_context_tokens * remaining // inst.num_running) if inst.num_running else 0
+    batch = remaining + inst.num_incoming + 1
+    ctx += inst.incoming_context_tokens + req.num_prompt_tokens
+    return batch, ctx
+
+
+def place_decode(req: RequestInfo, view: ClusterView, placement: Placement, est: Estimators,
+                 cfg: PolicyConfig) -> Placement | Rejection:
+    """Choose the decode instance for ``placement`` (a prefill placement).
+
+    Candidates are judged at ``now + predicted TTFT``: admissible when the batch fits
+    ``max_batch_size``, context + ``max_output_tokens`` fits ``kv_capacity_tokens`` and the
+    predicted step time is within ``tbt_slo_s``. The smallest predicted batch wins (ties:
+    smaller TBT, then the earliest instance). When none is admissible: ``Rejection("tbt_slo")``
+    with early rejection on, else the least-loaded instance regardless.
+    """
+    if not view.decode:
+        return Rejection(reason="no_instance", retry_after_s=1.0)
+    at = view.now_s + placement.predicted_ttft_s
+    best_key: tuple[int, float, int] | None = None
+    any_key: tuple[int, float, int] | None = None
+    for j, inst in enumerate(view.decode):
+        batch, ctx = predicted_decode_load(inst, at, req)
+        tbt = est.decode.step_s(batch, ctx)
+        key = (batch, tbt, j)
+        if any_key is None or key < any_key:
+            any_key = key
+        if (batch <= inst.max_batch_size
+                and ctx + req.max_output_tokens <= inst.kv_capacity_tokens
+                and tbt <= cfg.tbt_slo_s and (best_key is None or key < best_key)):
+            best_key = key
+    if best_key is None:
+        assert any_key is not None
+        if cfg.early_rejection:
+            return Rejection(reason="tbt_slo", retry_after_s=max(1.0, placement.predicted_ttft_s),
+                             predicted_ttft_s=placement.predicted_ttft_s,
+                             predicted_tbt_s=any_key[1])
+        best_key = any_key
+    return replace(placement, decode_instance=view.decode[best_key[2]].instance_id,
+                   predicted_tbt_s=best_key[1])

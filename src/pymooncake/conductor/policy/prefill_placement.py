@@ -1,0 +1,145 @@
+"""Prefill placement: Mooncake FAST'25 Algorithm 1 (least TTFT over prefill instances) and the
+alternatives it is compared with in Figure 5 (random, round-robin, least-load, local-cache-aware).
+
+Every policy has the same signature ``(req, view, match, est, cfg) -> Placement | Rejection``
+and is pure: the live Conductor and the simulator call these very function objects.
+``Placement.decode_instance`` is left ``None`` here; ``decode_placement`` fills it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pymooncake.conductor.policy.estimators import Estimators
+from pymooncake.conductor.policy.types import (
+    ClusterView,
+    Placement,
+    PolicyConfig,
+    PrefillInstanceState,
+    PrefixMatch,
+    Rejection,
+    RequestInfo,
+)
+
+PrefillPolicy = Callable[[RequestInfo, ClusterView, PrefixMatch, Estimators, PolicyConfig],
+                         "Placement | Rejection"]
+
+_MASK64 = (1 << 64) - 1
+
+
+def queue_s(inst: PrefillInstanceState, now_s: float) -> float:
+    """``EstimatePrefillQueueTime``: remaining time of the running prefill + the queued ones."""
+    return max(0.0, inst.busy_until_s - now_s) + inst.queued_prefill_s
+
+
+def mix64(seed: int, n: int) -> int:
+    """SplitMix64 of ``(seed, n)``: the random policy's deterministic, stateless draw."""
+    z = (seed * 0x9E3779B97F4A7C15 + n + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def evaluate_instance(req: RequestInfo, view: ClusterView, match: PrefixMatch, i: int,
+                      est: Estimators, cfg: PolicyConfig, *, remote: bool) -> Placement:
+    """Algorithm 1's loop body for ``view.prefill[i]``: queue + transfer + prefill.
+
+    Reuse its own prefix; with ``remote`` and a holder whose match exceeds the local one by
+    more than ``kvcache_balancing_threshold`` (ratio ``best / local``; any longer match when
+    local is 0), also consider fetching the missing blocks from that holder, and keep the
+    option with the smaller TTFT. Prefix tokens follow the trace rule
+    ``min(blocks · block_size, prompt tokens)``.
+    """
+    inst = view.prefill[i]
+    bs = cfg.block_size_tokens
+    n = req.num_prompt_tokens
+    q = queue_s(inst, view.now_s)
+    local = match.local_blocks[i] if i < len(match.local_blocks) else 0
+    best = Placement(inst.instance_id, None, local, 0, None, q, 0.0,
+                     est.prefill.prefill_s(n, min(local * bs, n)))
+    if (remote and match.best_holder is not None and match.best_holder != inst.instance_id
+            and match.best_blocks > local
+            and (local == 0 or match.best_blocks / local > cfg.kvcache_balancing_threshold)):
+        extra = match.best_blocks - local
+        extra_tokens = min(match.best_blocks * bs, n) - min(local * bs, n)
+        t_transfer = est.transfer.transfer_s(extra_tokens)
+        t_prefill = est.prefill.prefill_s(n, min(match.best_blocks * bs, n))
+        if t_transfer + t_prefill < best.predicted_transfer_s + best.predicted_prefill_s:
+            best = Placement(inst.instance_id, None, match.best_blocks, extra,
+                             match.best_holder, q, t_transfer, t_prefill)
+    return best
+
+
+def _no_instance() -> Rejection:
+    return Rejection(reason="no_instance", retry_after_s=1.0)
+
+
+def place_prefill_global_cache(req: RequestInfo, view: ClusterView, match: PrefixMatch,
+                               est: Estimators, cfg: PolicyConfig) -> Placement | Rejection:
+    """Algorithm 1 (global cache-aware): least predicted TTFT, cross-instance reuse allowed.
+
+    Ties go to the earliest instance in ``view.prefill``.
+    """
+    if not view.prefill:
+        return _no_instance()
+    best: Placement | None = None
+    for i in range(len(view.prefill)):
+        p = evaluate_instance(req, view, match, i, est, cfg, remote=True)
+        if best is None or p.predicted_ttft_s < best.predicted_ttft_s:
+            best = p
+    assert best is not None
+    return best
+
+
+def place_prefill_local_cache(req: RequestInfo, view: ClusterView, match: PrefixMatch,
+                              est: Estimators, cfg: PolicyConfig) -> Placement | Rejection:
+    """Local cache-aware: Algorithm 1 without transfers (FAST'25 §4.1); least TTFT using only
+    each instance's own prefix."""
+    if not view.prefill:
+        return _no_instance()
+    best: Placement | None = None
+    for i in range(len(view.prefill)):
+        p = evaluate_instance(req, view, match, i, est, cfg, remote=False)
+        if best is None or p.predicted_ttft_s < best.predicted_ttft_s:
+            best = p
+    assert best is not None
+    return best
+
+
+def place_prefill_least_load(req: RequestInfo, view: ClusterView, match: PrefixMatch,
+                             est: Estimators, cfg: PolicyConfig) -> Placement | Rejection:
+    """Load balancing: the instance with the least predicted queue time (ties: earliest);
+    cache reuse (local, or remote when the cluster has a global pool) is used but not sought."""
+    if not view.prefill:
+        return _no_instance()
+    now = view.now_s
+    i = min(range(len(view.prefill)), key=lambda j: (queue_s(view.prefill[j], now), j))
+    return evaluate_instance(req, view, match, i, est, cfg, remote=match.best_holder is not None)
+
+
+def place_prefill_random(req: RequestInfo, view: ClusterView, match: PrefixMatch,
+                         est: Estimators, cfg: PolicyConfig) -> Placement | Rejection:
+    """Random: instance ``mix64(cfg.seed, req.sequence_number) mod N`` (deterministic)."""
+    if not view.prefill:
+        return _no_instance()
+    i = mix64(cfg.seed, req.sequence_number) % len(view.prefill)
+    return evaluate_instance(req, view, match, i, est, cfg, remote=match.best_holder is not None)
+
+
+def place_prefill_round_robin(req: RequestInfo, view: ClusterView, match: PrefixMatch,
+                              est: Estimators, cfg: PolicyConfig) -> Placement | Rejection:
+    """Round-robin: instance ``req.sequence_number mod N``."""
+    if not view.prefill:
+        return _no_instance()
+    i = req.sequence_number % len(view.prefill)
+    return evaluate_instance(req, view, match, i, est, cfg, remote=match.best_holder is not None)
+
+
+PREFILL_POLICIES: dict[str, PrefillPolicy] = {
+    "random": place_prefill_random,
+    "round-robin": place_prefill_round_robin,
+    "load": place_prefill_least_load,
+    "local-cache": place_prefill_local_cache,
+    "global-cache": place_prefill_global_cache,
+}
+"""Scheduler name (the ``--scheduler``/``--policy`` flag value) → prefill policy."""

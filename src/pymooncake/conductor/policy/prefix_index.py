@@ -1,0 +1,108 @@
+"""Block key → holders, and the prefix match of a request against every holder (Algorithm 1).
+
+A holder is a prefill instance (its local DRAM/HBM cache) or a store segment owner. The index
+is fed by KV events (insert/evict) — from workers live, from the simulator's cache model in
+simulation — and answers ``match``, Algorithm 1's ``FindBestPrefixMatch`` plus each
+instance's own prefix length. It is the one mutable state holder of ``conductor.policy``; it
+does no I/O and reads no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from pymooncake.conductor.policy.types import BlockKeyLike, InstanceId, PrefixMatch
+
+
+class PrefixIndex:
+    """Which holders have which block keys.
+
+    Only prefix *order* matters for a match: a key counts for a holder only if every earlier
+    key of the request is also held by that holder (the keys are chained, DESIGN.md §3).
+    """
+
+    __slots__ = ("_holders",)
+
+    def __init__(self) -> None:
+        self._holders: dict[BlockKeyLike, set[InstanceId]] = {}
+
+    def insert(self, holder: InstanceId, keys: Iterable[BlockKeyLike]) -> None:
+        """KV event: ``holder`` now holds ``keys``."""
+        h = self._holders
+        for k in keys:
+            s = h.get(k)
+            if s is None:
+                h[k] = {holder}
+            else:
+                s.add(holder)
+
+    def evict(self, holder: InstanceId, keys: Iterable[BlockKeyLike]) -> None:
+        """KV event: ``holder`` dropped ``keys`` (unknown keys are ignored)."""
+        h = self._holders
+        for k in keys:
+            s = h.get(k)
+            if s is not None:
+                s.discard(holder)
+                if not s:
+                    del h[k]
+
+    def holders(self, key: BlockKeyLike) -> frozenset[InstanceId]:
+        """Holders of ``key`` (empty when nobody holds it)."""
+        return frozenset(self._holders.get(key, ()))
+
+    def num_replicas(self, key: BlockKeyLike) -> int:
+        """How many holders have ``key``."""
+        s = self._holders.get(key)
+        return len(s) if s else 0
+
+    def __len__(self) -> int:
+        return len(self._holders)
+
+    def match(self, keys: Sequence[BlockKeyLike], instance_ids: Sequence[InstanceId], *,
+              remote: bool = True) -> PrefixMatch:
+        """Prefix match of ``keys`` for each of ``instance_ids`` and over all holders.
+
+        Args:
+            keys: the request's block keys in order.
+            instance_ids: prefill instances, in the order of ``ClusterView.prefill``.
+            remote: also report the best holder over every holder (global pool); ``False``
+                for a local-cache-only cluster (``best_holder`` then stays ``None``).
+
+        Returns:
+            ``PrefixMatch`` with ``local_blocks`` aligned with ``instance_ids``. Ties for the
+            best holder go to the earliest of ``instance_ids``, then to the smallest name.
+        """
+        counts: dict[InstanceId, int] = {}
+        alive: set[InstanceId] | None = None
+        n = 0
+        h = self._holders
+        for k in keys:
+            s = h.get(k)
+            if not s:
+                break
+            nxt = set(s) if alive is None else alive & s
+            if alive is not None:
+                for gone in alive - nxt:
+                    counts[gone] = n
+            if not nxt:
+                alive = nxt
+                break
+            alive = nxt
+            n += 1
+        if alive:
+            for a in alive:
+                counts[a] = n
+        local = tuple(counts.get(i, 0) for i in instance_ids)
+        if not remote or not counts:
+            return PrefixMatch(local_blocks=local)
+        order = {i: pos for pos, i in enumerate(instance_ids)}
+        best = max(counts.items(),
+                   key=lambda kv: (kv[1], -order.get(kv[0], len(order)), _neg(kv[0])))
+        if best[1] == 0:
+            return PrefixMatch(local_blocks=local)
+        return PrefixMatch(local_blocks=local, best_blocks=best[1], best_holder=best[0])
+
+
+def _neg(name: str) -> tuple[int, ...]:
+    """Sort key preferring the lexicographically smallest name under ``max``."""
+    return tuple(-ord(c) for c in name)

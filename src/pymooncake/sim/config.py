@@ -1,0 +1,102 @@
+"""``SimConfig``: one flat frozen configuration of a simulated cluster and run.
+
+Defaults reproduce the paper's setting (FAST'25 §5.1): LLaMA3-70B on 8×A800 nodes, 512-token
+blocks, about 3M tokens of DRAM cache per node, TTFT SLO 30 s, TBT SLO 100 ms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pymooncake.conductor.policy import PREFILL_POLICIES
+
+SCENARIOS = ("colocated", "pd", "pd-local", "pd-global")
+"""colocated: vLLM-like nodes doing prefill and decode (optional local prefix cache and
+chunked prefill); pd: P/D without cross-request cache; pd-local: P/D + a local cache per
+prefill node; pd-global: P/D + the global pool (any node's blocks reusable over the network)."""
+
+SCHEDULERS = tuple(PREFILL_POLICIES)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """A simulated cluster and how to drive it."""
+
+    scenario: str = "pd-global"
+    """One of ``SCENARIOS``."""
+    scheduler: str = "global-cache"
+    """Prefill policy: one of ``conductor.policy.PREFILL_POLICIES``."""
+    num_prefill: int = 8
+    """Prefill nodes (for ``colocated``: the nodes, each prefilling and decoding)."""
+    num_decode: int = 8
+    """Decode nodes (ignored for ``colocated``)."""
+    model: str = "llama3-70b"
+    """Model preset name or a path to a Hugging Face config.json."""
+    gpu: str = "A800"
+    """GPU preset: A800, H800, H100, H200 (a node = 8 GPUs)."""
+    cache_capacity_tokens: int = 3_000_000
+    """KV cache per prefill node, in tokens (~1 TB DRAM at 320 KB/token, §5.3.1)."""
+    block_size: int = 512
+    """Tokens per trace hash id / cache block."""
+    output_length: int | None = None
+    """Override every request's output length (tokens); ``None`` keeps the trace's."""
+    ttft_slo_s: float = 30.0
+    tbt_slo_s: float = 0.1
+    early_rejection: bool = False
+    """Reject requests whose predicted TTFT/TBT misses the SLO (off in the §5.2 runs)."""
+    network_bandwidth_gbps: float = 696.0
+    """Inter-node KV bandwidth (87 GB/s: the Transfer Engine on 4×200 Gbps, Figure 12)."""
+    chunked_prefill: bool = True
+    """Colocated nodes: interleave prefill chunks with decode steps (else prefill stalls decode)."""
+    chunk_size_tokens: int = 4096
+    max_batch_size: int = 256
+    """Largest continuous batch of a decode node."""
+    kvcache_balancing_threshold: float = 1.0
+    hot_block_min_accesses: int = 1
+    """A fetched block is kept as a replica once accessed this many times."""
+    sample_interval_s: float = 300.0
+    """How often the replica counts of the hottest keys are sampled (0 = never)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {self.scenario!r}; use one of {SCENARIOS}")
+        if self.scheduler not in PREFILL_POLICIES:
+            raise ValueError(f"unknown scheduler {self.scheduler!r}; use one of {SCHEDULERS}")
+        if self.num_prefill < 1:
+            raise ValueError(f"the cluster needs >= 1 prefill node, got {self.num_prefill}")
+        if self.scenario != "colocated" and self.num_decode < 1:
+            raise ValueError(f"scenario {self.scenario} needs >= 1 decode node, "
+                             f"got {self.num_decode}")
+        if self.cache_capacity_tokens < 0:
+            raise ValueError("cache capacity must be >= 0 tokens per node, "
+                             f"got {self.cache_capacity_tokens}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1 token, got {self.block_size}")
+        if self.output_length is not None and self.output_length < 1:
+            raise ValueError(f"output_length must be >= 1 token, got {self.output_length}")
+        if self.ttft_slo_s <= 0 or self.tbt_slo_s <= 0:
+            raise ValueError("SLOs must be > 0 seconds")
+        if self.network_bandwidth_gbps <= 0:
+            raise ValueError(f"network bandwidth must be > 0 Gbps, got "
+                             f"{self.network_bandwidth_gbps}")
+        if self.chunk_size_tokens < 1 or self.max_batch_size < 1:
+            raise ValueError("chunk_size_tokens and max_batch_size must be >= 1")
+        if self.hot_block_min_accesses < 1:
+            raise ValueError("hot_block_min_accesses must be >= 1")
+        if self.sample_interval_s < 0:
+            raise ValueError("sample_interval_s must be >= 0")
+
+    @property
+    def network_bandwidth_bytes_per_s(self) -> float:
+        return self.network_bandwidth_gbps * 1e9 / 8
+
+    @property
+    def remote_reuse(self) -> bool:
+        """Whether a node may reuse blocks held by another node (the global pool)."""
+        return self.scenario == "pd-global"
+
+    @property
+    def node_cache_tokens(self) -> int:
+        """Cache per node in effect (0 for ``pd``: no cross-request cache)."""
+        return 0 if self.scenario == "pd" else self.cache_capacity_tokens
