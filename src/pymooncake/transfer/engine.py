@@ -1,0 +1,722 @@
+"""TransferEngine: segments, batch transfers over local/shm/tcp, failover (DESIGN.md §4).
+
+Mooncake FAST'25 §3.2.3 and the open-source Mooncake Transfer Engine: a process registers
+memory (its *segment*), publishes the segment's descriptor to the metadata service, and
+moves bytes between its registered memory and any other segment's with batch transfers::
+
+    batch = engine.allocate_batch(2)
+    engine.submit(batch, [TransferRequest(TransferOp.WRITE, local_addr, "peer", remote_addr, n),
+                          ...])
+    statuses = engine.wait(batch)      # or: await engine.wait_async(batch)
+    engine.free_batch(batch)
+
+Rules (BUG-36, BUG-37, BUG-38):
+
+* Every request is checked at ``submit`` before any I/O: a local or target range outside
+  registered memory fails ``INVALID_ARGUMENT``; an unpublished target segment fails
+  ``NOT_FOUND``; ``length == 0`` completes at once (an OK no-op); an empty request list is
+  an OK no-op. The target checks tcp slices against its own ranges again.
+* ``local`` and ``shm`` requests are copied inside ``submit`` (their status is final when it
+  returns). ``tcp`` requests are cut into slices that the peer's paths (one pooled TCP
+  connection each) take from a shared queue, so bandwidths add up.
+* A pooled connection found closed by the peer (idle gap, peer restart) is reopened and
+  its slices re-sent at once. A path that fails on a fresh connection is marked down for
+  ``path_retry_interval_s``; its slices go to the other paths. A slice that failed
+  ``max_retries + 1`` times fails its request with ``CONNECTION_ERROR``/``TIMEOUT`` and the
+  reason, within ``TransferConfig.failure_bound_s``: nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pymooncake.metadata import MetadataStore, open_metadata
+from pymooncake.obs import metrics
+from pymooncake.obs.logging import init_logger
+from pymooncake.transfer import slicing
+from pymooncake.transfer.batch import (
+    PENDING,
+    BatchId,
+    StatusCode,
+    TransferError,
+    TransferOp,
+    TransferRequest,
+    TransferState,
+    TransferStatus,
+)
+from pymooncake.transfer.config import TransferConfig
+from pymooncake.transfer.endpoint_pool import EndpointPool
+from pymooncake.transfer.memory import (
+    MemoryRegion,
+    MemoryRegistry,
+    PeerMapping,
+    SharedBuffer,
+    buffer_address,
+)
+from pymooncake.transfer.segment import (
+    BufferDesc,
+    SegmentDescriptor,
+    local_host_id,
+    segment_key,
+)
+from pymooncake.transfer.topology import Topology, get_topology
+from pymooncake.transfer.transports import local as local_transport
+from pymooncake.transfer.transports import tcp
+from pymooncake.transfer.transports.base import PathError, Slice
+
+logger = init_logger(__name__)
+T = TypeVar("T")
+
+TRANSFER_BYTES = "pymooncake_transfer_bytes_total"
+TRANSFER_SLICES = "pymooncake_transfer_slices_total"
+TRANSFER_RETRIES = "pymooncake_transfer_retries_total"
+TRANSFER_FAILURES = "pymooncake_transfer_failed_requests_total"
+TRANSFER_LATENCY = "pymooncake_transfer_request_latency_seconds"
+
+_bytes = metrics.counter(TRANSFER_BYTES, "Bytes moved by the Transfer Engine",
+                         ("transport", "path"))
+_slices = metrics.counter(TRANSFER_SLICES, "Slices completed", ("transport", "path"))
+_retries = metrics.counter(TRANSFER_RETRIES, "Slices re-sent after a path error",
+                           ("transport", "path"))
+_failures = metrics.counter(TRANSFER_FAILURES, "Requests that ended failed",
+                            ("transport", "code"))
+_latency = metrics.histogram(TRANSFER_LATENCY, "Submit-to-completion time of a request",
+                             ("transport",))
+
+
+@dataclass(slots=True, eq=False)
+class _Req:
+    status: TransferStatus
+    transport: str = ""
+    remaining: int = 0
+    nbytes: int = 0
+    t0: float = 0.0
+
+
+@dataclass(slots=True, eq=False)
+class _Batch:
+    batch_id: BatchId
+    capacity: int
+    reqs: list[_Req] = field(default_factory=list)
+    num_pending: int = 0
+    waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = field(
+        default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class _Lane:
+    index: int
+    device: str
+    down_until: float = 0.0
+    seq: int = 0
+    thread: threading.Thread | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.device}#{self.index}"
+
+
+@dataclass(slots=True, eq=False)
+class _PeerChannel:
+    name: str
+    host: str
+    port: int
+    lanes: list[_Lane]
+    queue: deque[Slice] = field(default_factory=deque)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+
+class TransferEngine:
+    """One process's Transfer Engine (its segment is named ``name``).
+
+    ``metadata`` is a :class:`~pymooncake.metadata.MetadataStore` or a URL for
+    :func:`~pymooncake.metadata.open_metadata`. All methods are synchronous and
+    thread-safe except :meth:`wait_async`; the engine owns a small event-loop thread for
+    metadata calls, a TCP data server thread (plus one per accepted connection) and one
+    thread per path of each peer it talks to.
+    """
+
+    def __init__(self, name: str, metadata: MetadataStore | str = "embedded://", *,
+                 config: TransferConfig | None = None) -> None:
+        if not name or "/" in name:
+            raise ValueError(f"segment name must be non-empty without '/', got {name!r}")
+        self.name = name
+        self.config = config or TransferConfig()
+        self.metadata: MetadataStore = (open_metadata(metadata) if isinstance(metadata, str)
+                                        else metadata)
+        self.registry = MemoryRegistry()
+        self.topology: Topology = get_topology(self.config.topology_file)
+        self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)
+        self._batches: dict[int, _Batch] = {}
+        self._batch_ids = itertools.count(1)
+        self._peers: dict[str, SegmentDescriptor] = {}
+        self._channels: dict[str, _PeerChannel] = {}
+        self._mappings: dict[str, PeerMapping] = {}
+        self._owned_shm: dict[int, SharedBuffer] = {}
+        self._pool: EndpointPool[tuple[str, int], Any] = EndpointPool(
+            self.config.max_endpoints, _close_socket)
+        self._version = 0
+        self._started = False
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self.server: tcp.TcpDataServer | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def segment_name(self) -> str:
+        return self.name
+
+    @property
+    def tcp_port(self) -> int:
+        return self.server.port if self.server is not None else 0
+
+    def start(self) -> TransferEngine:
+        """Start the data server and publish the segment descriptor; returns ``self``.
+
+        Raises :class:`~pymooncake.metadata.MetadataError` when the metadata service is
+        unreachable and ``OSError`` when the TCP port cannot be bound.
+        """
+        if self._started:
+            return self
+        if self._closed:
+            raise TransferError("engine is closed; create a new TransferEngine")
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run_loop() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            loop.run_forever()
+
+        self._loop = loop
+        self._loop_thread = threading.Thread(target=run_loop, daemon=True,
+                                             name=f"transfer-loop-{self.name}")
+        self._loop_thread.start()
+        ready.wait(5)
+        if "tcp" in self.config.transports:
+            self.server = tcp.TcpDataServer(self.config.host, self.config.tcp_port,
+                                            self.registry)
+        self._started = True
+        try:
+            self._publish()
+        except Exception:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        """Stop paths and the server, withdraw the descriptor, free owned shared memory."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            channels = list(self._channels.values())
+            for b in self._batches.values():
+                for r in b.reqs:
+                    if r.status.state is TransferState.PENDING:
+                        r.status = TransferStatus.failed(StatusCode.INTERNAL, "engine closed")
+                b.num_pending = 0
+                self._wake_async(b)
+            self._done.notify_all()
+        for ch in channels:
+            with ch.cond:
+                ch.cond.notify_all()
+        for ch in channels:
+            for lane in ch.lanes:
+                if lane.thread is not None:
+                    lane.thread.join(timeout=2 * self.config.slice_timeout_s)
+        self._pool.close_all()
+        if self.server is not None:
+            self.server.close()
+        if self._started and self._loop is not None:
+            with contextlib.suppress(Exception):
+                self._run(self.metadata.delete(segment_key(self.name)))
+            with contextlib.suppress(Exception):
+                self._run(self.metadata.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._loop_thread is not None:
+                self._loop_thread.join(timeout=5)
+            self._loop.close()
+        for m in self._mappings.values():
+            m.close()
+        for shm in self._owned_shm.values():
+            shm.close()
+
+    def __enter__(self) -> TransferEngine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        assert self._loop is not None, "engine not started"
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return fut.result(timeout=self.config.metadata_timeout_s)
+
+    # ------------------------------------------------------------------ segments
+    def descriptor(self) -> SegmentDescriptor:
+        """This engine's segment descriptor as it is published."""
+        return SegmentDescriptor(
+            name=self.name, host=self.config.host, host_id=local_host_id(), pid=os.getpid(),
+            tcp_port=self.tcp_port, transports=self.config.transports,
+            buffers=tuple(BufferDesc(r.addr, r.length, r.shm_name)
+                          for r in self.registry.regions),
+            version=self._version)
+
+    def _publish(self) -> None:
+        if self._started:
+            self._version += 1
+            self._run(self.metadata.put(segment_key(self.name), self.descriptor().encode()))
+
+    def register_memory(self, buffer: object) -> int:
+        """Register a contiguous buffer; returns its base address.
+
+        Accepts bytearray, mmap, numpy arrays, torch CPU tensors and :class:`SharedBuffer`
+        (the only kind same-host peers reach with ``shm``; others go over ``tcp``). The
+        buffer must stay alive until :meth:`unregister_memory`. Raises ``ValueError`` for a
+        non-contiguous, empty, overlapping or CUDA buffer, ``TypeError`` for a non-buffer.
+        """
+        addr, nbytes, keepalive = buffer_address(buffer)
+        shm_name = buffer.name if isinstance(buffer, SharedBuffer) else None
+        self.registry.add(MemoryRegion(addr, nbytes, keepalive, shm_name))
+        self._publish()
+        return addr
+
+    def register_memory_at(self, addr: int, length: int) -> int:
+        """Register raw memory ``[addr, addr+length)`` owned by the caller (Mooncake style)."""
+        if addr <= 0 or length <= 0:
+            raise ValueError(f"need addr > 0 and length > 0, got {addr:#x} and {length}")
+        self.registry.add(MemoryRegion(addr, length, None))
+        self._publish()
+        return addr
+
+    def allocate_shared(self, length: int) -> SharedBuffer:
+        """A new registered :class:`SharedBuffer` (freed by unregister or :meth:`close`)."""
+        shm = SharedBuffer(length)
+        self._owned_shm[shm.addr] = shm
+        try:
+            self.register_memory(shm)
+        except Exception:
+            self._owned_shm.pop(shm.addr).close()
+            raise
+        return shm
+
+    def unregister_memory(self, addr_or_buffer: int | object) -> None:
+        """Withdraw a registered range (by base address or the registered object).
+
+        Raises ``KeyError`` when nothing is registered there.
+        """
+        addr = (addr_or_buffer if isinstance(addr_or_buffer, int)
+                else buffer_address(addr_or_buffer)[0])
+        self.registry.remove(addr)
+        self._publish()
+        shm = self._owned_shm.pop(addr, None)
+        if shm is not None:
+            shm.close()
+
+    def _resolve(self, segment: str, refresh: bool = False) -> SegmentDescriptor | None:
+        if not refresh:
+            desc = self._peers.get(segment)
+            if desc is not None:
+                return desc
+        kv = self._run(self.metadata.get(segment_key(segment)))
+        if kv is None:
+            self._peers.pop(segment, None)
+            return None
+        desc = SegmentDescriptor.decode(kv.value)
+        self._peers[segment] = desc
+        return desc
+
+    def get_first_buffer_address(self, segment: str) -> int:
+        """Base address of a segment's first registered buffer (0 when none / unknown)."""
+        if segment == self.name:
+            regions = self.registry.regions
+            return regions[0].addr if regions else 0
+        desc = self._resolve(segment, refresh=True)
+        return desc.buffers[0].addr if desc and desc.buffers else 0
+
+    # ------------------------------------------------------------------ batches
+    def allocate_batch(self, n: int) -> BatchId:
+        """A batch that can hold up to ``n`` requests."""
+        if n < 0:
+            raise ValueError(f"batch size must be >= 0, got {n}")
+        self._check_open()
+        with self._lock:
+            bid = BatchId(next(self._batch_ids))
+            self._batches[bid] = _Batch(bid, n)
+        return bid
+
+    def free_batch(self, batch_id: BatchId) -> None:
+        """Release a finished batch. Raises ``TransferError`` while requests are pending."""
+        with self._lock:
+            batch = self._get_batch(batch_id)
+            if batch.num_pending:
+                raise TransferError(f"batch {batch_id} still has {batch.num_pending} pending "
+                                    "requests; wait for it before freeing")
+            del self._batches[batch_id]
+
+    def _get_batch(self, batch_id: BatchId) -> _Batch:
+        batch = self._batches.get(batch_id)
+        if batch is None:
+            raise TransferError(f"unknown batch id {batch_id} (never allocated or freed)")
+        return batch
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransferError("engine is closed")
+        if not self._started:
+            raise TransferError("engine not started; call start() first")
+
+    def submit(self, batch_id: BatchId, requests: Sequence[TransferRequest]) -> None:
+        """Validate and start ``requests`` in the batch (see the module doc for the rules).
+
+        Raises ``TransferError`` for an unknown batch or when the batch would overflow its
+        capacity; per-request problems become failed statuses, never exceptions.
+        """
+        self._check_open()
+        with self._lock:
+            batch = self._get_batch(batch_id)
+            if len(batch.reqs) + len(requests) > batch.capacity:
+                raise TransferError(f"batch {batch_id} holds {batch.capacity} requests; "
+                                    f"{len(batch.reqs)} used, {len(requests)} more submitted")
+            first = len(batch.reqs)
+            now = time.monotonic()
+            for _ in requests:
+                batch.reqs.append(_Req(PENDING, t0=now))
+                batch.num_pending += 1
+        copies: list[tuple[int, TransferRequest, int]] = []
+        tcp_work: dict[str, list[Slice]] = {}
+        for i, req in enumerate(requests):
+            idx = first + i
+            verdict = self._route(req)
+            if isinstance(verdict, TransferStatus):
+                self._finish_request(batch_id, idx, verdict, "none")
+            elif verdict[0] == "tcp":
+                tcp_work.setdefault(req.target_segment, []).extend(
+                    self._slices(batch_id, idx, req))
+            else:
+                copies.append((idx, req, verdict[1]))
+        for idx, req, target_addr in copies:
+            transport = "local" if req.target_segment == self.name else "shm"
+            local_transport.copy(req.op, req.local_addr, target_addr, req.length)
+            _bytes.labels(transport, "-").inc(req.length)
+            self._finish_request(batch_id, idx, TransferStatus.completed(req.length), transport)
+        for segment, slices in tcp_work.items():
+            self._enqueue(segment, slices)
+
+    def _route(self, req: TransferRequest) -> TransferStatus | tuple[str, int]:
+        """A final status (refused, or a no-op) or ``(transport, mapped target address)``."""
+        if req.length < 0:
+            return TransferStatus.failed(StatusCode.INVALID_ARGUMENT,
+                                         f"length must be >= 0, got {req.length}")
+        if req.length == 0:
+            return TransferStatus.completed(0)
+        if self.registry.find(req.local_addr, req.length) is None:
+            return TransferStatus.failed(
+                StatusCode.INVALID_ARGUMENT,
+                f"local range [{req.local_addr:#x}, +{req.length}) is outside every "
+                "registered buffer of this engine")
+        if req.target_segment == self.name:
+            if self.registry.find(req.target_addr, req.length) is None:
+                return _bad_target(req)
+            return ("local", req.target_addr)
+        try:
+            desc = self._resolve(req.target_segment)
+            buf = desc.find(req.target_addr, req.length) if desc else None
+            if desc is not None and buf is None:  # maybe registered since we cached it
+                desc = self._resolve(req.target_segment, refresh=True)
+                buf = desc.find(req.target_addr, req.length) if desc else None
+        except Exception as e:  # noqa: BLE001 - metadata failures become a status
+            return TransferStatus.failed(StatusCode.INTERNAL, f"metadata lookup failed: {e!r}")
+        if desc is None:
+            return TransferStatus.failed(
+                StatusCode.NOT_FOUND,
+                f"segment {req.target_segment!r} is not published in {self.metadata.url}")
+        if buf is None:
+            return _bad_target(req)
+        if (buf.shm_name and "shm" in self.config.transports and "shm" in desc.transports
+                and desc.host_id == local_host_id()):
+            try:
+                mapping = self._map(buf)
+                return ("shm", mapping.addr + (req.target_addr - buf.addr))
+            except OSError as e:
+                logger.info("shm mapping of %s failed (%r); using tcp", buf.shm_name, e)
+        if "tcp" in self.config.transports and "tcp" in desc.transports and desc.tcp_port:
+            return ("tcp", req.target_addr)
+        return TransferStatus.failed(
+            StatusCode.INVALID_ARGUMENT,
+            f"no common transport with {req.target_segment!r} (ours {self.config.transports},"
+            f" theirs {desc.transports})")
+
+    def _map(self, buf: BufferDesc) -> PeerMapping:
+        assert buf.shm_name is not None
+        with self._lock:
+            m = self._mappings.get(buf.shm_name)
+        if m is None:
+            m = PeerMapping(buf.shm_name, buf.length)
+            with self._lock:
+                self._mappings.setdefault(buf.shm_name, m)
+                m = self._mappings[buf.shm_name]
+        return m
+
+    def _slices(self, batch_id: BatchId, idx: int, req: TransferRequest) -> list[Slice]:
+        cfg = self.config
+        size = slicing.slice_size(req.length, cfg.num_paths, cfg.min_slice_bytes,
+                                  cfg.max_slice_bytes)
+        pieces = slicing.split(req.length, size)
+        with self._lock:
+            r = self._batches[batch_id].reqs[idx]
+            r.remaining = len(pieces)
+            r.transport = "tcp"
+            r.nbytes = req.length
+        return [Slice(req.op, req.local_addr + off, req.target_addr + off, n, batch_id, idx)
+                for off, n in pieces]
+
+    def _finish_request(self, batch_id: BatchId, idx: int, status: TransferStatus,
+                        transport: str) -> None:
+        with self._lock:
+            batch = self._batches.get(batch_id)
+            if batch is None:
+                return
+            r = batch.reqs[idx]
+            if r.status.state is not TransferState.PENDING:
+                return
+            r.status = status
+            batch.num_pending -= 1
+            if status.state is TransferState.FAILED:
+                _failures.labels(transport, status.code.value).inc()
+            else:
+                _latency.labels(transport).observe(time.monotonic() - r.t0)
+            if batch.num_pending == 0:
+                self._done.notify_all()
+                self._wake_async(batch)
+
+    def _finish_slice(self, s: Slice, code: StatusCode, msg: str) -> None:
+        with self._lock:
+            batch = self._batches.get(s.batch_id)
+            if batch is None:
+                return
+            r = batch.reqs[s.request_index]
+            if r.status.state is not TransferState.PENDING:
+                return
+            if code is not StatusCode.OK:
+                final = TransferStatus.failed(code, msg)
+            else:
+                r.remaining -= 1
+                if r.remaining:
+                    return
+                final = TransferStatus.completed(r.nbytes)
+        self._finish_request(BatchId(s.batch_id), s.request_index, final, "tcp")
+
+    @staticmethod
+    def _wake_async(batch: _Batch) -> None:
+        for loop, fut in batch.waiters:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_set_done, fut)
+        batch.waiters.clear()
+
+    def status(self, batch_id: BatchId, i: int) -> TransferStatus:
+        """Status of request ``i`` of the batch (``IndexError`` when out of range)."""
+        with self._lock:
+            return self._get_batch(batch_id).reqs[i].status
+
+    def statuses(self, batch_id: BatchId) -> list[TransferStatus]:
+        with self._lock:
+            return [r.status for r in self._get_batch(batch_id).reqs]
+
+    def wait(self, batch_id: BatchId, timeout_s: float | None = None) -> list[TransferStatus]:
+        """Block until every submitted request of the batch is final, or ``timeout_s``.
+
+        Returns the per-request statuses (still ``PENDING`` ones if it timed out). Without
+        a timeout it still returns: every slice ends within ``config.failure_bound_s``.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._lock:
+            batch = self._get_batch(batch_id)
+            while batch.num_pending and not self._closed:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._done.wait(timeout=remaining)
+            return [r.status for r in batch.reqs]
+
+    async def wait_async(self, batch_id: BatchId,
+                         timeout_s: float | None = None) -> list[TransferStatus]:
+        """:meth:`wait` for coroutines: awaits completion without blocking the loop."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            batch = self._get_batch(batch_id)
+            if batch.num_pending == 0:
+                return [r.status for r in batch.reqs]
+            batch.waiters.append((loop, fut))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(fut, timeout=timeout_s)
+        return self.statuses(batch_id)
+
+    def transfer_sync(self, op: TransferOp, local_addr: int, target_segment: str,
+                      target_addr: int, length: int) -> TransferStatus:
+        """One request, submitted and waited for."""
+        return self.batch_transfer_sync(
+            [TransferRequest(op, local_addr, target_segment, target_addr, length)])[0]
+
+    def batch_transfer_sync(self, requests: Sequence[TransferRequest],
+                            timeout_s: float | None = None) -> list[TransferStatus]:
+        """Submit ``requests`` as one batch, wait, free; the per-request statuses."""
+        bid = self.allocate_batch(len(requests))
+        try:
+            self.submit(bid, requests)
+            return self.wait(bid, timeout_s)
+        finally:
+            with contextlib.suppress(TransferError):
+                self.free_batch(bid)
+
+    # ------------------------------------------------------------------ tcp paths
+    def _channel(self, segment: str) -> _PeerChannel:
+        with self._lock:
+            ch = self._channels.get(segment)
+            if ch is not None:
+                return ch
+            desc = self._peers[segment]
+            location = "cpu:0"
+            lanes = [_Lane(k, self.topology.path_device(location, k))
+                     for k in range(self.config.num_paths)]
+            ch = self._channels[segment] = _PeerChannel(segment, desc.host, desc.tcp_port,
+                                                        lanes)
+            for lane in lanes:
+                lane.thread = threading.Thread(target=self._lane_loop, args=(ch, lane),
+                                               daemon=True,
+                                               name=f"transfer-path-{segment}-{lane.index}")
+                lane.thread.start()
+            return ch
+
+    def _enqueue(self, segment: str, slices: list[Slice]) -> None:
+        ch = self._channel(segment)
+        with ch.cond:
+            ch.queue.extend(slices)
+            ch.cond.notify_all()
+
+    def _lane_loop(self, ch: _PeerChannel, lane: _Lane) -> None:
+        cfg = self.config
+        while not self._closed:
+            with ch.cond:
+                if not ch.queue:
+                    ch.cond.wait(timeout=1.0)
+                    continue
+                wait_s = lane.down_until - time.monotonic()
+                if wait_s > 0:
+                    ch.cond.wait(timeout=wait_s)
+                    continue
+                window: list[Slice] = []
+                nbytes = 0
+                while (ch.queue and len(window) < cfg.window_slices
+                       and nbytes + ch.queue[0].length <= cfg.window_bytes):
+                    s = ch.queue.popleft()
+                    window.append(s)
+                    nbytes += s.length
+                if not window:  # a single slice larger than the window
+                    window.append(ch.queue.popleft())
+                host, port = ch.host, ch.port
+            self._run_window(ch, lane, window, host, port)
+
+    def _run_window(self, ch: _PeerChannel, lane: _Lane, window: list[Slice], host: str,
+                    port: int) -> None:
+        cfg = self.config
+        key = (ch.name, lane.index)
+
+        def opener() -> Any:
+            return tcp.open_connection(host, port, cfg.connect_timeout_s, cfg.slice_timeout_s)
+
+        try:
+            sock, reused = self._pool.acquire(key, opener)
+            if reused and tcp.is_stale(sock):  # closed by the peer while idle (BUG-36)
+                logger.info("path %s to %s: pooled connection is stale; reopening",
+                            lane.label, ch.name)
+                self._pool.discard(key, sock)
+                sock, reused = self._pool.acquire(key, opener)
+        except OSError as e:
+            self._path_failed(ch, lane, window, [], StatusCode.CONNECTION_ERROR,
+                              f"connect to {ch.name} at {host}:{port} failed: {e!r}",
+                              mark_down=True)
+            self._refresh_channel(ch)
+            return
+        seq = lane.seq
+        lane.seq += len(window)
+        try:
+            results = tcp.run_window(sock, window, cfg.checksum, seq)
+        except PathError as e:
+            self._pool.discard(key, sock)
+            # A reused connection may have died just now (peer restart): retry at once on
+            # a fresh one; a fresh connection that fails marks the path down.
+            self._path_failed(ch, lane, window, e.results, e.code,
+                              f"path {lane.label} to {ch.name}: {e}", mark_down=not reused)
+            return
+        self._pool.release(key, sock)
+        self._account(window, results, lane)
+
+    def _account(self, window: Sequence[Slice], results: Sequence[tuple[StatusCode, str]],
+                 lane: _Lane) -> None:
+        for s, (code, msg) in zip(window, results, strict=False):
+            if code is StatusCode.OK:
+                _bytes.labels("tcp", lane.label).inc(s.length)
+                _slices.labels("tcp", lane.label).inc()
+            elif code is StatusCode.INVALID_ARGUMENT:
+                msg = f"refused by target: {msg}"
+            self._finish_slice(s, code, msg)
+
+    def _path_failed(self, ch: _PeerChannel, lane: _Lane, window: list[Slice],
+                     results: list[tuple[StatusCode, str]], code: StatusCode, reason: str,
+                     mark_down: bool) -> None:
+        self._account(window[:len(results)], results, lane)
+        retry: list[Slice] = []
+        for s in window[len(results):]:
+            s.retries += 1
+            s.last_error = reason
+            if s.retries > self.config.max_retries:
+                self._finish_slice(s, code, f"{reason} (after {s.retries} tries)")
+            else:
+                _retries.labels("tcp", lane.label).inc()
+                retry.append(s)
+        with ch.cond:
+            if mark_down:
+                lane.down_until = time.monotonic() + self.config.path_retry_interval_s
+            ch.queue.extendleft(reversed(retry))
+            ch.cond.notify_all()
+
+    def _refresh_channel(self, ch: _PeerChannel) -> None:
+        """After a failed connect, pick up a peer that restarted on another port."""
+        try:
+            desc = self._resolve(ch.name, refresh=True)
+        except Exception:  # noqa: BLE001 - metadata down: keep the old address
+            return
+        if desc is not None:
+            with ch.cond:
+                ch.host, ch.port = desc.host, desc.tcp_port
+
+
+def _bad_target(req: TransferRequest) -> TransferStatus:
+    return TransferStatus.failed(
+        StatusCode.INVALID_ARGUMENT,
+        f"target range [{req.target_addr:#x}, +{req.length}) is outside every registered "
+        f"buffer of segment {req.target_segment!r}")
+
+
+def _set_done(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _close_socket(sock: Any) -> None:
+    with contextlib.suppress(OSError):
+        sock.close()

@@ -1,0 +1,1 @@
+"""Transports of the Transfer Engine: local (memcpy), shm (peer-mapped shared memory), tcp."""

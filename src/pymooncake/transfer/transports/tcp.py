@@ -1,0 +1,256 @@
+"""``tcp`` transport: a framed binary protocol straight between registered buffers.
+
+Per slice the initiator sends a 36-byte request header, followed for a WRITE by the
+payload (``sendmsg`` of memoryviews over the registered memory: no intermediate bytes);
+the target ``recv_into``s the payload straight into its registered range and answers a
+28-byte reply header (followed for a READ by the payload, received straight into the
+initiator's registered range)::
+
+    request  !4s B  B     H   Q    Q     Q      I
+             PMTQ op flags 0  seq  addr  length crc32
+    reply    !4s B      B     H        Q    Q      I      + message (msg_len bytes)
+             PMTR status flags msg_len seq  length crc32  (+ payload for an OK READ)
+
+The target checks every slice against its own registered ranges and refuses one outside
+them with ``INVALID_ARGUMENT`` (draining a WRITE's payload into scratch space, never into
+its memory). A window of slices is pipelined: all requests are sent, then all replies read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import struct
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+
+from pymooncake.obs.logging import init_logger
+from pymooncake.transfer.batch import StatusCode, TransferOp
+from pymooncake.transfer.memory import MemoryRegistry, view_at
+from pymooncake.transfer.transports.base import PathError, Slice
+
+logger = init_logger(__name__)
+
+REQ = struct.Struct("!4sBBHQQQI")
+REP = struct.Struct("!4sBBHQQI")
+REQ_MAGIC = b"PMTQ"
+REP_MAGIC = b"PMTR"
+FLAG_CRC = 1
+ST_OK, ST_INVALID, ST_CRC, ST_INTERNAL = 0, 1, 2, 3
+STATUS_CODES = {ST_OK: StatusCode.OK, ST_INVALID: StatusCode.INVALID_ARGUMENT,
+                ST_CRC: StatusCode.CHECKSUM_MISMATCH, ST_INTERNAL: StatusCode.INTERNAL}
+MAX_IOV = 512
+SERVER_MAX_SLICE_BYTES = 64 * 1024 * 1024
+
+
+def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from ``sock``; ``ConnectionError`` when the peer closes first."""
+    while view.nbytes:
+        n = sock.recv_into(view)
+        if n == 0:
+            raise ConnectionError("peer closed the connection")
+        view = view[n:]
+
+
+def sendmsg_all(sock: socket.socket, bufs: Sequence[memoryview | bytes]) -> None:
+    """Send every buffer with as few ``sendmsg`` calls as the kernel allows."""
+    pending = [memoryview(b) for b in bufs if len(b)]
+    while pending:
+        n = sock.sendmsg(pending[:MAX_IOV])
+        while n:
+            first = pending[0]
+            if n >= first.nbytes:
+                n -= first.nbytes
+                pending.pop(0)
+            else:
+                pending[0] = first[n:]
+                n = 0
+
+
+# ---------------------------------------------------------------------------- target side
+class TcpDataServer:
+    """Serves slices into/out of ``registry`` on ``host:port`` (one thread per connection).
+
+    ``fault_drop_after_slices`` (tests only): after that many slices on one connection,
+    the server closes that connection in the middle of the next slice, once.
+    """
+
+    def __init__(self, host: str, port: int, registry: MemoryRegistry) -> None:
+        self.registry = registry
+        self._listener = socket.create_server((host, port), reuse_port=False)
+        self.host = host
+        self.port = int(self._listener.getsockname()[1])
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.fault_drop_after_slices: int | None = None
+        self.on_slice: Callable[[int, int], None] | None = None
+        self._accept_thread = threading.Thread(target=self._accept_loop, daemon=True,
+                                               name=f"tcp-data-accept-{self.port}")
+        self._accept_thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                             name=f"tcp-data-conn-{self.port}").start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        hdr = bytearray(REQ.size)
+        hview = memoryview(hdr)
+        scratch = bytearray(0)
+        num_slices = 0
+        try:
+            while True:
+                try:
+                    recv_exact_into(conn, hview)
+                except ConnectionError:
+                    return
+                magic, op, flags, _, seq, addr, length, crc = REQ.unpack_from(hdr)
+                if magic != REQ_MAGIC or op not in (0, 1) or length > SERVER_MAX_SLICE_BYTES:
+                    logger.warning("tcp data server: malformed request header; closing link")
+                    return
+                num_slices += 1
+                if (self.fault_drop_after_slices is not None
+                        and num_slices > self.fault_drop_after_slices):
+                    self.fault_drop_after_slices = None
+                    logger.warning("tcp data server: injected fault, dropping connection")
+                    return
+                region = self.registry.find(addr, length)
+                if region is None:
+                    msg = (f"target range [{addr:#x}, {addr + length:#x}) is outside every "
+                           "registered buffer of this segment").encode()
+                    if op == TransferOp.WRITE:  # drain the payload, never into our memory
+                        if len(scratch) < min(length, 1 << 20):
+                            scratch = bytearray(min(length, 1 << 20))
+                        left = length
+                        while left:
+                            n = min(left, len(scratch))
+                            recv_exact_into(conn, memoryview(scratch)[:n])
+                            left -= n
+                    conn.sendall(REP.pack(REP_MAGIC, ST_INVALID, 0, len(msg), seq, 0, 0) + msg)
+                    continue
+                view = view_at(addr, length)
+                if op == TransferOp.WRITE:
+                    recv_exact_into(conn, view)
+                    status = ST_OK
+                    if flags & FLAG_CRC and zlib.crc32(view) != crc:
+                        status = ST_CRC
+                    conn.sendall(REP.pack(REP_MAGIC, status, 0, 0, seq, 0, 0))
+                else:
+                    rcrc = zlib.crc32(view) if flags & FLAG_CRC else 0
+                    sendmsg_all(conn, [REP.pack(REP_MAGIC, ST_OK, flags, 0, seq, length, rcrc),
+                                       view])
+                if self.on_slice is not None:
+                    self.on_slice(op, length)
+        except OSError as e:
+            logger.debug("tcp data server: connection ended: %r", e)
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def drop_connections(self) -> int:
+        """Close every accepted connection (the listener stays); the number closed."""
+        with self._lock:
+            conns = list(self._conns)
+            self._conns.clear()
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
+        return len(conns)
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self.drop_connections()
+
+
+# ------------------------------------------------------------------------- initiator side
+def open_connection(host: str, port: int, connect_timeout_s: float,
+                    io_timeout_s: float) -> socket.socket:
+    """A connected, ``TCP_NODELAY`` socket whose every send/recv times out."""
+    sock = socket.create_connection((host, port), timeout=connect_timeout_s)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.settimeout(io_timeout_s)
+    return sock
+
+
+def is_stale(sock: socket.socket) -> bool:
+    """True when an idle pooled connection was closed by the peer (EOF or error pending).
+
+    An idle connection of this protocol has nothing to read, so readability means the
+    peer closed or reset it.
+    """
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+def run_window(sock: socket.socket, slices: Sequence[Slice], checksum: bool,
+               first_seq: int) -> list[tuple[StatusCode, str]]:
+    """Send a window of slices and read their replies in order.
+
+    Returns one ``(code, message)`` per slice (a refusal by the target is a result, not a
+    path error). Raises :class:`PathError` when the link breaks, with how many slices
+    completed before it.
+    """
+    flags = FLAG_CRC if checksum else 0
+    bufs: list[memoryview | bytes] = []
+    for i, s in enumerate(slices):
+        if s.op is TransferOp.WRITE:
+            view = view_at(s.local_addr, s.length)
+            crc = zlib.crc32(view) if checksum else 0
+            bufs.append(REQ.pack(REQ_MAGIC, 1, flags, 0, first_seq + i, s.target_addr,
+                                 s.length, crc))
+            bufs.append(view)
+        else:
+            bufs.append(REQ.pack(REQ_MAGIC, 0, flags, 0, first_seq + i, s.target_addr,
+                                 s.length, 0))
+    results: list[tuple[StatusCode, str]] = []
+    hdr = bytearray(REP.size)
+    try:
+        sendmsg_all(sock, bufs)
+        for i, s in enumerate(slices):
+            recv_exact_into(sock, memoryview(hdr))
+            magic, status, _, msg_len, seq, length, crc = REP.unpack_from(hdr)
+            if magic != REP_MAGIC or seq != first_seq + i:
+                raise ConnectionError("reply out of sequence (corrupted link)")
+            msg = ""
+            if msg_len:
+                mbuf = bytearray(msg_len)
+                recv_exact_into(sock, memoryview(mbuf))
+                msg = mbuf.decode(errors="replace")
+            if status == ST_OK and s.op is TransferOp.READ:
+                if length != s.length:
+                    raise ConnectionError("reply length differs from the request")
+                view = view_at(s.local_addr, s.length)
+                recv_exact_into(sock, view)
+                if checksum and zlib.crc32(view) != crc:
+                    status, msg = ST_CRC, "checksum mismatch on read"
+            code = STATUS_CODES.get(status, StatusCode.INTERNAL)
+            if code is StatusCode.CHECKSUM_MISMATCH and not msg:
+                msg = "checksum mismatch on write"
+            results.append((code, msg))
+    except TimeoutError as e:
+        raise PathError(f"timed out: {e}", results, StatusCode.TIMEOUT) from e
+    except OSError as e:  # ConnectionError, reset, broken pipe, closed socket
+        raise PathError(f"connection error: {e!r}", results,
+                        StatusCode.CONNECTION_ERROR) from e
+    return results
