@@ -165,7 +165,20 @@ def _cmd_scale(args: argparse.Namespace) -> int:
 
 
 def register_bench(bench: argparse._SubParsersAction) -> None:
-    """Add ``pymooncake bench identity``."""
+    """Add ``pymooncake bench identity`` and ``pymooncake bench trace``."""
+    t = bench.add_parser(
+        "trace", help="trace load, statistics and token materialisation times",
+        description="Time load_trace, trace_stats and materialize_trace on a trace "
+                    "(median of repeats).")
+    t.add_argument("file", nargs="?", default=None, metavar="FILE",
+                   help="trace file (default: the bundled conversation trace)")
+    t.add_argument("--repeat", type=int, default=5, help="runs; the median is reported")
+    t.add_argument("--materialize-requests", type=int, default=1000, metavar="N",
+                   help="materialise the first N requests (vocab 32000, scale 1)")
+    _add_load_flags(t)
+    add_json_flag(t)
+    t.set_defaults(handler=_cmd_bench_trace)
+
     p = bench.add_parser(
         "identity", help="block-key throughput: chained BLAKE3 keys for N tokens",
         description="Time identity.block_keys over N random token ids (median of repeats).")
@@ -176,6 +189,42 @@ def register_bench(bench: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=5, help="runs; the median is reported")
     add_json_flag(p)
     p.set_defaults(handler=_cmd_bench_identity)
+
+
+def _cmd_bench_trace(args: argparse.Namespace) -> int:
+    from pymooncake.cli.main import UsageError
+    from pymooncake.workload import materialize_trace, take_first, trace_stats
+
+    if args.repeat < 1 or args.materialize_requests < 0:
+        raise UsageError("--repeat must be >= 1 and --materialize-requests >= 0")
+    load_s, stats_s, mat_s = [], [], []
+    trace = None
+    num_tokens = 0
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        trace = _load(args)
+        t1 = time.perf_counter()
+        trace_stats(trace)
+        t2 = time.perf_counter()
+        mat = materialize_trace(take_first(trace, args.materialize_requests), vocab_size=32_000)
+        t3 = time.perf_counter()
+        num_tokens = sum(len(m.token_ids) for m in mat)
+        load_s.append(t1 - t0)
+        stats_s.append(t2 - t1)
+        mat_s.append(t3 - t2)
+    assert trace is not None
+    payload = {"path": trace.path, "num_requests": len(trace), "repeat": args.repeat,
+               "load_median_s": statistics.median(load_s),
+               "stats_median_s": statistics.median(stats_s),
+               "materialize_requests": min(args.materialize_requests, len(trace)),
+               "materialize_tokens": num_tokens,
+               "materialize_median_s": statistics.median(mat_s)}
+    emit(payload, args.json, lambda d: (
+        f"{d['path']}: {d['num_requests']:,} requests; load {d['load_median_s'] * 1e3:.0f} ms, "
+        f"stats {d['stats_median_s'] * 1e3:.0f} ms, materialise {d['materialize_requests']:,} "
+        f"requests ({d['materialize_tokens']:,} tokens) {d['materialize_median_s'] * 1e3:.0f} ms"
+        f" (medians of {d['repeat']})"))
+    return 0
 
 
 def _cmd_bench_identity(args: argparse.Namespace) -> int:
