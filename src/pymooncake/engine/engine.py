@@ -39,6 +39,8 @@ class ExportedBlock:
     block_key: BlockKey
     token_ids: tuple[int, ...]
     data: bytes
+    namespace_digest: str
+    """``CacheNamespace.digest()`` of the exporting engine; import checks it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,13 +248,23 @@ class Engine:
             block = self.pool.get_cached_block(key, toks)
             if block is None:
                 break
-            out.append(ExportedBlock(key, toks, self.kv.export_block_bytes(block.block_id)))
+            out.append(ExportedBlock(key, toks, self.kv.export_block_bytes(block.block_id),
+                                    self.namespace.digest()))
         return out
 
     def import_blocks(self, blocks: Sequence[ExportedBlock]) -> int:
         """Put exported blocks into the local prefix cache (fresh blocks, then registered as
         computed); a later request with that prefix skips those tokens. Keys already cached
-        are skipped. Returns the number imported; stops early when the pool is full."""
+        are skipped. Returns the number imported; stops early when the pool is full.
+
+        Raises ``ValueError`` (importing nothing) when a block comes from another cache
+        namespace (model, weights, tokenizer, dtype, layout, block size or TP shard).
+        """
+        ns = self.namespace.digest()
+        for eb in blocks:
+            if eb.namespace_digest != ns:
+                raise ValueError(f"block {eb.block_key[:16]}… is from namespace "
+                                 f"{eb.namespace_digest[:16]}…, this engine's is {ns[:16]}…")
         n = 0
         for eb in blocks:
             if self.pool.get_cached_block(eb.block_key, eb.token_ids) is not None:

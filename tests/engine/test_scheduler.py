@@ -1,0 +1,136 @@
+"""Continuous batching: batch-size invariance of greedy output, chunked prefill, preemption
+by recompute, stop conditions, sampling and roles."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pymooncake.engine import FinishReason, SamplingParams  # noqa: E402
+from pymooncake.engine.model.tokenizer import ByteTokenizer  # noqa: E402
+
+from .conftest import make_engine, random_prompts  # noqa: E402
+
+PARAMS = SamplingParams(max_tokens=12, return_logits=True)
+
+
+def test_greedy_deterministic_and_identical_between_batch_1_and_8() -> None:
+    prompts = random_prompts(8, 20, 90, seed=11)
+    singles = []
+    for p in prompts:
+        (o,) = make_engine(enable_prefix_caching=False).generate([p], PARAMS)
+        singles.append(o)
+    batched = make_engine(enable_prefix_caching=False).generate(prompts, PARAMS)
+    again = make_engine(enable_prefix_caching=False).generate(prompts, PARAMS)
+    for s, b, a in zip(singles, batched, again, strict=True):
+        assert b.output_token_ids == s.output_token_ids
+        assert a.output_token_ids == b.output_token_ids
+        assert len(b.output_token_ids) == 12 and b.finish_reason == FinishReason.LENGTH
+        diff = (torch.stack(list(s.logits)) - torch.stack(list(b.logits))).abs().max()
+        assert float(diff) <= 1e-4
+
+
+def test_chunked_prefill_equals_one_shot() -> None:
+    prompts = random_prompts(3, 100, 150, seed=12)
+    one_shot = make_engine(enable_prefix_caching=False).generate(prompts, PARAMS)
+    engine = make_engine(enable_prefix_caching=False, prefill_chunk_tokens=16,
+                         max_num_batched_tokens=40)
+    chunked = engine.generate(prompts, PARAMS)
+    for a, b in zip(one_shot, chunked, strict=True):
+        assert a.output_token_ids == b.output_token_ids
+        diff = (torch.stack(list(a.logits)) - torch.stack(list(b.logits))).abs().max()
+        assert float(diff) <= 1e-4
+
+
+def test_token_budget_is_respected_each_step() -> None:
+    engine = make_engine(prefill_chunk_tokens=32, max_num_batched_tokens=48)
+    for p in random_prompts(5, 60, 80, seed=13):
+        engine.add_request(p, SamplingParams(max_tokens=3))
+    while engine.has_unfinished():
+        out = engine.scheduler.schedule()
+        assert 0 < out.num_batched_tokens <= 48
+        assert all(s.num_new_tokens <= 32 for s in out.scheduled)
+        logits = engine.runner.execute(out)
+        rows = [s for s in out.scheduled if s.samples]
+        assert logits.shape[0] == len(rows)
+        sampled = {s.request.request_id: (int(logits[i].argmax()), 0.0, None)
+                   for i, s in enumerate(rows)}
+        engine.scheduler.update_from_output(out, sampled)
+
+
+def test_preemption_by_recompute_loses_nothing() -> None:
+    prompts = random_prompts(8, 40, 60, seed=14)
+    params = SamplingParams(max_tokens=40)
+    roomy = make_engine().generate(prompts, params)
+    # 8 requests need ~5-7 blocks each; 20 blocks force preemptions
+    tight_engine = make_engine(num_kv_blocks=20)
+    tight = tight_engine.generate(prompts, params)
+    assert tight_engine.scheduler.num_preemptions > 0
+    assert sum(o.num_preemptions for o in tight) > 0
+    assert [o.output_token_ids for o in tight] == [o.output_token_ids for o in roomy]
+    tight_engine.kv_manager.check_integrity()
+    assert tight_engine.pool.num_free_blocks == 20
+
+
+def test_stop_conditions() -> None:
+    engine = make_engine()
+    (p,) = random_prompts(1, 30, 30, seed=15)
+    (free,) = engine.generate([p], SamplingParams(max_tokens=10))
+    toks = free.output_token_ids
+    (by_id,) = engine.generate([p], SamplingParams(max_tokens=10, stop_token_ids=(toks[3],)))
+    assert by_id.output_token_ids == toks[:toks.index(toks[3]) + 1]
+    assert by_id.finish_reason == FinishReason.STOP
+    text = ByteTokenizer().decode(list(toks))
+    stop = text[2:4] if len(text) >= 4 else None
+    if stop:
+        (by_str,) = engine.generate([p], SamplingParams(max_tokens=10, stop=(stop,)))
+        assert by_str.finish_reason == FinishReason.STOP
+        assert stop in by_str.text and len(by_str.output_token_ids) < 10
+    # EOS: make the model's own greedy token the EOS id of this engine
+    engine.scheduler.eos_token_ids = (toks[0],)
+    (eos,) = engine.generate([p], SamplingParams(max_tokens=10))
+    assert eos.output_token_ids == (toks[0],) and eos.finish_reason == FinishReason.STOP
+    (ign,) = engine.generate([p], SamplingParams(max_tokens=10, ignore_eos=True))
+    assert ign.output_token_ids == toks
+
+
+def test_sampling_seed_topk_topp_and_logprobs() -> None:
+    engine = make_engine()
+    (p,) = random_prompts(1, 20, 20, seed=16)
+    sp = SamplingParams(max_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=7,
+                        logprobs=True, return_logits=True)
+    a, b = engine.generate([p, p], [sp, sp])
+    assert a.output_token_ids == b.output_token_ids  # same seed, same tokens
+    (c,) = engine.generate([p], SamplingParams(max_tokens=8, temperature=0.8, seed=8))
+    assert len(c.output_token_ids) == 8
+    for tok, lp, logits in zip(a.output_token_ids, a.logprobs, a.logits, strict=True):
+        ref = torch.log_softmax(logits.double(), -1)
+        assert abs(lp - float(ref[tok])) < 1e-6
+        # top-k: the chosen token is among the 20 most likely
+        assert tok in torch.topk(logits, 20).indices.tolist()
+    (k1,) = engine.generate([p], SamplingParams(max_tokens=5, temperature=1.0, top_k=1, seed=3))
+    (g,) = engine.generate([p], SamplingParams(max_tokens=5))
+    assert k1.output_token_ids == g.output_token_ids  # top_k=1 is greedy
+
+
+def test_prefill_role_stops_after_first_token_and_keeps_kv() -> None:
+    engine = make_engine(role="prefill")
+    (p,) = random_prompts(1, 50, 50, seed=17)
+    (o,) = engine.generate([p], SamplingParams(max_tokens=16))
+    assert len(o.output_token_ids) == 1
+    assert len(engine.export_blocks(p)) == 3
+
+
+def test_bad_requests_are_rejected_clearly() -> None:
+    engine = make_engine(max_model_len=64)
+    with pytest.raises(ValueError, match="outside"):
+        engine.add_request([1, 2, 999])
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request(list(range(60)), SamplingParams(max_tokens=10))
+    with pytest.raises(ValueError, match="must not be empty"):
+        engine.add_request([])
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    (o,) = engine.generate([[256, 1, 2]], SamplingParams(max_tokens=2))
+    assert len(o.output_token_ids) == 2
