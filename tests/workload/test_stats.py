@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pymooncake.workload import (
     Trace,
@@ -142,3 +144,23 @@ def test_trace_request_ints_compare_in_stats() -> None:
               block_size=8)
     s = trace_stats(t)
     assert s.cache_hit_tokens == 8 and s.duration_s == 0.0 and s.request_rate_per_s == 0.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=6),
+                          st.integers(0, 3)), min_size=1, max_size=12))
+def test_ratio_equals_whole_prefix_reference_on_random_traces(
+        prompts: list[tuple[list[int], int]]) -> None:
+    """Random prompts of blocks; hash ids assigned like the Mooncake release (one id per
+    distinct whole prefix); the last block is partial by ``cut`` tokens."""
+    ids_of: dict[tuple[int, ...], int] = {}
+    reqs = []
+    ref_input = []
+    for i, (blks, cut) in enumerate(prompts):
+        ids = tuple(ids_of.setdefault(tuple(blks[:j + 1]), len(ids_of))
+                    for j in range(len(blks)))
+        n = 4 * len(blks) - min(cut, 3)
+        reqs.append(TraceRequest(float(i), n, 1, ids, index=i))
+        ref_input.append((tuple(blks), n))
+    s = trace_stats(Trace(tuple(reqs), block_size=4))
+    assert s.cache_ratio == pytest.approx(reference_ratio(ref_input, 4))
