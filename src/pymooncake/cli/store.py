@@ -1,9 +1,200 @@
-"""``pymooncake`` sub-commands of the store component (filled in by its issue)."""
+"""``pymooncake`` sub-commands of the store: ``master``, ``store-server`` and
+``bench store``.
+
+Master flags carry Mooncake's ``mooncake_master`` names in CLI form (units as Mooncake:
+lease and soft-pin TTLs in ms, client TTL in s). Both servers print one JSON line
+``{"event": "ready", ...}`` on stdout once they serve, then run until SIGTERM/SIGINT.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import signal
+import sys
+import threading
+
+from pymooncake.cli.common import add_json_flag, emit
+
+
+def _size(text: str) -> int:
+    """Bytes, with an optional K/M/G/KB/MB/GB/KiB/MiB/GiB suffix (powers of 1024)."""
+    t = text.strip().upper().replace("IB", "").replace("B", "")
+    mult = 1
+    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30), ("T", 1 << 40)):
+        if t.endswith(suffix):
+            t, mult = t[:-1], m
+            break
+    try:
+        value = int(float(t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"size must be >= 0, got {text!r}")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this component's sub-commands to the ``pymooncake`` parser."""
+    """Add ``master`` and ``store-server``."""
+    m = subparsers.add_parser("master", help="run a Mooncake Store master",
+                              description="Run a Mooncake Store master (object metadata, "
+                              "allocation, leases, eviction).")
+    m.add_argument("--host", default="127.0.0.1")
+    m.add_argument("--port", type=int, default=50051, help="RPC port (0 = any free port)")
+    m.add_argument("--default-kv-lease-ttl", type=float, default=10_000.0, metavar="MS",
+                   help="read lease granted by get/exist (ms, default 10000)")
+    m.add_argument("--default-kv-soft-pin-ttl", type=float, default=1_800_000.0, metavar="MS",
+                   help="soft-pin lifetime from publish (ms, default 30 min)")
+    m.add_argument("--eviction-high-watermark-ratio", type=float, default=0.90)
+    m.add_argument("--eviction-ratio", type=float, default=0.05)
+    m.add_argument("--client-ttl", type=float, default=10.0, metavar="S",
+                   help="drop a client silent this long (s, default 10)")
+    m.add_argument("--allocation-strategy", default="random",
+                   choices=("random", "free_ratio_first", "local_first"))
+    m.add_argument("--put-start-discard-timeout", type=float, default=30.0, metavar="S")
+    m.add_argument("--put-start-release-timeout", type=float, default=600.0, metavar="S")
+    m.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus /metrics on this port")
+    m.add_argument("--enable-http-metadata-server", action="store_true",
+                   help="also serve a Mooncake-style HTTP metadata server (as Mooncake's)")
+    m.add_argument("--http-metadata-server-port", type=int, default=8080)
+    m.set_defaults(handler=_run_master)
+
+    s = subparsers.add_parser("store-server", help="contribute DRAM (and SSD) to a store",
+                              description="Run a process that only contributes a DRAM "
+                              "segment (and optionally an SSD tier) to a Mooncake Store.")
+    s.add_argument("--master", required=True, metavar="HOST:PORT")
+    s.add_argument("--metadata", required=True, metavar="URL",
+                   help="metadata service: http://h:p/metadata, etcd://h:p")
+    s.add_argument("--global-segment-size", type=_size, default=1 << 30, metavar="BYTES")
+    s.add_argument("--local-hostname", default="127.0.0.1")
+    s.add_argument("--ssd-path", default=None, metavar="DIR")
+    s.add_argument("--ssd-capacity", type=_size, default=0, metavar="BYTES")
+    s.add_argument("--transports", default="local,shm,tcp",
+                   help="Transfer Engine transports, comma-separated")
+    s.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="S")
+    s.set_defaults(handler=_run_store_server)
+
+
+def _ready(payload: dict) -> None:
+    sys.stdout.write(json.dumps({"event": "ready", **payload}) + "\n")
+    sys.stdout.flush()
+
+
+def _stop_event() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _run_master(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from pymooncake.cli.main import UsageError
+    from pymooncake.store.config import MasterConfig
+    from pymooncake.store.master.service import MasterService
+
+    try:
+        cfg = MasterConfig(
+            host=args.host, port=args.port,
+            default_kv_lease_ttl_ms=args.default_kv_lease_ttl,
+            default_kv_soft_pin_ttl_ms=args.default_kv_soft_pin_ttl,
+            eviction_high_watermark_ratio=args.eviction_high_watermark_ratio,
+            eviction_ratio=args.eviction_ratio, client_ttl_s=args.client_ttl,
+            allocation_strategy=args.allocation_strategy,
+            put_start_discard_timeout_s=args.put_start_discard_timeout,
+            put_start_release_timeout_s=args.put_start_release_timeout,
+            metrics_port=args.metrics_port)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+    async def main() -> None:
+        from pymooncake.obs import metrics
+
+        md = None
+        if args.enable_http_metadata_server:
+            from pymooncake.metadata.http import MetadataHttpServer
+
+            md = MetadataHttpServer(args.host, args.http_metadata_server_port).start()
+        if cfg.metrics_port is not None:
+            metrics.serve_metrics(cfg.metrics_port, cfg.host)
+        svc = MasterService(cfg)
+        await svc.start()
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        _ready({"port": svc.port, "host": cfg.host,
+                "metadata_url": md.url if md is not None else None})
+        try:
+            await stop.wait()
+        finally:
+            await svc.stop()
+            if md is not None:
+                md.stop()
+
+    asyncio.run(main())
+    return 0
+
+
+def _run_store_server(args: argparse.Namespace) -> int:
+    from pymooncake.cli.main import CommandError, UsageError
+    from pymooncake.store.client import StoreClient
+    from pymooncake.store.errors import StoreError
+    from pymooncake.transfer import TransferConfig
+
+    try:
+        tcfg = TransferConfig(host=args.local_hostname,
+                              transports=tuple(args.transports.split(",")))
+        client = StoreClient(args.master, args.metadata, local_hostname=args.local_hostname,
+                             global_segment_size=args.global_segment_size,
+                             local_buffer_size=0, ssd_path=args.ssd_path,
+                             ssd_capacity=args.ssd_capacity, transfer_config=tcfg,
+                             heartbeat_interval_s=args.heartbeat_interval)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    stop = _stop_event()
+    try:
+        client.start()
+    except StoreError as e:
+        raise CommandError(f"cannot join the store: {e}") from None
+    _ready({"segment": client.segment_name, "size_bytes": args.global_segment_size})
+    try:
+        stop.wait()
+    finally:
+        client.close()
+    return 0
+
+
+def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
+    """Add ``pymooncake bench store``."""
+    b = bench_subparsers.add_parser(
+        "store", help="store put/get throughput and latency",
+        description="Put/get throughput and p50/p99 latency of the store, bytes verified; "
+        "with the mooncake-transfer-engine-non-cuda wheel importable, Mooncake's own store "
+        "in the same run; and master metadata ops/s from 4 concurrent clients.")
+    b.add_argument("--size", type=_size, action="append", default=None, metavar="BYTES",
+                   help="value size (repeatable; default 4K, 64K, 1M, 16M)")
+    b.add_argument("--count", type=int, default=64, help="values per size")
+    b.add_argument("--mode", choices=("embedded", "remote"), action="append", default=None,
+                   help="embedded: reader's own segment; remote: another process's (repeatable)")
+    b.add_argument("--metadata-ops", type=int, default=20_000,
+                   help="exist/get_replica_list calls for the master benchmark (0 = skip)")
+    b.add_argument("--no-mooncake", action="store_true", help="skip Mooncake's own store")
+    add_json_flag(b)
+    b.set_defaults(handler=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from pymooncake.cli.main import UsageError
+    from pymooncake.store import bench
+
+    if args.count < 1:
+        raise UsageError("--count must be >= 1")
+    sizes = args.size or [4 << 10, 64 << 10, 1 << 20, 16 << 20]
+    modes = args.mode or ["embedded", "remote"]
+    result = bench.run(sizes, args.count, modes, metadata_ops=args.metadata_ops,
+                       with_mooncake=not args.no_mooncake)
+    emit(result if args.json else result, args.json, bench.human)
+    return 0

@@ -1,0 +1,674 @@
+"""``StoreClient``: Mooncake Store client = master RPCs + Transfer Engine data path.
+
+A client may contribute a segment (``global_segment_size > 0``: a DRAM buffer registered
+with the Transfer Engine and mounted on the master, optionally backed by an SSD tier) and
+always has a local staging buffer (``local_buffer_size``) for ``put``/``get`` of Python
+bytes. ``put_from``/``get_into`` move bytes straight between a registered user buffer and
+the replicas (zero copy on this side).
+
+Reads prefer a replica in this client's own segment, then the others in a shuffled order;
+a failed replica read falls back to the next one, and when none is left the key is a miss
+(``OBJECT_NOT_FOUND``) — never partial or corrupt bytes. A segment whose peer is down is
+remembered as bad for ``bad_segment_ttl_s`` so later reads skip it at once (case BUG-34).
+Every read path checks its read lease *after* the copy completes in one shared helper
+(``_finish_read``): a read that outlived its lease reports ``LEASE_EXPIRED`` (case BUG-15).
+
+Single-key methods raise ``StoreError``; batch methods return one entry per key, either
+the value or a ``StoreError``. A background thread pings the master every
+``heartbeat_interval_s`` and re-mounts the segment if the master forgot it (restart),
+and serves the master's SSD orders for this client's segment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from pymooncake.obs import metrics
+from pymooncake.obs.logging import init_logger
+from pymooncake.rpc import RpcClient, RpcError, RpcServer, SyncRpcClient, from_wire
+from pymooncake.store.config import ReplicateConfig
+from pymooncake.store.datapath import DataPath, Move
+from pymooncake.store.errors import ErrorCode, StoreError
+from pymooncake.store.master.core import validate_key
+from pymooncake.store.protocol import (
+    TIER_DRAM,
+    BatchPutEndRequest,
+    BatchPutStartRequest,
+    HeartbeatRequest,
+    KeyRequest,
+    KeysRequest,
+    LoadOrder,
+    MountRequest,
+    PutEndRequest,
+    PutHandle,
+    PutStartRequest,
+    RemoveAllRequest,
+    RemoveRequest,
+    ReplicaDesc,
+    ReplicaList,
+    SpillOrder,
+    UnmountRequest,
+)
+from pymooncake.store.tiers.dram_segment import OffsetAllocator
+from pymooncake.store.tiers.ssd import SsdFull, SsdTier
+
+logger = init_logger(__name__)
+
+M_OP_LATENCY = metrics.histogram("pymooncake_store_client_op_seconds",
+                                 "Store client operation latency (s), by op", ["op"])
+M_GETS = metrics.counter("pymooncake_store_client_gets_total",
+                         "Store client gets, by result (hit/miss/error)", ["result"])
+
+MAX_KEY_BYTES = 4096
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """``"host:port"`` → (host, port); raises ``ValueError`` naming the bad part."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"address {addr!r}: expected host:port")
+    return host, int(port)
+
+
+class _ReadPlan:
+    __slots__ = ("key", "size", "replicas", "lease_expiry", "error")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.size = 0
+        self.replicas: list[ReplicaDesc] = []
+        self.lease_expiry = 0.0
+        self.error: StoreError | None = None
+
+
+class StoreClient:
+    """A Mooncake Store client (see module docstring).
+
+    ``master``: ``"host:port"`` of ``pymooncake master``. ``metadata_url``: the Transfer
+    Engine's metadata service (``http://h:p/metadata``, ``etcd://h:p``, ``embedded://``).
+    Sizes in bytes. ``clock`` (seconds) is used for lease checks. Raises ``StoreError``
+    from ``start()`` when the master cannot be reached or refuses the segment.
+    """
+
+    def __init__(self, master: str, metadata_url: str, *, local_hostname: str = "127.0.0.1",
+                 global_segment_size: int = 0, local_buffer_size: int = 16 << 20,
+                 ssd_path: str | None = None, ssd_capacity: int = 0,
+                 transfer_config: Any = None, clock: Callable[[], float] = time.monotonic,
+                 heartbeat_interval_s: float = 1.0, rpc_timeout_s: float = 5.0,
+                 bad_segment_ttl_s: float = 10.0, name: str | None = None) -> None:
+        self.master_host, self.master_port = parse_addr(master)
+        for label, v in (("global_segment_size", global_segment_size),
+                         ("local_buffer_size", local_buffer_size),
+                         ("ssd_capacity", ssd_capacity)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{label}={v!r}: must be an int >= 0 (bytes)")
+        if ssd_path and ssd_capacity <= 0:
+            raise ValueError("ssd_path given without ssd_capacity > 0")
+        if ssd_path and global_segment_size <= 0:
+            raise ValueError("an SSD tier backs a segment: give global_segment_size > 0")
+        self.local_hostname = local_hostname
+        self.metadata_url = metadata_url
+        self.global_segment_size = global_segment_size
+        self.local_buffer_size = local_buffer_size
+        self.client_id = f"{local_hostname}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.segment_name = name or f"{local_hostname}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._clock = clock
+        self._hb_interval = heartbeat_interval_s
+        self._rpc_timeout = rpc_timeout_s
+        self._bad_ttl = bad_segment_ttl_s
+        self._bad: dict[str, float] = {}
+        self._transfer_config = transfer_config
+        self._ssd_path, self._ssd_capacity = ssd_path, ssd_capacity
+        self.ssd: SsdTier | None = None
+        self._rpc = SyncRpcClient(self.master_host, self.master_port, rpc_timeout_s)
+        self._rng = random.Random()
+        self._lock = threading.Lock()
+        self._dp: DataPath | None = None
+        self._segment_buf: Any = None
+        self._segment_arr: np.ndarray | None = None
+        self.segment_base = 0
+        self._staging_arr: np.ndarray | None = None
+        self._staging_base = 0
+        self._staging: OffsetAllocator | None = None
+        self._registered: dict[int, Any] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop: asyncio.Event | None = None
+        self._rpc_port = 0
+        self.started = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> StoreClient:
+        self._dp = DataPath(self.segment_name, self.metadata_url, self._transfer_config)
+        if self.local_buffer_size:
+            self._staging_arr = np.zeros(self.local_buffer_size, dtype=np.uint8)
+            self._staging_base = self._dp.register(self._staging_arr)
+            self._staging = OffsetAllocator(self.local_buffer_size)
+        if self.global_segment_size:
+            self._segment_buf, self._segment_arr = self._alloc_segment(self.global_segment_size)
+            self.segment_base = self._dp.register(self._segment_buf)
+            if self._ssd_path:
+                self.ssd = SsdTier(self._ssd_path, self._ssd_capacity)
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._bg_main, args=(ready,), daemon=True,
+                                        name=f"store-client-{self.client_id}")
+        self._thread.start()
+        if not ready.wait(10.0):
+            raise StoreError(ErrorCode.INTERNAL_ERROR, "client background thread did not start")
+        self._master("heartbeat", HeartbeatRequest(self.client_id))
+        if self.global_segment_size:
+            self._mount()
+        self.started = True
+        return self
+
+    @staticmethod
+    def _alloc_segment(size: int) -> tuple[Any, np.ndarray]:
+        """Shared memory when the transfer layer offers it (same-host peers map it)."""
+        try:
+            from pymooncake.transfer.memory import SharedBuffer
+
+            buf = SharedBuffer(size)
+            return buf, np.frombuffer(buf.view(), dtype=np.uint8)
+        except Exception:  # no /dev/shm: private memory, reached over tcp
+            arr = np.zeros(size, dtype=np.uint8)
+            return arr, arr
+
+    def _mount(self) -> None:
+        self._master("mount_segment", MountRequest(
+            self.client_id, self.segment_name, self.local_hostname, self.segment_base,
+            self.global_segment_size, self._ssd_capacity if self.ssd else 0,
+            self.local_hostname, self._rpc_port))
+
+    def close(self) -> None:
+        """Unmount the segment (its objects' replicas there are dropped) and stop."""
+        if self.started and self.global_segment_size:
+            with contextlib.suppress(StoreError):
+                self._master("unmount_segment", UnmountRequest(self.client_id,
+                                                               self.segment_name))
+        self.started = False
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(5.0)
+        self._rpc.close()
+        if self._dp is not None:
+            with contextlib.suppress(Exception):
+                self._dp.close()
+        if self._segment_buf is not None and hasattr(self._segment_buf, "close"):
+            self._segment_arr = None
+            with contextlib.suppress(Exception):
+                self._segment_buf.close()
+
+    def __enter__(self) -> StoreClient:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- background thread: heartbeats + SSD orders ------------------------------------
+
+    def _bg_main(self, ready: threading.Event) -> None:
+        asyncio.run(self._bg(ready))
+
+    async def _bg(self, ready: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        server = None
+        if self.global_segment_size:
+            server = RpcServer("127.0.0.1" if self.local_hostname in ("localhost",)
+                               else self.local_hostname, 0)
+            server.register("ssd_spill", self._ssd_spill, SpillOrder)
+            server.register("ssd_load", self._ssd_load, LoadOrder)
+            server.register("ssd_delete", self._ssd_delete)
+            await server.start()
+            self._rpc_port = server.port
+        master = RpcClient(self.master_host, self.master_port, timeout_s=self._rpc_timeout)
+        ready.set()
+        try:
+            while not self._stop.is_set():
+                with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self._hb_interval)
+                if self._stop.is_set() or not self.started:
+                    continue
+                try:
+                    res = await master.call("heartbeat", HeartbeatRequest(self.client_id))
+                    if not res.get("known", True) and self.global_segment_size:
+                        await self._remount(master)
+                except RpcError as e:
+                    logger.debug("heartbeat failed: %s", e)
+        finally:
+            with contextlib.suppress(Exception):
+                await master.close()
+            if server is not None:
+                await server.stop()
+
+    async def _remount(self, master: RpcClient) -> None:
+        """The master forgot us (restart without snapshot): its objects are gone, so our
+        segment's bytes and SSD files are free space; mount again (case BUG-31)."""
+        if self.ssd is not None:
+            await asyncio.to_thread(self.ssd.clear)
+        logger.info("master forgot client %s; re-mounting %s", self.client_id,
+                    self.segment_name)
+        await master.call("mount_segment", MountRequest(
+            self.client_id, self.segment_name, self.local_hostname, self.segment_base,
+            self.global_segment_size, self._ssd_capacity if self.ssd else 0,
+            self.local_hostname, self._rpc_port))
+
+    def _seg_view(self, addr: int, length: int) -> np.ndarray:
+        off = addr - self.segment_base
+        if self._segment_arr is None or off < 0 or off + length > self.global_segment_size:
+            raise RpcError("INVALID_PARAMS", f"range {addr}+{length} outside this segment")
+        return self._segment_arr[off:off + length]
+
+    async def _ssd_spill(self, order: SpillOrder) -> dict[str, Any]:
+        if self.ssd is None:
+            return {"ok": False, "dropped": []}
+        data = self._seg_view(order.addr, order.length).tobytes()
+        try:
+            dropped = await self.ssd.aput(order.key, data)
+        except (SsdFull, OSError) as e:
+            logger.warning("spill of %r failed: %s", order.key, e)
+            return {"ok": False, "dropped": []}
+        return {"ok": True, "dropped": dropped}
+
+    async def _ssd_load(self, order: LoadOrder) -> dict[str, Any]:
+        if self.ssd is None:
+            return {"ok": False}
+        data = await self.ssd.aget(order.key)
+        if data is None or len(data) != order.length:
+            return {"ok": False}
+        self._seg_view(order.addr, order.length)[:] = np.frombuffer(data, dtype=np.uint8)
+        return {"ok": True}
+
+    async def _ssd_delete(self, params: dict[str, Any]) -> int:
+        if self.ssd is None:
+            return 0
+        n = 0
+        for key in params.get("keys", []):
+            n += await self.ssd.aremove(str(key))
+        return n
+
+    # -- master RPC --------------------------------------------------------------------
+
+    def _master(self, method: str, params: Any) -> Any:
+        try:
+            return self._rpc.call(method, params)
+        except RpcError as e:
+            raise StoreError.from_rpc(e) from None
+
+    @staticmethod
+    def _batch_item(item: dict[str, Any]) -> Any:
+        if "e" in item:
+            code, msg = item["e"]
+            return StoreError(ErrorCode(code), msg)
+        return item.get("r")
+
+    # -- memory ------------------------------------------------------------------------
+
+    def register_buffer(self, buffer: object) -> int:
+        """Register a user buffer for ``put_from``/``get_into``; returns its base address."""
+        assert self._dp is not None
+        addr = self._dp.register(buffer)
+        self._registered[addr] = buffer
+        return addr
+
+    def unregister_buffer(self, addr: int) -> None:
+        if addr not in self._registered:
+            raise StoreError(ErrorCode.INVALID_PARAMS, f"address {addr:#x} is not registered")
+        assert self._dp is not None
+        self._dp.unregister(addr)
+        del self._registered[addr]
+
+    def _stage(self, size: int) -> tuple[int, np.ndarray, Callable[[], None]]:
+        """A registered local range of ``size`` bytes: (addr, view, release)."""
+        assert self._dp is not None
+        if self._staging is not None:
+            with self._lock:
+                off = self._staging.allocate(size) if size <= self.local_buffer_size else None
+            if off is not None:
+                assert self._staging_arr is not None
+
+                def release(off: int = off) -> None:
+                    with self._lock:
+                        assert self._staging is not None
+                        self._staging.free(off)
+
+                return (self._staging_base + off, self._staging_arr[off:off + size], release)
+        arr = np.empty(max(size, 1), dtype=np.uint8)  # oversize or busy: a one-off buffer
+        addr = self._dp.register(arr)
+        dp = self._dp
+        return addr, arr[:size], lambda: dp.unregister(addr)
+
+    # -- put ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_key(key: object) -> str:
+        return validate_key(key, MAX_KEY_BYTES)
+
+    @staticmethod
+    def _as_bytes(value: object) -> memoryview:
+        if isinstance(value, bytes | bytearray | memoryview):
+            mv = memoryview(value)
+            return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+        if isinstance(value, np.ndarray) and value.flags.c_contiguous:
+            return memoryview(value).cast("B")
+        raise StoreError(ErrorCode.INVALID_PARAMS,
+                         f"value must be bytes-like, got {type(value).__name__}")
+
+    def put(self, key: str, value: bytes | bytearray | memoryview,
+            config: ReplicateConfig | None = None) -> None:
+        """Store ``value`` under ``key`` (two-phase). Raises ``StoreError``:
+        ``OBJECT_ALREADY_EXISTS`` if present, ``NO_AVAILABLE_HANDLE`` when full,
+        ``INVALID_KEY``/``INVALID_PARAMS`` for bad input (nothing stored)."""
+        (err,) = self.batch_put([key], [value], config)
+        if err is not None:
+            raise err
+
+    def batch_put(self, keys: Sequence[str], values: Sequence[Any],
+                  config: ReplicateConfig | None = None) -> list[StoreError | None]:
+        """Put many; one ``None`` (stored) or ``StoreError`` per key."""
+        t0 = time.perf_counter()
+        if len(keys) != len(values):
+            raise StoreError(ErrorCode.INVALID_PARAMS, "keys and values differ in length")
+        out: list[StoreError | None] = [None] * len(keys)
+        views: list[memoryview | None] = []
+        for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+            try:
+                self._check_key(k)
+                mv = self._as_bytes(v)
+                if mv.nbytes == 0:
+                    raise StoreError(ErrorCode.INVALID_PARAMS, "empty value")
+                views.append(mv)
+            except StoreError as e:
+                out[i] = e
+                views.append(None)
+        staged: list[tuple[int, Callable[[], None]] | None] = [None] * len(keys)
+        try:
+            for i, mv in enumerate(views):
+                if mv is not None:
+                    addr, arr, release = self._stage(mv.nbytes)
+                    arr[:] = np.frombuffer(mv, dtype=np.uint8)
+                    staged[i] = (addr, release)
+            self._put_staged(list(keys), [(s[0] if s else 0) for s in staged],
+                             [(v.nbytes if v is not None else 0) for v in views], config, out)
+        finally:
+            for s in staged:
+                if s is not None:
+                    s[1]()
+        M_OP_LATENCY.labels("put").observe(time.perf_counter() - t0)
+        return out
+
+    def put_from(self, key: str, addr: int, size: int,
+                 config: ReplicateConfig | None = None) -> None:
+        """Store ``size`` bytes at ``addr`` of a registered buffer (zero copy here)."""
+        (err,) = self.batch_put_from([key], [addr], [size], config)
+        if err is not None:
+            raise err
+
+    def batch_put_from(self, keys: Sequence[str], addrs: Sequence[int], sizes: Sequence[int],
+                       config: ReplicateConfig | None = None) -> list[StoreError | None]:
+        if not len(keys) == len(addrs) == len(sizes):
+            raise StoreError(ErrorCode.INVALID_PARAMS, "keys, addrs and sizes differ in length")
+        out: list[StoreError | None] = [None] * len(keys)
+        for i, (k, a, s) in enumerate(zip(keys, addrs, sizes, strict=True)):
+            try:
+                self._check_key(k)
+                if not isinstance(s, int) or s <= 0:
+                    raise StoreError(ErrorCode.INVALID_PARAMS, f"size={s!r}: must be > 0")
+                if not self._in_registered(a, s):
+                    raise StoreError(ErrorCode.INVALID_PARAMS,
+                                     f"[{a:#x}, +{s}) is not inside a registered buffer")
+            except StoreError as e:
+                out[i] = e
+        self._put_staged(list(keys), list(addrs),
+                         [s if out[i] is None else 0 for i, s in enumerate(sizes)], config, out)
+        return out
+
+    def _in_registered(self, addr: int, size: int) -> bool:
+        from pymooncake.transfer.memory import buffer_address
+
+        for base, buf in self._registered.items():
+            _, n, _ = buffer_address(buf)
+            if base <= addr and addr + size <= base + n:
+                return True
+        return False
+
+    def _put_staged(self, keys: list[str], addrs: list[int], sizes: list[int],
+                    config: ReplicateConfig | None, out: list[StoreError | None]) -> None:
+        idx = [i for i in range(len(keys)) if out[i] is None]
+        if not idx:
+            return
+        cfg = config or ReplicateConfig()
+        res = self._master("batch_put_start", BatchPutStartRequest(
+            self.client_id, tuple(keys[i] for i in idx), tuple(sizes[i] for i in idx), cfg))
+        handles: dict[int, PutHandle] = {}
+        for i, item in zip(idx, res, strict=True):
+            r = self._batch_item(item)
+            if isinstance(r, StoreError):
+                out[i] = r
+            else:
+                handles[i] = from_wire(PutHandle, r)
+        moves, owners = [], []
+        for i, h in handles.items():
+            for rep in h.replicas:
+                moves.append(Move(True, addrs[i], rep.segment, rep.addr, sizes[i]))
+                owners.append(i)
+        assert self._dp is not None
+        failed: dict[int, str] = {}
+        for i, r in zip(owners, self._dp.run(moves), strict=True):
+            if not r.ok:
+                failed.setdefault(i, r.reason)
+        ok = [i for i in handles if i not in failed]
+        if failed:
+            self._master("batch_put_revoke", BatchPutEndRequest(
+                self.client_id, tuple(keys[i] for i in failed),
+                tuple(handles[i].generation for i in failed)))
+            for i, reason in failed.items():
+                out[i] = StoreError(ErrorCode.TRANSFER_FAIL, f"write of {keys[i]!r}: {reason}")
+        if ok:
+            res = self._master("batch_put_end", BatchPutEndRequest(
+                self.client_id, tuple(keys[i] for i in ok),
+                tuple(handles[i].generation for i in ok)))
+            for i, item in zip(ok, res, strict=True):
+                r = self._batch_item(item)
+                if isinstance(r, StoreError):
+                    out[i] = r
+
+    # -- get ---------------------------------------------------------------------------
+
+    def _plan(self, keys: Sequence[str], prefer_local: bool) -> list[_ReadPlan]:
+        plans = [_ReadPlan(k) for k in keys]
+        ask = []
+        for p in plans:
+            try:
+                self._check_key(p.key)
+                ask.append(p)
+            except StoreError as e:
+                p.error = e
+        if not ask:
+            return plans
+        t_query = self._clock()
+        res = self._master("batch_get_replica_list",
+                           KeysRequest(self.client_id, tuple(p.key for p in ask)))
+        now = self._clock()
+        for p, item in zip(ask, res, strict=True):
+            r = self._batch_item(item)
+            if isinstance(r, StoreError):
+                p.error = r
+                continue
+            rl = from_wire(ReplicaList, r)
+            p.size = rl.size_bytes
+            p.lease_expiry = (t_query + rl.lease_ttl_ms / 1000.0 if rl.lease_ttl_ms > 0
+                              else float("inf"))
+            reps = [x for x in rl.replicas if x.tier == TIER_DRAM
+                    and self._bad.get(x.segment, 0.0) <= now]
+            self._rng.shuffle(reps)
+            if prefer_local:
+                reps.sort(key=lambda x: x.segment != self.segment_name)
+            p.replicas = reps
+            if not reps:
+                p.error = StoreError(ErrorCode.OBJECT_NOT_FOUND,
+                                     f"{p.key!r}: no reachable replica")
+        return plans
+
+    def _read(self, plans: list[_ReadPlan], dests: list[tuple[int, int] | None]) -> None:
+        """Copy each planned object into ``dests[i] = (addr, capacity)``; replica fallback;
+        sets ``plan.error`` on failure."""
+        assert self._dp is not None
+        pending = [i for i, p in enumerate(plans) if p.error is None]
+        for i in pending:
+            d = dests[i]
+            if d is None or d[1] < plans[i].size:
+                plans[i].error = StoreError(
+                    ErrorCode.INVALID_PARAMS,
+                    f"{plans[i].key!r}: buffer of {0 if d is None else d[1]} bytes < "
+                    f"object of {plans[i].size}")
+        pending = [i for i in pending if plans[i].error is None]
+        while pending:
+            moves = []
+            for i in pending:
+                rep = plans[i].replicas[0]
+                moves.append(Move(False, dests[i][0], rep.segment, rep.addr, plans[i].size))
+            results = self._dp.run(moves)
+            nxt = []
+            for i, r in zip(pending, results, strict=True):
+                p = plans[i]
+                rep = p.replicas.pop(0)
+                if r.ok:
+                    continue
+                if r.peer_down:
+                    self._bad[rep.segment] = self._clock() + self._bad_ttl
+                    p.replicas = [x for x in p.replicas if x.segment != rep.segment]
+                if p.replicas:
+                    nxt.append(i)
+                else:
+                    p.error = StoreError(ErrorCode.OBJECT_NOT_FOUND,
+                                         f"{p.key!r}: every replica failed ({r.reason})")
+            pending = nxt
+        for p in plans:
+            self._finish_read(p)
+
+    def _finish_read(self, p: _ReadPlan) -> None:
+        """The one lease check of every read path, after the copy (case BUG-15)."""
+        if p.error is None and self._clock() >= p.lease_expiry:
+            p.error = StoreError(ErrorCode.LEASE_EXPIRED,
+                                 f"{p.key!r}: read lease lapsed before the copy completed")
+        result = "hit" if p.error is None else (
+            "miss" if p.error.code == ErrorCode.OBJECT_NOT_FOUND else "error")
+        M_GETS.labels(result).inc()
+
+    def get(self, key: str) -> bytes:
+        """The value of ``key``. Raises ``StoreError`` (``OBJECT_NOT_FOUND``,
+        ``REPLICA_IS_NOT_READY``, ``LEASE_EXPIRED``, ...)."""
+        (v,) = self.batch_get([key])
+        if isinstance(v, StoreError):
+            raise v
+        return v
+
+    def batch_get(self, keys: Sequence[str], prefer_local: bool = True
+                  ) -> list[bytes | StoreError]:
+        t0 = time.perf_counter()
+        plans = self._plan(keys, prefer_local)
+        stages: list[tuple[int, np.ndarray, Callable[[], None]] | None] = []
+        try:
+            for p in plans:
+                stages.append(self._stage(p.size) if p.error is None and p.size else None)
+            self._read(plans, [(s[0], s[1].nbytes) if s else None for s in stages])
+            out: list[bytes | StoreError] = []
+            for p, s in zip(plans, stages, strict=True):
+                out.append(p.error if p.error is not None else s[1].tobytes())  # type: ignore
+        finally:
+            for s in stages:
+                if s is not None:
+                    s[2]()
+        M_OP_LATENCY.labels("get").observe(time.perf_counter() - t0)
+        return out
+
+    def get_into(self, key: str, addr: int, size: int) -> int:
+        """Read ``key`` into ``[addr, addr+size)`` of a registered buffer; bytes read."""
+        (v,) = self.batch_get_into([key], [addr], [size])
+        if isinstance(v, StoreError):
+            raise v
+        return v
+
+    def batch_get_into(self, keys: Sequence[str], addrs: Sequence[int], sizes: Sequence[int],
+                       prefer_local: bool = True) -> list[int | StoreError]:
+        if not len(keys) == len(addrs) == len(sizes):
+            raise StoreError(ErrorCode.INVALID_PARAMS, "keys, addrs and sizes differ in length")
+        plans = self._plan(keys, prefer_local)
+        dests: list[tuple[int, int] | None] = []
+        for p, a, s in zip(plans, addrs, sizes, strict=True):
+            if p.error is None and not self._in_registered(a, min(s, p.size) or 1):
+                p.error = StoreError(ErrorCode.INVALID_PARAMS,
+                                     f"[{a:#x}, +{s}) is not inside a registered buffer")
+            dests.append((a, s))
+        self._read(plans, dests)
+        return [p.error if p.error is not None else p.size for p in plans]
+
+    def get_size(self, key: str) -> int:
+        plans = self._plan([key], True)
+        if plans[0].error is not None:
+            raise plans[0].error
+        return plans[0].size
+
+    # -- metadata-only -----------------------------------------------------------------
+
+    def exist(self, key: str) -> bool:
+        self._check_key(key)
+        return bool(self._master("exist", KeyRequest(self.client_id, key)))
+
+    def batch_exist(self, keys: Sequence[str]) -> list[bool | StoreError]:
+        res = self._master("batch_exist", KeysRequest(self.client_id, tuple(keys)))
+        return [self._batch_item(x) for x in res]
+
+    def remove(self, key: str, force: bool = False) -> None:
+        self._check_key(key)
+        self._master("remove", RemoveRequest(self.client_id, key, force))
+
+    def remove_all(self, force: bool = False) -> int:
+        return int(self._master("remove_all", RemoveAllRequest(self.client_id, force)))
+
+    def release_leases(self, keys: Sequence[str]) -> int:
+        return int(self._master("release_leases", KeysRequest(self.client_id, tuple(keys))))
+
+    def list_keys(self) -> list[str]:
+        return list(self._master("list_keys", None))
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self._master("stats", None))
+
+    def ping(self) -> bool:
+        try:
+            return self._rpc.call("ping", None, timeout_s=2.0) == "pong"
+        except RpcError:
+            return False
+    # -- two-phase primitives (for callers that write the bytes themselves) -------------
+
+    def replica_list(self, key: str) -> ReplicaList:
+        """The master's answer for ``key`` (grants a read lease)."""
+        self._check_key(key)
+        return from_wire(ReplicaList, self._master("get_replica_list",
+                                                   KeyRequest(self.client_id, key)))
+
+    def put_start(self, key: str, size_bytes: int,
+                  config: ReplicateConfig | None = None) -> PutHandle:
+        self._check_key(key)
+        return from_wire(PutHandle, self._master("put_start", PutStartRequest(
+            self.client_id, key, size_bytes, config or ReplicateConfig())))
+
+    def put_end(self, key: str, generation: int) -> None:
+        self._master("put_end", PutEndRequest(self.client_id, key, generation))
+
+    def put_revoke(self, key: str, generation: int) -> None:
+        self._master("put_revoke", PutEndRequest(self.client_id, key, generation))

@@ -1,0 +1,400 @@
+"""The master process: ``MasterCore`` behind the RPC layer, with a clock and background work.
+
+Every RPC handler is a thin shell: decode the typed request (``store.protocol``), call the
+pure core with ``now_ms`` from the service clock, map ``StoreError`` to an ``RpcError``
+whose ``code`` is the ``ErrorCode`` name and whose ``data`` is ``{"code": int}``. Batch
+methods answer a list with one ``{"r": result}`` or ``{"e": [code, message]}`` per key.
+
+Background work (every ``tick_interval_s``): drop silent clients, reclaim abandoned writes,
+expire leases, evict at the high watermark, and carry out the core's SSD orders by RPC to
+the storage process that owns the segment (``ssd_spill`` / ``ssd_load`` / ``ssd_delete``).
+A put that finds no room while spills are in flight waits for them once and retries; a get
+of an object held only on SSD loads it back into its owner's DRAM first (promotion).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pymooncake.obs import metrics
+from pymooncake.obs.logging import init_logger
+from pymooncake.rpc import RpcClient, RpcError, RpcServer
+from pymooncake.store.config import MasterConfig
+from pymooncake.store.errors import ErrorCode, StoreError
+from pymooncake.store.master.core import MasterCore
+from pymooncake.store.protocol import (
+    TIER_DRAM,
+    BatchPutEndRequest,
+    BatchPutStartRequest,
+    HeartbeatRequest,
+    KeyRequest,
+    KeysRequest,
+    MountRequest,
+    PutEndRequest,
+    PutStartRequest,
+    RemoveAllRequest,
+    RemoveRequest,
+    ReplicaList,
+    SpillOrder,
+    UnmountRequest,
+)
+
+logger = init_logger(__name__)
+
+M_OBJECTS = metrics.gauge("pymooncake_store_objects", "Objects in the master's table")
+M_BYTES = metrics.gauge("pymooncake_store_used_bytes", "Bytes used, by tier", ["tier"])
+M_CAPACITY = metrics.gauge("pymooncake_store_capacity_bytes", "Mounted DRAM capacity (bytes)")
+M_EVICTIONS = metrics.counter("pymooncake_store_evictions_total",
+                              "Objects evicted from DRAM, by reason", ["reason"])
+M_LEASED = metrics.gauge("pymooncake_store_leased_objects", "Objects holding a read lease")
+M_PINNED = metrics.gauge("pymooncake_store_pinned_objects", "Pinned objects, by kind", ["kind"])
+M_NAMESPACE = metrics.gauge("pymooncake_store_namespace_bytes",
+                            "Bytes held per key namespace (prefix before '/' or ':')",
+                            ["namespace"])
+M_FRAG = metrics.gauge("pymooncake_store_fragmentation_ratio",
+                       "1 - largest free range / free bytes, per segment", ["segment"])
+M_LOOKUPS = metrics.counter("pymooncake_store_lookups_total",
+                            "get_replica_list answers, by result (hit/miss)", ["result"])
+M_DROPPED_CLIENTS = metrics.counter("pymooncake_store_dropped_clients_total",
+                                    "Clients dropped after missing heartbeats")
+
+
+def _rpc_error(e: StoreError) -> RpcError:
+    return RpcError(e.code.name, e.message, {"code": int(e.code)})
+
+
+class MasterService:
+    """Serve a ``MasterCore`` on ``config.host:config.port`` (``port=0`` picks one).
+
+    ``clock`` gives seconds (monotonic); tests may pass a fake. ``await start()``, then
+    ``port``; ``await stop()``.
+    """
+
+    def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.monotonic,
+                 tick_interval_s: float | None = None) -> None:
+        self.config = config
+        self.core = MasterCore(config)
+        self._clock = clock
+        self.tick_interval_s = tick_interval_s or min(0.1, config.client_ttl_s / 4)
+        self.server = RpcServer(config.host, config.port)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._spills: set[asyncio.Task[Any]] = set()
+        self._promotions: dict[str, asyncio.Task[Any]] = {}
+        self._peers: dict[tuple[str, int], RpcClient] = {}
+        self._ticker: asyncio.Task[None] | None = None
+        self._register()
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def now_ms(self) -> float:
+        return self._clock() * 1000.0
+
+    async def start(self) -> None:
+        await self.server.start()
+        self._ticker = asyncio.ensure_future(self._tick_loop())
+        logger.info("store master listening on %s:%d", self.config.host, self.server.port)
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        for t in list(self._tasks) + list(self._spills):
+            t.cancel()
+        await self.server.stop()
+        for c in self._peers.values():
+            with contextlib.suppress(Exception):
+                await c.close()
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _register(self) -> None:
+        s = self.server
+        s.register("ping", lambda p: "pong")
+        s.register("mount_segment", self._mount, MountRequest)
+        s.register("unmount_segment", self._unmount, UnmountRequest)
+        s.register("heartbeat", self._heartbeat, HeartbeatRequest)
+        s.register("put_start", self._put_start, PutStartRequest)
+        s.register("batch_put_start", self._batch_put_start, BatchPutStartRequest)
+        s.register("put_end", self._put_end, PutEndRequest)
+        s.register("batch_put_end", self._batch_put_end, BatchPutEndRequest)
+        s.register("put_revoke", self._put_revoke, PutEndRequest)
+        s.register("batch_put_revoke", self._batch_put_revoke, BatchPutEndRequest)
+        s.register("get_replica_list", self._get_replica_list, KeyRequest)
+        s.register("batch_get_replica_list", self._batch_get_replica_list, KeysRequest)
+        s.register("exist", self._exist, KeyRequest)
+        s.register("batch_exist", self._batch_exist, KeysRequest)
+        s.register("remove", self._remove, RemoveRequest)
+        s.register("batch_remove", self._batch_remove, KeysRequest)
+        s.register("remove_all", self._remove_all, RemoveAllRequest)
+        s.register("release_leases", self._release_leases, KeysRequest)
+        s.register("list_keys", lambda p: self.core.list_keys())
+        s.register("stats", lambda p: self.core.stats(self.now_ms()))
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            out = fn(*args)
+        except StoreError as e:
+            raise _rpc_error(e) from None
+        finally:
+            self._after()
+        return out
+
+    @staticmethod
+    def _each(fn: Callable[[Any], Any], items: Any) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for item in items:
+            try:
+                out.append({"r": fn(item)})
+            except StoreError as e:
+                out.append({"e": [int(e.code), e.message]})
+        return out
+
+    def _after(self) -> None:
+        """Carry out the core's pending effects (spills, SSD deletes, metrics)."""
+        eff = self.core.drain_effects()
+        for reason, n in eff.evicted.items():
+            M_EVICTIONS.labels(reason).inc(n)
+        if eff.dropped_clients:
+            M_DROPPED_CLIENTS.inc(len(eff.dropped_clients))
+            logger.info("dropped silent clients %s", eff.dropped_clients)
+        for order in eff.spills:
+            t = asyncio.ensure_future(self._spill(order))
+            self._spills.add(t)
+            t.add_done_callback(self._spills.discard)
+        by_seg: dict[str, list[str]] = {}
+        for seg, key in eff.ssd_deletes:
+            by_seg.setdefault(seg, []).append(key)
+        for seg, keys in by_seg.items():
+            self._spawn(self._ssd_call(seg, "ssd_delete", {"keys": keys}))
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def _peer(self, segment: str) -> RpcClient | None:
+        seg = self.core.pool.segments.get(segment)
+        if seg is None or not seg.rpc_port:
+            return None
+        addr = (seg.rpc_host or seg.host, seg.rpc_port)
+        c = self._peers.get(addr)
+        if c is None:
+            c = self._peers[addr] = RpcClient(addr[0], addr[1], timeout_s=30.0)
+        return c
+
+    async def _ssd_call(self, segment: str, method: str, params: Any) -> Any:
+        peer = self._peer(segment)
+        if peer is None:
+            raise RpcError("SEGMENT_NOT_FOUND", f"segment {segment!r} has no storage RPC")
+        return await peer.call(method, params)
+
+    async def _spill(self, order: SpillOrder) -> None:
+        ok, dropped = False, []
+        try:
+            res = await self._ssd_call(order.segment, "ssd_spill", order)
+            ok, dropped = bool(res.get("ok")), list(res.get("dropped", []))
+        except Exception as e:  # a dead owner: the object is dropped like a plain eviction
+            logger.warning("spill of %r to %s failed: %s", order.key, order.segment, e)
+        alive = self.core.spill_done(order.key, order.generation, order.segment, ok, dropped)
+        if ok and not alive:
+            self._spawn(self._ssd_call(order.segment, "ssd_delete", {"keys": [order.key]}))
+        self._after()
+
+    async def _wait_spills(self) -> bool:
+        if not self._spills:
+            return False
+        await asyncio.wait(list(self._spills), timeout=30.0)
+        return True
+
+    # -- handlers ----------------------------------------------------------------------
+
+    def _mount(self, p: MountRequest) -> dict[str, Any]:
+        self._call(self.core.mount_segment, p.client_id, p.segment, p.host, p.base_addr,
+                   p.size_bytes, self.now_ms(), p.ssd_capacity_bytes, p.rpc_host, p.rpc_port)
+        return {"ok": True}
+
+    def _unmount(self, p: UnmountRequest) -> int:
+        return self._call(self.core.unmount_segment, p.client_id, p.segment, self.now_ms())
+
+    def _heartbeat(self, p: HeartbeatRequest) -> dict[str, Any]:
+        return {"known": self.core.heartbeat(p.client_id, self.now_ms())}
+
+    async def _put_start(self, p: PutStartRequest) -> Any:
+        try:
+            return self._call(self.core.put_start, p.client_id, p.key, p.size_bytes, p.config,
+                              self.now_ms())
+        except RpcError as e:
+            if e.code != ErrorCode.NO_AVAILABLE_HANDLE.name or not await self._wait_spills():
+                raise
+        return self._call(self.core.put_start, p.client_id, p.key, p.size_bytes, p.config,
+                          self.now_ms())
+
+    async def _batch_put_start(self, p: BatchPutStartRequest) -> Any:
+        if len(p.keys) != len(p.sizes_bytes):
+            raise RpcError("INVALID_PARAMS", "keys and sizes_bytes differ in length")
+        now = self.now_ms()
+        out = self._each(lambda ks: self.core.put_start(p.client_id, ks[0], ks[1], p.config, now),
+                         zip(p.keys, p.sizes_bytes, strict=True))
+        retry = [i for i, r in enumerate(out)
+                 if "e" in r and r["e"][0] == int(ErrorCode.NO_AVAILABLE_HANDLE)]
+        self._after()
+        if retry and await self._wait_spills():
+            now = self.now_ms()
+            again = self._each(lambda i: self.core.put_start(p.client_id, p.keys[i],
+                                                             p.sizes_bytes[i], p.config, now),
+                               retry)
+            for i, r in zip(retry, again, strict=True):
+                out[i] = r
+            self._after()
+        return out
+
+    def _put_end(self, p: PutEndRequest) -> bool:
+        self._call(self.core.put_end, p.client_id, p.key, p.generation, self.now_ms())
+        return True
+
+    def _batch_put_end(self, p: BatchPutEndRequest) -> Any:
+        now = self.now_ms()
+        out = self._each(lambda kg: self.core.put_end(p.client_id, kg[0], kg[1], now),
+                         zip(p.keys, p.generations, strict=True))
+        self._after()
+        return out
+
+    def _put_revoke(self, p: PutEndRequest) -> bool:
+        self._call(self.core.put_revoke, p.client_id, p.key, p.generation, self.now_ms())
+        return True
+
+    def _batch_put_revoke(self, p: BatchPutEndRequest) -> Any:
+        now = self.now_ms()
+        out = self._each(lambda kg: self.core.put_revoke(p.client_id, kg[0], kg[1], now),
+                         zip(p.keys, p.generations, strict=True))
+        self._after()
+        return out
+
+    async def _lookup(self, client_id: str, key: str) -> ReplicaList:
+        """Replica list of ``key``; loads an SSD-only object back into DRAM first."""
+        try:
+            rl = self.core.get_replica_list(client_id, key, self.now_ms())
+        except StoreError as e:
+            if e.code == ErrorCode.OBJECT_NOT_FOUND:
+                M_LOOKUPS.labels("miss").inc()
+            raise
+        if any(r.tier == TIER_DRAM for r in rl.replicas):
+            M_LOOKUPS.labels("hit").inc()
+            return rl
+        task = self._promotions.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._promote(key))
+            self._promotions[key] = task
+            task.add_done_callback(lambda _t: self._promotions.pop(key, None))
+        await asyncio.shield(task)
+        rl = self.core.get_replica_list(client_id, key, self.now_ms())
+        M_LOOKUPS.labels("hit").inc()
+        return rl
+
+    async def _promote(self, key: str) -> None:
+        try:
+            order = self.core.promote_start(key, self.now_ms())
+        except StoreError as e:
+            self._after()
+            if e.code != ErrorCode.NO_AVAILABLE_HANDLE or not await self._wait_spills():
+                raise
+            order = self.core.promote_start(key, self.now_ms())
+        self._after()
+        if order is None:
+            return
+        ok = False
+        try:
+            res = await self._ssd_call(order.segment, "ssd_load", order)
+            ok = bool(res.get("ok"))
+        except Exception as e:
+            logger.warning("load of %r from SSD on %s failed: %s", key, order.segment, e)
+        self.core.promote_done(order, ok, self.now_ms())
+        self._after()
+        if not ok:
+            raise StoreError(ErrorCode.OBJECT_NOT_FOUND, f"{key!r} could not be read from SSD")
+
+    async def _get_replica_list(self, p: KeyRequest) -> Any:
+        try:
+            return await self._lookup(p.client_id, p.key)
+        except StoreError as e:
+            raise _rpc_error(e) from None
+
+    async def _batch_get_replica_list(self, p: KeysRequest) -> Any:
+        out: list[dict[str, Any]] = []
+        for key in p.keys:
+            try:
+                out.append({"r": await self._lookup(p.client_id, key)})
+            except StoreError as e:
+                out.append({"e": [int(e.code), e.message]})
+        return out
+
+    def _exist(self, p: KeyRequest) -> bool:
+        return self._call(self.core.exist, p.client_id, p.key, self.now_ms())
+
+    def _batch_exist(self, p: KeysRequest) -> Any:
+        now = self.now_ms()
+        return self._each(lambda k: self.core.exist(p.client_id, k, now), p.keys)
+
+    def _remove(self, p: RemoveRequest) -> bool:
+        self._call(self.core.remove, p.key, self.now_ms(), p.force)
+        return True
+
+    def _batch_remove(self, p: KeysRequest) -> Any:
+        now = self.now_ms()
+        out = self._each(lambda k: self.core.remove(k, now), p.keys)
+        self._after()
+        return out
+
+    def _remove_all(self, p: RemoveAllRequest) -> int:
+        return self._call(self.core.remove_all, self.now_ms(), p.force)
+
+    def _release_leases(self, p: KeysRequest) -> int:
+        return self.core.release_leases(p.client_id, list(p.keys))
+
+    # -- background --------------------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_interval_s)
+            try:
+                now = self.now_ms()
+                self.core.tick(now)
+                self._after()
+                self._update_gauges(now)
+            except Exception:  # never let the ticker die
+                logger.exception("master tick failed")
+
+    def _update_gauges(self, now_ms: float) -> None:
+        st = self.core.stats(now_ms)
+        M_OBJECTS.set(st["num_objects"])
+        M_BYTES.labels("dram").set(st["dram_used_bytes"])
+        M_BYTES.labels("ssd").set(st["ssd_used_bytes"])
+        M_CAPACITY.set(st["dram_capacity_bytes"])
+        M_LEASED.set(st["num_leased"])
+        M_PINNED.labels("soft").set(st["num_soft_pinned"])
+        M_PINNED.labels("hard").set(st["num_hard_pinned"])
+        for ns, b in st["bytes_per_namespace"].items():
+            M_NAMESPACE.labels(ns or "_").set(b)
+        for seg, f in st["fragmentation"].items():
+            M_FRAG.labels(seg).set(f)
+
+
+async def run_master(config: MasterConfig, ready: Callable[[int], None] | None = None) -> None:
+    """Run a master until cancelled (the ``pymooncake master`` command)."""
+    if config.metrics_port is not None:
+        metrics.serve_metrics(config.metrics_port, config.host)
+    svc = MasterService(config)
+    await svc.start()
+    if ready is not None:
+        ready(svc.port)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await svc.stop()

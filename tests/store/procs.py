@@ -1,0 +1,106 @@
+"""Start real master and store-server processes on 127.0.0.1 for the store tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MiB = 1 << 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen
+    info: dict = field(default_factory=dict)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(5)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def spawn(args: list[str], timeout_s: float = 20.0) -> Proc:
+    """Run ``pymooncake ARGS``; wait for its ``ready`` JSON line (raises on timeout)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.Popen([sys.executable, "-m", "pymooncake", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    sel = selectors.DefaultSelector()
+    sel.register(p.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            if p.poll() is not None:
+                raise RuntimeError(f"{args[0]} exited {p.returncode}: "
+                                   f"{p.stderr.read().decode()[-2000:]}")
+            if sel.select(0.1):
+                line = p.stdout.readline()
+                if line.startswith(b"{"):
+                    info = json.loads(line)
+                    if info.get("event") == "ready":
+                        return Proc(p, info)
+        raise TimeoutError(f"{args[0]} not ready in {timeout_s}s")
+    except BaseException:
+        p.kill()
+        p.wait(5)
+        raise
+    finally:
+        sel.close()
+
+
+class Cluster:
+    """One master (with its HTTP metadata server) and any number of store servers."""
+
+    def __init__(self, *master_flags: str) -> None:
+        self.procs: list[Proc] = []
+        self.master = spawn(["master", "--port", "0", "--enable-http-metadata-server",
+                             "--http-metadata-server-port", str(free_port()), *master_flags])
+        self.procs.append(self.master)
+        self.master_addr = f"127.0.0.1:{self.master.info['port']}"
+        self.metadata_url = self.master.info["metadata_url"]
+
+    def store_server(self, size: int = 16 * MiB, *flags: str,
+                     transports: str = "local,tcp") -> Proc:
+        p = spawn(["store-server", "--master", self.master_addr, "--metadata",
+                   self.metadata_url, "--global-segment-size", str(size),
+                   "--transports", transports, "--heartbeat-interval", "0.2", *flags])
+        self.procs.append(p)
+        return p
+
+    def client(self, **kw):
+        from pymooncake.store.client import StoreClient
+        from pymooncake.transfer import TransferConfig
+
+        kw.setdefault("transfer_config", TransferConfig(
+            transports=("local", "tcp"), max_retries=1, path_retry_interval_s=0.05,
+            connect_timeout_s=1.0, slice_timeout_s=2.0))
+        kw.setdefault("heartbeat_interval_s", 0.2)
+        c = StoreClient(self.master_addr, self.metadata_url, **kw).start()
+        return c
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
