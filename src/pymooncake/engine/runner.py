@@ -111,11 +111,15 @@ class ModelRunner:
             for h in self.hooks:
                 h.after_layer(i, ctx, self.kv)
 
-        hidden = self.model(input_ids, positions, meta, self.kv.k_caches, self.kv.v_caches,
-                            before if self.hooks else _record(self.layer_compute_start_s),
-                            after if self.hooks else None)
-        for h in self.hooks:
-            h.end_step(ctx, self.kv)
+        try:
+            hidden = self.model(input_ids, positions, meta, self.kv.k_caches, self.kv.v_caches,
+                                before if self.hooks else _record(self.layer_compute_start_s),
+                                after if self.hooks else None)
+        finally:
+            # also after a failed load: hooks finish or cancel outstanding writes before
+            # the scheduler frees (and may reuse) the blocks they target
+            for h in self.hooks:
+                h.end_step(ctx, self.kv)
         if not sample_rows:
             return torch.empty(0, self.model.config.vocab_size)
         return self.model.compute_logits(hidden[torch.as_tensor(sample_rows)])
