@@ -5,8 +5,9 @@ The runner calls, for every step: ``start_step`` (begin async loads of this step
 i's loaded KV is in place** (CASES BUG-39: a no-op wait lets attention read KV that has not
 arrived) or raise ``KVLoadError`` — the layer's compute, ``after_layer(i)`` (the layer's new
 K/V are in the cache: ship them), and ``end_step`` (always, also after a failure: it must
-finish or cancel outstanding writes, since the blocks may be freed right after). A ``KVLoad`` only ever targets fresh
-blocks of the loading request (``ref_cnt == 1``, not computed: CASES BUG-10).
+finish or cancel outstanding writes, since the blocks may be freed right after). A
+``KVLoad`` only ever targets fresh blocks of the loading request (``ref_cnt == 1``, not
+computed: CASES BUG-10).
 """
 
 from __future__ import annotations
