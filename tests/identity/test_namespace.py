@@ -184,7 +184,7 @@ class TestNamespaceValidation:
 
     def test_dtype_table_widths(self) -> None:
         assert KV_DTYPE_BYTES["float16"] == 2 and KV_DTYPE_BYTES["int8"] == 1
-        assert KV_DTYPE_BYTES["float32"] == 4
+        assert KV_DTYPE_BYTES["float32"] == 4 and KV_DTYPE_BYTES["float64"] == 8
 
 
 class TestTokenizerFingerprint:

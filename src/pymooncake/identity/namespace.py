@@ -28,6 +28,7 @@ import msgpack
 # Bytes per element of each KV dtype name the project knows (CASES BUG-06: the dtype is part
 # of the identity; its width is part of the layout descriptor).
 KV_DTYPE_BYTES: dict[str, int] = {
+    "float64": 8,
     "float32": 4,
     "float16": 2,
     "bfloat16": 2,
