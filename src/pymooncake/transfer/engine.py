@@ -79,6 +79,7 @@ T = TypeVar("T")
 TRANSFER_BYTES = "pymooncake_transfer_bytes_total"
 TRANSFER_SLICES = "pymooncake_transfer_slices_total"
 TRANSFER_RETRIES = "pymooncake_transfer_retries_total"
+TRANSFER_RECONNECTS = "pymooncake_transfer_stale_reconnects_total"
 TRANSFER_FAILURES = "pymooncake_transfer_failed_requests_total"
 TRANSFER_LATENCY = "pymooncake_transfer_request_latency_seconds"
 
@@ -87,6 +88,9 @@ _bytes = metrics.counter(TRANSFER_BYTES, "Bytes moved by the Transfer Engine",
 _slices = metrics.counter(TRANSFER_SLICES, "Slices completed", ("transport", "path"))
 _retries = metrics.counter(TRANSFER_RETRIES, "Slices re-sent after a path error",
                            ("transport", "path"))
+_reconnects = metrics.counter(TRANSFER_RECONNECTS,
+                              "Pooled connections found closed by the peer and reopened",
+                              ("path",))
 _failures = metrics.counter(TRANSFER_FAILURES, "Requests that ended failed",
                             ("transport", "code"))
 _latency = metrics.histogram(TRANSFER_LATENCY, "Submit-to-completion time of a request",
@@ -590,7 +594,8 @@ class TransferEngine:
                 return ch
             desc = self._peers[segment]
             location = "cpu:0"
-            lanes = [_Lane(k, self.topology.path_device(location, k))
+            loopback = desc.host.startswith("127.") or desc.host in ("localhost", "::1")
+            lanes = [_Lane(k, "lo" if loopback else self.topology.path_device(location, k))
                      for k in range(self.config.num_paths)]
             ch = self._channels[segment] = _PeerChannel(segment, desc.host, desc.tcp_port,
                                                         lanes)
@@ -644,6 +649,7 @@ class TransferEngine:
                 logger.info("path %s to %s: pooled connection is stale; reopening",
                             lane.label, ch.name)
                 self._pool.discard(key, sock)
+                _reconnects.labels(lane.label).inc()
                 sock, reused = self._pool.acquire(key, opener)
         except OSError as e:
             self._path_failed(ch, lane, window, [], StatusCode.CONNECTION_ERROR,
@@ -659,6 +665,8 @@ class TransferEngine:
             self._pool.discard(key, sock)
             # A reused connection may have died just now (peer restart): retry at once on
             # a fresh one; a fresh connection that fails marks the path down.
+            if reused:
+                _reconnects.labels(lane.label).inc()
             self._path_failed(ch, lane, window, e.results, e.code,
                               f"path {lane.label} to {ch.name}: {e}", mark_down=not reused)
             return
