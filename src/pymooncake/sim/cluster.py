@@ -181,7 +181,7 @@ class DecodeNode:
             self._advance(self.heap[0][0] - self.step, done)
 
     def can_admit(self, r: SimRequest) -> bool:
-        return (self.B < self.max_batch_size
+        return (self.max_batch_size > self.B
                 and self.kv_reserved + r.input_length + r.output_length
                 <= self.kv_capacity_tokens)
 

@@ -40,7 +40,7 @@ class EventQueue:
         heapq.heappush(self._heap, (time_s, self._seq, kind, payload))
 
     def pop(self) -> tuple[float, int, Any]:
-        """Remove the earliest event, advance ``now_s`` to it and return ``(time, kind, payload)``."""
+        """Pop the earliest event, advance ``now_s`` to it, return ``(time, kind, payload)``."""
         t, _, kind, payload = heapq.heappop(self._heap)
         self.now_s = t
         self.num_popped += 1

@@ -1,0 +1,174 @@
+"""conductor.policy on small crafted cluster views; expected placements derived by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from pymooncake.conductor.policy import (
+    PREFILL_POLICIES,
+    ClusterView,
+    DecodeEstimator,
+    DecodeInstanceState,
+    Estimators,
+    HotBlockConfig,
+    InstanceId,
+    Placement,
+    PolicyConfig,
+    PrefillEstimator,
+    PrefillInstanceState,
+    PrefixIndex,
+    PrefixMatch,
+    Rejection,
+    RequestInfo,
+    TransferEstimator,
+    blocks_to_replicate,
+    evaluate_instance,
+    place_decode,
+    schedule,
+)
+from pymooncake.conductor.policy.prefill_placement import mix64
+
+# prefill: 1 ms/token; transfer: 1000 B/token at 1e7 B/s = 0.1 ms/token; decode step:
+# 0.01 + max(0, 0.02 + 1e-7·ctx).
+EST = Estimators(PrefillEstimator(0.0, 1e-3, 0.0), TransferEstimator(1000, 1e7, 0.0),
+                 DecodeEstimator(0.01, 0.02, 1e-7, 0.0))
+REQ = RequestInfo("r", 2048, (1, 2, 3, 4), 10, 0.0, sequence_number=4)
+IDS = (InstanceId("p0"), InstanceId("p1"), InstanceId("p2"))
+
+
+def _view(decode: tuple[DecodeInstanceState, ...] = ()) -> ClusterView:
+    return ClusterView(0.0, (PrefillInstanceState(IDS[0], 0.0, 0.0),
+                             PrefillInstanceState(IDS[1], 0.3, 0.2),   # queue 0.5 s
+                             PrefillInstanceState(IDS[2], 0.0, 0.2)),  # queue 0.2 s
+                       decode)
+
+
+def _index() -> PrefixIndex:
+    idx = PrefixIndex()
+    idx.insert(IDS[1], [1, 2, 3])
+    idx.insert(IDS[2], [1, 9])
+    return idx
+
+
+class TestPrefixIndex:
+    def test_match_per_instance_and_best(self) -> None:
+        m = _index().match(REQ.block_keys, IDS)
+        assert m == PrefixMatch((0, 3, 1), 3, IDS[1])
+
+    def test_local_only_has_no_best_holder(self) -> None:
+        assert _index().match(REQ.block_keys, IDS, remote=False) == PrefixMatch((0, 3, 1))
+
+    def test_gap_stops_the_prefix_and_evict_removes(self) -> None:
+        idx = PrefixIndex()
+        idx.insert(IDS[0], [1, 3, 4])          # key 2 missing: only 1 block matches
+        assert idx.match((1, 2, 3, 4), IDS).local_blocks == (1, 0, 0)
+        idx.evict(IDS[0], [1])
+        assert idx.match((1, 2, 3, 4), IDS) == PrefixMatch((0, 0, 0))
+        assert len(idx) == 2 and idx.num_replicas(3) == 1
+
+
+class TestPrefillPolicies:
+    match = _index().match(REQ.block_keys, IDS)
+    cfg = PolicyConfig()
+
+    def test_local_cache_aware_picks_least_ttft_without_transfer(self) -> None:
+        # p0: 0 + 2.048; p1: 0.5 + 0.512 = 1.012; p2: 0.2 + 1.536 = 1.736  -> p1
+        p = PREFILL_POLICIES["local-cache"](REQ, _view(), self.match, EST, self.cfg)
+        assert isinstance(p, Placement)
+        assert (p.prefill_instance, p.prefix_blocks, p.transfer_blocks) == ("p1", 3, 0)
+        assert p.predicted_ttft_s == pytest.approx(1.012)
+
+    def test_global_cache_aware_fetches_from_best_holder(self) -> None:
+        # p0: 1536 tok·0.1 ms = 0.1536 + 0.512 = 0.6656; p1: 1.012; p2: 0.2 + 0.1024 + 0.512
+        p = PREFILL_POLICIES["global-cache"](REQ, _view(), self.match, EST, self.cfg)
+        assert isinstance(p, Placement)
+        assert (p.prefill_instance, p.prefix_blocks, p.transfer_blocks,
+                p.transfer_source) == ("p0", 3, 3, "p1")
+        assert p.predicted_transfer_s == pytest.approx(0.1536)
+        assert p.predicted_ttft_s == pytest.approx(0.6656)
+
+    def test_balancing_threshold_blocks_small_gains(self) -> None:
+        # p2 holds 1 block, best holds 3: ratio 3 > 1 fetches 2 blocks; ratio 3 <= 4 does not.
+        p = evaluate_instance(REQ, _view(), self.match, 2, EST, self.cfg, remote=True)
+        assert (p.transfer_blocks, p.predicted_ttft_s) == (2, pytest.approx(0.8144))
+        p = evaluate_instance(REQ, _view(), self.match, 2, EST,
+                              PolicyConfig(kvcache_balancing_threshold=4.0), remote=True)
+        assert (p.transfer_blocks, p.predicted_ttft_s) == (0, pytest.approx(1.736))
+
+    def test_least_load_picks_smallest_queue(self) -> None:
+        p = PREFILL_POLICIES["load"](REQ, _view(), PrefixMatch((0, 3, 1)), EST, self.cfg)
+        assert isinstance(p, Placement) and p.prefill_instance == "p0"
+        assert p.predicted_ttft_s == pytest.approx(2.048)
+
+    def test_round_robin_uses_sequence_number(self) -> None:
+        p = PREFILL_POLICIES["round-robin"](REQ, _view(), self.match, EST, self.cfg)
+        assert isinstance(p, Placement) and p.prefill_instance == "p1"   # 4 mod 3
+
+    def test_random_is_splitmix64_of_seed_and_sequence(self) -> None:
+        def splitmix64(x: int) -> int:  # reference: Steele et al. / Vigna, one output of state x
+            m = (1 << 64) - 1
+            x = (x + 0x9E3779B97F4A7C15) & m
+            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+            return x ^ (x >> 31)
+        assert mix64(7, 11) == splitmix64((7 * 0x9E3779B97F4A7C15 + 11) & ((1 << 64) - 1))
+        picks = [PREFILL_POLICIES["random"](
+            RequestInfo("r", 100, (), 1, 0.0, sequence_number=s), _view(), PrefixMatch((0, 0, 0)),
+            EST, PolicyConfig(seed=3)).prefill_instance for s in range(3000)]
+        assert {n: picks.count(n) for n in ("p0", "p1", "p2")} == {
+            n: sum(mix64(3, s) % 3 == i for s in range(3000)) for i, n in enumerate(IDS)}
+        assert min(picks.count(n) for n in IDS) > 900
+
+    def test_no_instance(self) -> None:
+        for f in PREFILL_POLICIES.values():
+            out = f(REQ, ClusterView(0.0, (), ()), PrefixMatch(()), EST, self.cfg)
+            assert isinstance(out, Rejection) and out.reason == "no_instance"
+
+
+class TestDecodePlacement:
+    def test_judged_at_prefill_end_not_now(self) -> None:
+        # d0 runs 10 now but all finish at 0.5 s, before the prefill ends (0.6656 s):
+        # predicted batch 1. d1 runs 5 that finish at 100 s: predicted batch 6.
+        d0 = DecodeInstanceState(InstanceId("d0"), 10, 10_000, 10**6, 64, (0.5,) * 10)
+        d1 = DecodeInstanceState(InstanceId("d1"), 5, 5_000, 10**6, 64, (100.0,) * 5)
+        out = schedule(REQ, _view((d1, d0)), _index().match(REQ.block_keys, IDS), EST,
+                       PolicyConfig())
+        assert isinstance(out, Placement) and out.decode_instance == "d0"
+        # step = 0.01 + 0.02 + 1e-7 · 2048
+        assert out.predicted_tbt_s == pytest.approx(0.0302048)
+
+    def test_kv_capacity_excludes_an_instance(self) -> None:
+        d0 = DecodeInstanceState(InstanceId("d0"), 0, 0, 2000, 64)        # 2048 + 10 > 2000
+        d1 = DecodeInstanceState(InstanceId("d1"), 3, 3000, 10**6, 64, (50.0,) * 3)
+        p = PREFILL_POLICIES["local-cache"](REQ, _view(), PrefixMatch((0, 0, 0)), EST,
+                                            PolicyConfig())
+        out = place_decode(REQ, _view((d0, d1)), p, EST, PolicyConfig())
+        assert isinstance(out, Placement) and out.decode_instance == "d1"
+
+    def test_tbt_slo_rejects_only_with_early_rejection(self) -> None:
+        d0 = DecodeInstanceState(InstanceId("d0"), 4, 1_000_000, 10**7, 64, (50.0,) * 4)
+        # predicted: 0.01 + 0.02 + 1e-7 · (1_000_000 + 2048) = 0.1302 s > 0.1 s
+        p = PREFILL_POLICIES["load"](REQ, _view(), PrefixMatch((0, 0, 0)), EST, PolicyConfig())
+        out = place_decode(REQ, _view((d0,)), p, EST, PolicyConfig(early_rejection=True))
+        assert isinstance(out, Rejection) and out.reason == "tbt_slo"
+        assert out.predicted_tbt_s == pytest.approx(0.1302048)
+        out = place_decode(REQ, _view((d0,)), p, EST, PolicyConfig(early_rejection=False))
+        assert isinstance(out, Placement) and out.decode_instance == "d0"
+
+
+class TestHotBlocks:
+    def test_min_accesses_and_replica_cap(self) -> None:
+        acc = {1: 5, 2: 1, 3: 3}.__getitem__
+        reps = {1: 2, 2: 1, 3: 4}.__getitem__
+        assert blocks_to_replicate((1, 2, 3), acc, reps, HotBlockConfig()) == (1, 2, 3)
+        assert blocks_to_replicate((1, 2, 3), acc, reps, HotBlockConfig(min_accesses=3)) == (1, 3)
+        assert blocks_to_replicate((1, 2, 3), acc, reps,
+                                   HotBlockConfig(min_accesses=3, max_replicas=4)) == (1,)
+
+    def test_bad_config(self) -> None:
+        with pytest.raises(ValueError, match="min_accesses"):
+            HotBlockConfig(min_accesses=0)
+        with pytest.raises(ValueError, match="ttft_slo_s"):
+            PolicyConfig(ttft_slo_s=0)
+        with pytest.raises(ValueError, match="num_prompt_tokens"):
+            RequestInfo("r", 0, (), 1, 0.0)
