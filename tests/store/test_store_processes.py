@@ -167,3 +167,145 @@ def test_soft_pin_expiry(cluster_factory) -> None:
     time.sleep(max(0.0, 1.6 - (time.monotonic() - t_pin)))
     w.put("f", pattern(5, obj))  # the pin lapsed: pinned is just the oldest access
     assert sorted(w.list_keys()) == ["c", "d", "e", "f"]
+
+
+def test_bug_27_ssd_spill_and_read_back_byte_exact(cluster_factory, tmp_path) -> None:
+    # reads lease what they load back into the 10 MiB DRAM; short leases let it turn over
+    cl = cluster_factory("--default-kv-lease-ttl", "300")
+    cl.store_server(10 * MiB, "--ssd-path", str(tmp_path / "ssd"), "--ssd-capacity",
+                    str(100 * MiB))
+    w = cl.client()
+    vals = {f"obj{i:02d}": pattern(i, MiB) for i in range(20)}
+    for k, v in vals.items():
+        w.put(k, v)
+    st = w.stats()
+    assert st["ssd_used_bytes"] >= 9 * MiB  # about half moved to SSD instead of dropped
+    keys = w.list_keys()
+    assert sorted(keys) == sorted(vals)  # nothing was lost
+    r = cl.client()
+    for k in keys:
+        got = r.get(k)
+        assert len(got) == MiB and got == vals[k]
+    files = list((tmp_path / "ssd").iterdir())
+    assert files and all(f.stat().st_size == MiB for f in files)
+
+
+def test_bad_input_is_refused_and_nothing_is_disturbed(cluster_factory) -> None:
+    import socket
+    import struct
+
+    import numpy as np
+
+    from pymooncake.rpc import RpcError, SyncRpcClient
+
+    cl = cluster_factory()
+    cl.store_server(2 * MiB)
+    c = cl.client()
+    keep = pattern(7, 1000)
+    c.put("keep", keep)
+    bad = [
+        (lambda: c.put("", b"x"), ErrorCode.INVALID_KEY),
+        (lambda: c.put("k" * 4097, b"x"), ErrorCode.INVALID_KEY),
+        (lambda: c.put("k", "not bytes"), ErrorCode.INVALID_PARAMS),
+        (lambda: c.put("k", 12345), ErrorCode.INVALID_PARAMS),
+        (lambda: c.put("k", b""), ErrorCode.INVALID_PARAMS),
+        (lambda: c.put("big", b"x" * (3 * MiB)), ErrorCode.INVALID_PARAMS),
+        (lambda: c.put_start("k", -5), ErrorCode.INVALID_PARAMS),
+        (lambda: c.put_from("k", 0, -1), ErrorCode.INVALID_PARAMS),
+        (lambda: c.get(""), ErrorCode.INVALID_KEY),
+        (lambda: c.get("k" * 5000), ErrorCode.INVALID_KEY),
+        (lambda: c.remove(""), ErrorCode.INVALID_KEY),
+    ]
+    for fn, code in bad:
+        with pytest.raises(StoreError) as ei:
+            fn()
+        assert ei.value.code == code, ei.value
+    for kw in (dict(replica_num=0), dict(replica_num=-2), dict(soft_pin_ttl_ms=5)):
+        with pytest.raises(ValueError):
+            ReplicateConfig(**kw)
+    # an unknown replica config field sent raw over RPC is refused by the master
+    raw = SyncRpcClient("127.0.0.1", int(cl.master_addr.split(":")[1]), 5.0)
+    with pytest.raises(RpcError) as ei:
+        raw.call("put_start", {"client_id": "x", "key": "k", "size_bytes": 10,
+                               "config": {"replica_num": 1, "bogus": True}})
+    assert ei.value.code == "INVALID_ARGUMENT" and "bogus" in ei.value.message
+    with pytest.raises(RpcError):
+        raw.call("put_start", {"client_id": "x", "key": "k", "size_bytes": -1})
+    raw.close()
+    # malformed frames: garbage msgpack, a lying length, a half frame, then hang up
+    port = int(cl.master_addr.split(":")[1])
+    for payload in (struct.pack(">I", 4) + b"\xc1\xc1\xc1\xc1",
+                    struct.pack(">I", 0xFFFFFFF0) + b"x",
+                    struct.pack(">I", 100) + b"abc"):
+        with socket.create_connection(("127.0.0.1", port), 2.0) as s:
+            s.sendall(payload)
+    # a buffer too small for get_into
+    buf = np.zeros(10, dtype=np.uint8)
+    addr = c.register_buffer(buf)
+    with pytest.raises(StoreError) as ei:
+        c.get_into("keep", addr, 10)
+    assert ei.value.code == ErrorCode.INVALID_PARAMS
+    # nothing stored, nothing else disturbed, the master still serves
+    assert c.list_keys() == ["keep"]
+    assert c.get("keep") == keep
+    assert c.stats()["num_objects"] == 1
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_bug_15_every_read_path_checks_the_lease_after_the_copy(cluster_factory) -> None:
+    import numpy as np
+
+    cl = cluster_factory("--default-kv-lease-ttl", "500")
+    clock = FakeClock()
+    c = cl.client(clock=clock, global_segment_size=2 * MiB)
+    v1, v2 = pattern(1, 4096), pattern(2, 8192)
+    own = ReplicateConfig(preferred_segment=c.segment_name)
+    c.put("k1", v1, own)
+    c.put("k2", v2, own)
+    assert {r.segment for r in c.replica_list("k1").replicas} == {c.segment_name}
+    inner = c._dp.run
+    delay = {"s": 0.0}
+
+    def slow_copy(moves):  # the copy takes `delay` seconds on the client's clock
+        out = inner(moves)
+        clock.t += delay["s"]
+        return out
+
+    c._dp.run = slow_copy
+    buf = np.zeros(2 * 8192, dtype=np.uint8)
+    base = c.register_buffer(buf)
+    for d, expect in ((0.6, "LEASE_EXPIRED"), (0.4, "OK")):
+        delay["s"] = d
+        paths = {
+            "batch_get local": [x if isinstance(x, bytes) else x
+                                for x in c.batch_get(["k1", "k2"], prefer_local=True)],
+            "batch_get remote order": c.batch_get(["k1", "k2"], prefer_local=False),
+            "get": [c.get("k1") if expect == "OK" else _err(c.get, "k1")],
+            "batch_get_into": c.batch_get_into(["k1", "k2"], [base, base + 8192],
+                                               [8192, 8192]),
+        }
+        for name, results in paths.items():
+            for r in results:
+                if expect == "OK":
+                    assert not isinstance(r, StoreError), (name, r)
+                else:
+                    assert isinstance(r, StoreError) and r.status == "LEASE_EXPIRED", (name, r)
+        if expect == "OK":
+            assert paths["batch_get local"] == [v1, v2]
+            assert paths["get"] == [v1]
+            assert bytes(buf[:4096]) == v1 and bytes(buf[8192:]) == v2
+
+
+def _err(fn, *args):
+    try:
+        fn(*args)
+    except StoreError as e:
+        return e
+    raise AssertionError("expected an error")

@@ -63,6 +63,10 @@ M_DROPPED_CLIENTS = metrics.counter("pymooncake_store_dropped_clients_total",
                                     "Clients dropped after missing heartbeats")
 
 
+PROMOTE_WAIT_S = 3.0
+"""Longest a get of an SSD-resident object waits for DRAM room (leases to lapse)."""
+
+
 def _rpc_error(e: StoreError) -> RpcError:
     return RpcError(e.code.name, e.message, {"code": int(e.code)})
 
@@ -299,13 +303,22 @@ class MasterService:
         return rl
 
     async def _promote(self, key: str) -> None:
-        try:
-            order = self.core.promote_start(key, self.now_ms())
-        except StoreError as e:
-            self._after()
-            if e.code != ErrorCode.NO_AVAILABLE_HANDLE or not await self._wait_spills():
-                raise
-            order = self.core.promote_start(key, self.now_ms())
+        # Room may be held by spills in flight or by read leases about to lapse: wait for
+        # those, bounded by one lease TTL (at most PROMOTE_WAIT_S), then give up.
+        deadline = self._clock() + min(PROMOTE_WAIT_S,
+                                       self.config.default_kv_lease_ttl_ms / 1000.0 + 0.2)
+        while True:
+            try:
+                order = self.core.promote_start(key, self.now_ms())
+                break
+            except StoreError as e:
+                self._after()
+                if e.code != ErrorCode.NO_AVAILABLE_HANDLE:
+                    raise
+                if not await self._wait_spills():
+                    if self._clock() >= deadline:
+                        raise
+                    await asyncio.sleep(0.02)
         self._after()
         if order is None:
             return
