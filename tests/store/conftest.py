@@ -12,8 +12,8 @@ def cluster_factory():
     made: list[Cluster] = []
     clients = []
 
-    def make(*flags: str) -> Cluster:
-        c = Cluster(*flags)
+    def make(*flags: str, **kw) -> Cluster:
+        c = Cluster(*flags, **kw)
         made.append(c)
         orig = c.client
 

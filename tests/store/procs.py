@@ -74,13 +74,31 @@ def spawn(args: list[str], timeout_s: float = 20.0) -> Proc:
 class Cluster:
     """One master (with its HTTP metadata server) and any number of store servers."""
 
-    def __init__(self, *master_flags: str) -> None:
+    def __init__(self, *master_flags: str, separate_metadata: bool = False) -> None:
         self.procs: list[Proc] = []
-        self.master = spawn(["master", "--port", "0", "--enable-http-metadata-server",
-                             "--http-metadata-server-port", str(free_port()), *master_flags])
+        self.md_server = None
+        self.master_flags = list(master_flags)
+        if separate_metadata:  # outlives master restarts
+            from pymooncake.metadata.http import MetadataHttpServer
+
+            self.md_server = MetadataHttpServer("127.0.0.1", 0).start()
+            self.master_port = free_port()
+            self.master = spawn(["master", "--port", str(self.master_port), *master_flags])
+            self.metadata_url = self.md_server.url
+        else:
+            self.master = spawn(["master", "--port", "0", "--enable-http-metadata-server",
+                                 "--http-metadata-server-port", str(free_port()),
+                                 *master_flags])
+            self.master_port = self.master.info["port"]
+            self.metadata_url = self.master.info["metadata_url"]
         self.procs.append(self.master)
-        self.master_addr = f"127.0.0.1:{self.master.info['port']}"
-        self.metadata_url = self.master.info["metadata_url"]
+        self.master_addr = f"127.0.0.1:{self.master_port}"
+
+    def restart_master(self) -> None:
+        """Kill the master (no snapshot) and start a fresh one at the same address."""
+        self.master.kill()
+        self.master = spawn(["master", "--port", str(self.master_port), *self.master_flags])
+        self.procs.append(self.master)
 
     def store_server(self, size: int = 16 * MiB, *flags: str,
                      transports: str = "local,tcp") -> Proc:
@@ -104,3 +122,5 @@ class Cluster:
     def close(self) -> None:
         for p in reversed(self.procs):
             p.stop()
+        if self.md_server is not None:
+            self.md_server.stop()
