@@ -1,9 +1,129 @@
-"""``pymooncake`` sub-commands of the transfer component (filled in by its issue)."""
+"""``pymooncake metadata-server``, ``pymooncake transfer ...`` and ``pymooncake bench transfer``."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+from pymooncake.cli.common import add_group, add_json_flag, emit
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this component's sub-commands to the ``pymooncake`` parser."""
+    """Add ``pymooncake metadata-server`` and ``pymooncake transfer topology``."""
+    md = subparsers.add_parser(
+        "metadata-server", help="run the Mooncake-style HTTP metadata server",
+        description="Serve GET/PUT/DELETE /metadata?key=K (Mooncake's HTTP metadata protocol) "
+                    "plus leases and watches, until interrupted. Clients use "
+                    "http://HOST:PORT/metadata.")
+    md.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    md.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 = any)")
+    md.set_defaults(handler=_cmd_metadata_server)
+
+    tr = add_group(subparsers, "transfer", "Transfer Engine: topology and tools")
+    topo = tr.add_parser(
+        "topology", help="print the NUMA/NIC topology matrix the Transfer Engine uses",
+        description="Discover NUMA nodes and network devices from /sys (or read --file, a "
+                    "JSON override like {\"cpu:0\": [[\"eth0\"], [\"eth1\"]]}) and print the "
+                    "preferred and secondary devices per memory location.")
+    topo.add_argument("--file", default=None, metavar="PATH", help="JSON topology override")
+    add_json_flag(topo)
+    topo.set_defaults(handler=_cmd_topology)
+
+
+def _cmd_metadata_server(args: argparse.Namespace) -> int:
+    from pymooncake.cli.main import CommandError, UsageError
+    from pymooncake.metadata.http import MetadataHttpServer
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {args.port}")
+    try:
+        server = MetadataHttpServer(args.host, args.port)
+    except OSError as e:
+        raise CommandError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from e
+    print(f"metadata server listening on {server.url}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+def _cmd_topology(args: argparse.Namespace) -> int:
+    from pymooncake.cli.main import CommandError
+    from pymooncake.transfer.topology import get_topology
+
+    try:
+        topo = get_topology(args.file)
+    except ValueError as e:
+        raise CommandError(str(e)) from e
+
+    def human(p: dict[str, Any]) -> str:
+        lines = [f"topology (source: {p['source']})"]
+        for loc, (pref, sec) in p["matrix"].items():
+            lines.append(f"  {loc}: preferred={','.join(pref) or '-'} "
+                         f"secondary={','.join(sec) or '-'}")
+        return "\n".join(lines)
+
+    emit(topo.to_json(), args.json, human)
+    return 0
+
+
+def register_bench(bench: argparse._SubParsersAction) -> None:
+    """Add ``pymooncake bench transfer``."""
+    p = bench.add_parser(
+        "transfer", help="Transfer Engine throughput vs memcpy, a plain socket and Mooncake",
+        description="Write a working set of BATCH requests of SIZE bytes into another "
+                    "process's registered memory and read it back (verified), median of "
+                    "rounds; also measures memcpy, a plain loopback socket stream and, when "
+                    "mooncake-transfer-engine-non-cuda is importable, Mooncake's engine.")
+    p.add_argument("--transport", choices=("local", "shm", "tcp"), default="tcp")
+    p.add_argument("--size", type=int, default=1 << 20, metavar="BYTES",
+                   help="bytes per request (default 1 MiB)")
+    p.add_argument("--batch", type=int, default=16, metavar="N",
+                   help="requests per batch (default 16)")
+    p.add_argument("--paths", type=int, default=2, metavar="K",
+                   help="TCP connections per peer (default 2)")
+    p.add_argument("--min-time-s", type=float, default=2.0,
+                   help="measure each subject at least this long (default 2 s)")
+    p.add_argument("--no-mooncake", action="store_true",
+                   help="skip the Mooncake comparison even when the wheel is installed")
+    add_json_flag(p)
+    p.set_defaults(handler=_cmd_bench_transfer)
+
+
+def _cmd_bench_transfer(args: argparse.Namespace) -> int:
+    from pymooncake.cli.main import CommandError, UsageError
+    from pymooncake.transfer import bench
+
+    if args.size <= 0 or args.batch <= 0 or args.paths <= 0 or args.min_time_s <= 0:
+        raise UsageError("--size, --batch, --paths and --min-time-s must be positive")
+    try:
+        result = bench.run(args.transport, args.size, args.batch, args.paths,
+                           min_time_s=args.min_time_s, compare_mooncake=not args.no_mooncake)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    except (OSError, RuntimeError) as e:
+        raise CommandError(f"benchmark failed: {e}") from e
+
+    def human(p: dict[str, Any]) -> str:
+        gib = 1024**3
+        mc = p["mooncake_bytes_per_s"]
+        return "\n".join([
+            f"transfer {p['transport']}: {p['batch']} x {p['size_bytes']} B, "
+            f"{p['paths']} path(s), {p['rounds']} rounds, verified={p['verified']}",
+            f"  throughput   {p['throughput_bytes_per_s'] / gib:8.2f} GiB/s "
+            f"(write {p['write_bytes_per_s'] / gib:.2f}, read {p['read_bytes_per_s'] / gib:.2f})"
+            f", {p['requests_per_s']:,.0f} requests/s",
+            f"  memcpy       {p['memcpy_bytes_per_s'] / gib:8.2f} GiB/s "
+            f"(ratio {p['ratio_vs_memcpy']:.2f})",
+            f"  socket       {p['socket_bytes_per_s'] / gib:8.2f} GiB/s "
+            f"(ratio {p['ratio_vs_socket']:.2f})",
+            (f"  mooncake     {mc / gib:8.2f} GiB/s (ratio {p['ratio_vs_mooncake']:.2f}, "
+             f"{p['mooncake_requests_per_s']:,.0f} requests/s)" if mc else
+             f"  mooncake     n/a ({p['mooncake_note']})"),
+        ])
+
+    emit(bench.to_json(result), args.json, human)
+    return 0 if result.verified else 1
