@@ -1,0 +1,285 @@
+"""Regenerate docs/paper-reproduction.md: Figure 9 (hit rate vs capacity), Figure 10 (local vs
+global cache), Figure 5 (TTFT by scheduler), Figure 1 (effective capacity vs TBT threshold) and
+the Figure 14 calibration, each beside the paper's values (../shared/PAPER.md)."""
+
+from __future__ import annotations
+
+import math
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pymooncake.obs.slo import percentile
+from pymooncake.sim.capacity import capacity_curve
+from pymooncake.sim.config import SimConfig
+from pymooncake.sim.cost_model import GPU_PRESETS, MODEL_PRESETS, CostModel, calibration_table
+from pymooncake.sim.report import summarize
+from pymooncake.sim.runner import simulate
+from pymooncake.workload.stats import trace_stats
+from pymooncake.workload.trace import Trace, load_trace
+
+FIG9_CAPS = (10_000, 100_000, 1_000_000, 2_000_000, 4_000_000, 5_000_000, 8_000_000,
+             10_000_000, 50_000_000, 100_000_000, 500_000_000, 1_000_000_000)
+FIG9_PAPER = {
+    "conversation": (.0449, .0731, .0866, .1202, .2149, .2471, .2997, .3263, .3983, .4006,
+                     None, .4006),
+    "synthetic": (.0003, .0117, .1461, .2345, .3805, .4352, .5447, .5886, .6582, None, None,
+                  .6582),
+}
+FIG9_PAPER_3M_LABEL = {"conversation": 0.41, "synthetic": 0.46}
+FIG10_PAPER = {  # local hit, global hit, local GPU s, global GPU s
+    "conversation": (0.169, 0.375, 1.379, 1.050),
+    "synthetic": (0.264, 0.622, 1.497, 0.783),
+}
+FIG5_PAPER = {"random": (19.65, 13.72, 3.54, 29.3), "load": (5.27, 3.56, 1.05, 7.41),
+              "local-cache": (3.58, 2.16, 0.56, 5.14), "global-cache": (3.07, 1.72, 0.39, 4.14)}
+FIG1_PAPER = {  # TBT threshold ms -> effective capacity %, conversation
+    "Mooncake": (3.5, 96.6, 99.8, 100, 100, 100, 100),
+    "vLLM": (3.3, 16.1, 25.8, 38.8, 62.8, 86.4, 97.9),
+    "vLLM prefix caching": (1.8, 15.1, 23.7, 34.3, 56.0, 80.8, 96.3),
+    "vLLM chunked prefill": (1.2, 9.4, 17.4, 28.8, 55.4, 96.5, 100),
+}
+FIG1_TBT_MS = (50, 100, 150, 200, 300, 500, 1000)
+
+
+def figure9(traces: dict[str, Trace]) -> dict[str, Any]:
+    out = {}
+    for name, t in traces.items():
+        c = capacity_curve(t, FIG9_CAPS + (3_000_000,))
+        out[name] = {"capacities_tokens": c.capacities_tokens[:-1], "hit_ratio": c.hit_ratio[:-1],
+                     "max_hit_ratio": c.max_hit_ratio, "hit_ratio_3m": c.hit_ratio[-1],
+                     "trace_cache_ratio": trace_stats(t).cache_ratio}
+    return out
+
+
+def figure10(traces: dict[str, Trace]) -> dict[str, Any]:
+    out = {}
+    for name, t in traces.items():
+        row = {}
+        for label, scen, sched in (("local", "pd-local", "local-cache"),
+                                   ("local_load", "pd-local", "load"),
+                                   ("global", "pd-global", "global-cache")):
+            cfg = SimConfig(scenario=scen, scheduler=sched, num_prefill=10, num_decode=1,
+                            cache_capacity_tokens=3_000_000, output_length=1,
+                            sample_interval_s=0)
+            s = summarize(simulate(t, cfg))
+            row[label] = {"token_hit_ratio": s["token_hit_ratio"],
+                          "prefill_gpu_time_mean_s": s["prefill_gpu_time_mean_s"],
+                          "ttft_mean_s": s["ttft_mean_s"]}
+        row["figure9_at_3m"] = capacity_curve(t, (3_000_000,)).hit_ratio[0]
+        row["figure9_at_30m"] = capacity_curve(t, (30_000_000,)).hit_ratio[0]
+        out[name] = row
+    return out
+
+
+FIG5_RUNS = (("random", "pd-local"), ("load", "pd-local"), ("local-cache", "pd-local"),
+             ("global-cache", "pd-global"))
+
+
+def figure5(trace: Trace) -> dict[str, Any]:
+    out = {}
+    for sched, scen in FIG5_RUNS:
+        res = simulate(trace, SimConfig(scenario=scen, scheduler=sched, num_prefill=8,
+                                        num_decode=8, sample_interval_s=0))
+        ttfts = [r.first_token_s - r.arrival_s for r in res.requests if not r.rejected]
+        s = summarize(res)
+        out[sched] = {"scenario": scen, "ttft_mean_s": s["ttft_mean_s"],
+                      "ttft_p50_s": percentile(ttfts, 50), "ttft_q1_s": percentile(ttfts, 25),
+                      "ttft_q3_s": percentile(ttfts, 75), "token_hit_ratio": s["token_hit_ratio"]}
+    return out
+
+
+FIG1_SYSTEMS = (
+    ("Mooncake", dict(scenario="pd-global", scheduler="global-cache", num_prefill=8,
+                      num_decode=8)),
+    ("vLLM", dict(scenario="colocated", scheduler="load", num_prefill=16,
+                  cache_capacity_tokens=0, chunked_prefill=False)),
+    ("vLLM prefix caching", dict(scenario="colocated", scheduler="load", num_prefill=16,
+                                 cache_capacity_tokens=1_000_000, chunked_prefill=False)),
+    ("vLLM chunked prefill", dict(scenario="colocated", scheduler="load", num_prefill=16,
+                                  cache_capacity_tokens=0, chunked_prefill=True)),
+)
+
+
+def figure1(trace: Trace) -> dict[str, Any]:
+    out = {}
+    for name, kw in FIG1_SYSTEMS:
+        res = simulate(trace, SimConfig(sample_interval_s=0, **kw))
+        n = len(res.requests)
+        row = []
+        for ms in FIG1_TBT_MS:
+            ok = sum(1 for r in res.requests if not r.rejected
+                     and r.first_token_s - r.arrival_s <= 30.0
+                     and (r.tbt_s is None or r.tbt_s <= ms / 1000.0))
+            row.append(100.0 * ok / n)
+        out[name] = row
+    return out
+
+
+def _f(v: float | None, nd: int = 4) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+
+
+def render(results: dict[str, Any], elapsed_s: float, traces_dir: str) -> str:
+    L: list[str] = []
+    a = L.append
+    a("# Reproducing the Mooncake paper's trace results\n")
+    a("Generated by `pymooncake sim reproduce` (do not edit by hand; rerun it). "
+      f"Traces: `{traces_dir}`. Machine: {platform.machine()}, Python "
+      f"{platform.python_version()}; the whole regeneration took {elapsed_s:.0f} s.\n")
+    a("Paper values are from ../shared/PAPER.md (read off the FAST'25 figures). The simulator "
+      "uses `conductor.policy` unchanged and the A800/LLaMA3-70B cost model calibrated below.\n")
+    # calibration
+    a("## Cost model calibration (Figure 14a, 8×A800, LLaMA3-70B, one request)\n")
+    a("| prompt | prefill model (s) | paper (s) | error | decode 128 tok model (s) | paper (s) "
+      "| error |")
+    a("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results["calibration"]:
+        a(f"| {r['prompt_tokens']} | {r['prefill_model_s']:.3f} | {r['prefill_paper_s']:.3f} | "
+          f"{100 * r['prefill_error']:+.1f} % | {r['decode128_model_s']:.3f} | "
+          f"{r['decode128_paper_s']:.3f} | {100 * r['decode128_error']:+.1f} % |")
+    a("\nPrefill lands within 2.2 % of all five measured points, decode (128 tokens at batch 1) "
+      "within 0.6 %. The linear term runs at 47 % MFU and the causal attention term (a = 2) at "
+      "73 % of the 8×312 TFLOP/s peak; decode reads the weights and the KV at 57 % of "
+      "8×2.039 TB/s plus an 11.1 ms per-step overhead. Not modelled: the 0.08–0.37 s extra the "
+      "paper measures for 95 %-cached prefills (layer-wise loading of small chunks); we add "
+      "only `max(compute, load) + load/layers` for the DRAM→HBM load at 95 GB/s.\n")
+    # figure 9
+    a("## Figure 9: hit rate vs cache capacity (one global LRU, arrival order)\n")
+    a("`pymooncake sim capacity-curve TRACE`. Token-weighted; per request the hit is "
+      "`workload.stats.prefix_hit_tokens` — `min(leading cached blocks × 512, input_length)` "
+      "(a hit on the partial last block counts only the prompt tokens it covers) — the same "
+      "function as the trace-stats cache ratio; every cached block costs 512 tokens.\n")
+    f9 = results["figure9"]
+    for name, d in f9.items():
+        a(f"### {name}\n")
+        a("| capacity (tokens) | " + " | ".join(f"{c:.0e}" for c in d["capacities_tokens"])
+          + " | max |")
+        a("|---|" + "---:|" * (len(d["capacities_tokens"]) + 1))
+        a("| ours | " + " | ".join(_f(h) for h in d["hit_ratio"])
+          + f" | {_f(d['max_hit_ratio'])} |")
+        a("| paper | " + " | ".join(_f(h) for h in FIG9_PAPER[name])
+          + f" | {_f(FIG9_PAPER[name][-1])} |")
+        eq = "==" if d["max_hit_ratio"] == d["trace_cache_ratio"] else "!="
+        a(f"\nMax {d['max_hit_ratio']:.6f} {eq} trace-stats cache ratio "
+          f"{d['trace_cache_ratio']:.6f}. At 3M tokens (one node's DRAM): "
+          f"{d['hit_ratio_3m']:.4f} = {100 * d['hit_ratio_3m'] / d['max_hit_ratio']:.0f} % of "
+          f"the maximum (paper label {100 * FIG9_PAPER_3M_LABEL[name]:.0f} %).\n")
+    a("Gap: synthetic matches the paper to within ~0.01 at every vertex up to 2M and reaches "
+      "the same shape; conversation lands 2–4 points lower throughout (max 0.374 vs 0.4006). "
+      "As PAPER.md explains, the paper computes hits on raw tokens, where a match may run into "
+      "a partial block; the public trace only has 512-token block hashes, and every "
+      "conversation request starts with the same ~850–900-token system prompt of which only "
+      "the first 512-token block is hashed. We did not tune to the paper's numbers.\n")
+    # figure 10
+    a("## Figure 10: local vs global cache (10 prefill nodes × 3M tokens, outputs forced to 1)\n")
+    a("Local = `--scenario pd-local --scheduler local-cache` (each node reuses only its own "
+      "cache; requests go to the node with the best predicted TTFT given its own prefix). "
+      "Global = `--scenario pd-global --scheduler global-cache` (Algorithm 1: blocks are "
+      "fetched from the best holder at 87 GB/s and kept as replicas).\n")
+    a("| trace | | local hit | global hit | global/local hit | local GPU s | global GPU s | "
+      "global/local GPU |")
+    a("|---|---|---:|---:|---:|---:|---:|---:|")
+    for name, d in results["figure10"].items():
+        lo, gl = d["local"], d["global"]
+        hr = gl["token_hit_ratio"] / lo["token_hit_ratio"] if lo["token_hit_ratio"] else math.nan
+        gr = gl["prefill_gpu_time_mean_s"] / lo["prefill_gpu_time_mean_s"]
+        a(f"| {name} | ours | {lo['token_hit_ratio']:.3f} | {gl['token_hit_ratio']:.3f} | "
+          f"×{hr:.2f} | {lo['prefill_gpu_time_mean_s']:.3f} | "
+          f"{gl['prefill_gpu_time_mean_s']:.3f} | ×{gr:.2f} |")
+        p = FIG10_PAPER[name]
+        a(f"| {name} | paper | {p[0]:.3f} | {p[1]:.3f} | ×{p[1] / p[0]:.2f} | {p[2]:.3f} | "
+          f"{p[3]:.3f} | ×{p[3] / p[2]:.2f} |")
+    for name, d in results["figure10"].items():
+        lo, gl = d["local_load"], d["global"]
+        a(f"| {name} | ours, local with load-balancing routing | {lo['token_hit_ratio']:.3f} | "
+          f"{gl['token_hit_ratio']:.3f} | ×{gl['token_hit_ratio'] / lo['token_hit_ratio']:.2f} | "
+          f"{lo['prefill_gpu_time_mean_s']:.3f} | {gl['prefill_gpu_time_mean_s']:.3f} | "
+          f"×{gl['prefill_gpu_time_mean_s'] / lo['prefill_gpu_time_mean_s']:.2f} |")
+    a("")
+    for name, d in results["figure10"].items():
+        a(f"- {name}: one LRU (Figure 9 arithmetic) holds {d['figure9_at_3m']:.3f} at 3M and "
+          f"{d['figure9_at_30m']:.3f} at 30M tokens; our global pool reaches "
+          f"{d['global']['token_hit_ratio']:.3f}.")
+    a("\nThe direction holds on both traces: the global pool gives a higher hit rate and a "
+      "lower prefill GPU time than local caches. The global hit rates are close to one LRU of "
+      "10 × 3M = 30M tokens, as the paper's are (PAPER.md §3.2). The ratios are much smaller "
+      "than the paper's because our *local* run is much better than the paper's: the "
+      "local-cache scheduler is Algorithm 1 without transfers, which keeps requests that share "
+      "a prefix on the node that already holds it, so ten private 3M caches behave almost like "
+      "one partitioned 30M cache. The paper's local hit rates (0.169, 0.264) sit at or below "
+      "one 3M LRU, i.e. its local run spread requests over the nodes. With load-balancing "
+      "routing over local caches (third row) we land in that regime and the global/local "
+      "ratios become ×3.4 (conversation) and ×2.8 (synthetic) in hit rate — larger than the "
+      "paper's ×2.22/×2.36. So the paper's local configuration lies between our two local "
+      "variants; we do not know its exact routing. Conversation also runs ~3 points low for "
+      "the partial-block reason of Figure 9. GPU time is the cost model's prefill time "
+      "(compute plus non-overlapped DRAM→HBM load), per request.\n")
+    # figure 5
+    a("## Figure 5: average TTFT by prefill scheduler (16 nodes, conversation trace)\n")
+    a("16 nodes = 8 prefill + 8 decode (the paper does not state the split), trace timestamps "
+      "as recorded, 3M tokens of cache per prefill node. Random, load balancing and local "
+      "cache-aware run with local caches only (`pd-local`): 'local cache-aware = Algorithm 1 "
+      "without transfers'; global cache-aware runs on the global pool (`pd-global`).\n")
+    a("| scheduler | mean TTFT ours (s) | paper (s) | median ours | paper | Q1 ours | paper | "
+      "Q3 ours | paper | hit ratio ours |")
+    a("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for sched, d in results["figure5"].items():
+        p = FIG5_PAPER[sched]
+        a(f"| {sched} | {d['ttft_mean_s']:.2f} | {p[0]:.2f} | {d['ttft_p50_s']:.2f} | "
+          f"{p[1]:.2f} | {d['ttft_q1_s']:.2f} | {p[2]:.2f} | {d['ttft_q3_s']:.2f} | "
+          f"{p[3]:.2f} | {d['token_hit_ratio']:.3f} |")
+    means = [results["figure5"][s]["ttft_mean_s"] for s, _ in FIG5_RUNS]
+    holds = all(x > y for x, y in zip(means, means[1:], strict=False))
+    a(f"\nOrder random > load > local-cache > global-cache: **{'holds' if holds else 'FAILS'}**. "
+      "Ratios to global cache-aware: ours "
+      + ", ".join(f"{s} ×{results['figure5'][s]['ttft_mean_s'] / means[-1]:.2f}"
+                  for s, _ in FIG5_RUNS[:-1])
+      + "; paper local ×1.17, load ×1.72, random ×6.4. Our absolute TTFTs are lower: the "
+      "paper's cluster was evidently more loaded than 8 prefill nodes at the recorded rate "
+      "(its P/D split, the testbed's 256-token store blocks and scheduling overheads are not "
+      "stated or modelled); `pymooncake sim sweep --over rate` shows how TTFT grows with load.\n")
+    # figure 1
+    a("## Figure 1: effective request capacity vs TBT threshold (conversation, 16 nodes)\n")
+    a("Share of requests with TTFT ≤ 30 s and TBT ≤ threshold. Mooncake = 8P8D, global pool; "
+      "vLLM = 16 colocated nodes (prefill stalls decode), + prefix caching (1M tokens of HBM "
+      "per node), + chunked prefill (4096-token chunks merged with decode steps).\n")
+    a("| system | | " + " | ".join(f"{m} ms" for m in FIG1_TBT_MS) + " |")
+    a("|---|---|" + "---:|" * len(FIG1_TBT_MS))
+    for name, row in results["figure1"].items():
+        a(f"| {name} | ours | " + " | ".join(f"{v:.1f}" for v in row) + " |")
+        a(f"| {name} | paper | " + " | ".join(f"{v:.1f}" for v in FIG1_PAPER[name]) + " |")
+    a("\nDirection: disaggregation keeps TBT flat, colocated prefill inflates it. Our "
+      "Mooncake TBT sits around 30–50 ms (Figure 15 reports 31–58 ms), so the 50 ms column "
+      "is far above the paper's 3.5 % — the paper's Mooncake decode batches were larger. "
+      "Qualitative only (PAPER.md: direction and rough ratios).\n")
+    return "\n".join(L) + "\n"
+
+
+def reproduce(traces_dir: str | Path, progress: Callable[[str], None] | None = None
+              ) -> tuple[dict[str, Any], str]:
+    """Run every reproduction; returns ``(results, markdown)``.
+
+    Raises ``TraceError`` when a trace is missing or malformed (before any simulation).
+    """
+    t0 = time.perf_counter()
+    d = Path(traces_dir)
+    traces = {name: load_trace(d / f"{name}_trace.jsonl")
+              for name in ("conversation", "synthetic")}
+    say = progress or (lambda _: None)
+    results: dict[str, Any] = {}
+    results["calibration"] = calibration_table(
+        CostModel(MODEL_PRESETS["llama3-70b"], GPU_PRESETS["A800"]))
+    say("figure 9")
+    results["figure9"] = figure9(traces)
+    say("figure 10")
+    results["figure10"] = figure10(traces)
+    say("figure 5")
+    results["figure5"] = figure5(traces["conversation"])
+    say("figure 1")
+    results["figure1"] = figure1(traces["conversation"])
+    md = render(results, time.perf_counter() - t0, str(traces_dir))
+    return results, md
+
