@@ -35,7 +35,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -175,6 +175,9 @@ class TransferEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self.server: tcp.TcpDataServer | None = None
+        self.segment_metadata: Callable[[str], MetadataStore] | None = None
+        """Where to look a segment up, when not in ``metadata`` (the compat facade's
+        P2P handshake mode: segment ``host:port`` publishes on its own server)."""
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -334,7 +337,8 @@ class TransferEngine:
             desc = self._peers.get(segment)
             if desc is not None:
                 return desc
-        kv = self._run(self.metadata.get(segment_key(segment)))
+        md = self.metadata if self.segment_metadata is None else self.segment_metadata(segment)
+        kv = self._run(md.get(segment_key(segment)))
         if kv is None:
             self._peers.pop(segment, None)
             return None

@@ -1,0 +1,100 @@
+"""The Mooncake-compatible facade, in Mooncake's own idiom, against a peer process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from pymooncake.transfer.compat import TransferEngine
+
+pytestmark = pytest.mark.integration
+
+TARGET = textwrap.dedent("""
+    import sys
+    from pymooncake.transfer.compat import TransferEngine
+    te = TransferEngine()
+    assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    addr = te.allocate_managed_buffer(1 << 20)
+    assert te.write_bytes_to_buffer(addr, bytes(range(256)) * 4096, 1 << 20) == 0
+    print(f"127.0.0.1:{te.get_rpc_port()} {addr}", flush=True)
+    for line in sys.stdin:
+        cmd = line.split()
+        if cmd[0] == "read":
+            print(te.read_bytes_from_buffer(int(cmd[1]), int(cmd[2])).hex(), flush=True)
+        else:
+            break
+    te.close()
+""")
+
+
+@pytest.fixture
+def target():  # noqa: ANN201
+    proc = subprocess.Popen([sys.executable, "-c", TARGET], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        name, addr = proc.stdout.readline().split()
+        yield proc, name, int(addr)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def ask(proc: subprocess.Popen[str], line: str) -> str:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+    return proc.stdout.readline().strip()
+
+
+def test_mooncake_idiom_p2p_handshake(target) -> None:  # noqa: ANN001
+    proc, segment, remote = target
+    te = TransferEngine()
+    assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    try:
+        assert te.get_local_segment_name() == f"127.0.0.1:{te.get_rpc_port()}"
+        assert te.get_first_buffer_address(segment) == remote
+        local = te.allocate_managed_buffer(64 * 1024)
+        assert local != 0
+        # read the target's pattern: bytes(range(256)) repeated
+        assert te.transfer_sync_read(segment, local, remote + 10, 1000) == 0
+        assert te.read_bytes_from_buffer(local, 1000) == bytes((10 + i) % 256
+                                                               for i in range(1000))
+        # write, then the target reads its own memory back
+        payload = b"mooncake" * 512
+        assert te.write_bytes_to_buffer(local, payload, len(payload)) == 0
+        assert te.transfer_sync_write(segment, local, remote + 4096, len(payload)) == 0
+        assert ask(proc, f"read {remote + 4096} {len(payload)}") == payload.hex()
+        # batch, async: a batch id, then status 1 (done)
+        bid = te.batch_transfer_async_write(segment, [local, local + 8], [remote, remote + 100],
+                                            [8, 8])
+        assert bid != 0
+        deadline = time.monotonic() + 10
+        while (st := te.transfer_check_status(bid)) == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert st == 1
+        assert ask(proc, f"read {remote} 8") == payload[:8].hex()
+        bid = te.batch_transfer_async_read(segment, [local], [remote], [16])
+        assert te.get_batch_transfer_status([bid]) == 0
+        # Mooncake's failure conventions: -1 for out-of-range, unknown segment, bad args.
+        assert te.transfer_sync_write(segment, local, remote + (1 << 20) - 4, 8) == -1
+        assert te.transfer_sync_write("127.0.0.1:1", local, remote, 8) == -1
+        assert te.batch_transfer_sync_write(segment, [local], [remote, remote], [8]) == -1
+        assert te.batch_transfer_async_write(segment, [local], [], [8]) == 0
+        bid = te.batch_transfer_async_write(segment, [local], [remote + (1 << 20)], [8])
+        assert te.transfer_check_status(bid) == -1
+        assert te.unregister_memory(12345) == -1
+        assert te.free_managed_buffer(local, 64 * 1024) == 0
+    finally:
+        te.close()
+
+
+def test_initialize_reports_failure_as_minus_one() -> None:
+    te = TransferEngine()
+    assert te.initialize("127.0.0.1", "redis://127.0.0.1:1", "tcp", "") == -1
+    assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_0") == -1
