@@ -1,0 +1,30 @@
+"""`pymooncake bench transfer --json` runs and verifies (figures are not asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+KEYS = {"transport", "size_bytes", "batch", "paths", "throughput_bytes_per_s",
+        "requests_per_s", "verified", "memcpy_bytes_per_s", "socket_bytes_per_s",
+        "mooncake_bytes_per_s"}
+
+
+@pytest.mark.parametrize("transport", ["local", "shm", "tcp"])
+def test_bench_transfer_json(transport: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "pymooncake", "bench", "transfer", "--transport", transport,
+         "--size", "65536", "--batch", "4", "--paths", "2", "--min-time-s", "0.05",
+         "--no-mooncake", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r.keys() >= KEYS
+    assert (r["transport"], r["size_bytes"], r["batch"], r["paths"]) == (transport, 65536, 4, 2)
+    assert r["verified"] is True
+    assert r["mooncake_bytes_per_s"] is None
+    assert r["throughput_bytes_per_s"] > 0 and r["socket_bytes_per_s"] > 0

@@ -1,0 +1,57 @@
+"""Topology discovery from a /sys tree and the JSON override."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pymooncake.transfer.topology import discover, get_topology, load
+
+
+def make_sys(root: Path) -> Path:
+    for n in (0, 1):
+        (root / f"devices/system/node/node{n}").mkdir(parents=True)
+    for dev, numa in (("eth0", 0), ("eth1", 1), ("eth2", 1)):
+        d = root / f"class/net/{dev}/device"
+        d.mkdir(parents=True)
+        (d / "numa_node").write_text(f"{numa}\n")
+    (root / "class/net/lo").mkdir(parents=True)  # virtual: no device/ directory
+    return root
+
+
+def test_discover_builds_preferred_and_secondary_per_numa_node(tmp_path: Path) -> None:
+    topo = discover(make_sys(tmp_path))
+    assert topo.matrix == {
+        "cpu:0": (("eth0",), ("eth1", "eth2", "lo")),
+        "cpu:1": (("eth1", "eth2"), ("eth0", "lo")),
+    }
+    # Paths of memory on node 1 alternate over its two local NICs.
+    assert [topo.path_device("cpu:1", k) for k in range(3)] == ["eth1", "eth2", "eth1"]
+
+
+def test_json_file_overrides_discovery(tmp_path: Path) -> None:
+    f = tmp_path / "topo.json"
+    f.write_text(json.dumps({"cpu:0": [["mlx5_1"], ["mlx5_0"]]}))
+    topo = get_topology(str(f))
+    assert topo.source == str(f)
+    assert topo.devices_for("cpu:0") == ("mlx5_1",)
+    f.write_text(json.dumps({"cpu:0": ["mlx5_1"]}))
+    with pytest.raises(ValueError, match="preferred devices"):
+        load(f)
+
+
+def test_cli_topology_json(tmp_path: Path) -> None:
+    f = tmp_path / "topo.json"
+    f.write_text(json.dumps({"cpu:0": [["eth9"], []]}))
+    out = subprocess.run([sys.executable, "-m", "pymooncake", "transfer", "topology", "--json",
+                          "--file", str(f)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["matrix"] == {"cpu:0": [["eth9"], []]}
+    bad = subprocess.run([sys.executable, "-m", "pymooncake", "transfer", "topology",
+                          "--file", str(tmp_path / "missing.json")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.startswith("pymooncake: error: cannot read")
