@@ -1,0 +1,317 @@
+"""OpenAI-compatible HTTP server: validate → tokenize → backend.generate() → (stream) reply.
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream and non-stream),
+``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus, the process registry).
+
+Every error has the OpenAI shape (``api.errors``); malformed JSON, wrong types and bad
+ranges are 400 with ``param`` naming the field; overload is 429/503 with ``Retry-After``
+(``api.admission``, or the backend's own early rejection); nothing a client sends gives
+a 500. ``usage.prompt_tokens_details.cached_tokens`` is always present: the prompt
+tokens whose KV the prefill side reused (CASES BUG-55/BUG-56).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from pymooncake.api.admission import AdmissionConfig, AdmissionGate
+from pymooncake.api.errors import ApiError, invalid
+from pymooncake.api.openai_schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    check_common,
+    to_sampling,
+)
+from pymooncake.api.streaming import IncrementalDetokenizer
+from pymooncake.obs import metrics
+from pymooncake.obs.logging import init_logger
+from pymooncake.rpc.messages import GenerateRequest, RequestRejected, TokenEvent
+
+logger = init_logger(__name__)
+
+REQUESTS = metrics.counter("pymooncake_api_requests_total",
+                           "HTTP requests by endpoint and status", ["endpoint", "status"])
+TTFT = metrics.histogram("pymooncake_api_ttft_seconds", "time to first token (s)")
+TBT = metrics.histogram("pymooncake_api_inter_token_seconds",
+                        "time between output tokens (s)")
+PROMPT_TOKENS = metrics.counter("pymooncake_api_prompt_tokens_total", "prompt tokens served")
+CACHED_TOKENS = metrics.counter("pymooncake_api_cached_tokens_total",
+                                "prompt tokens whose KV was reused (prefix cache hits)")
+OUTPUT_TOKENS = metrics.counter("pymooncake_api_output_tokens_total", "generated tokens")
+
+
+class TextCodec(Protocol):
+    """The model's tokenizer and chat template (e.g. the engine's tokenizers)."""
+
+    eos_token_ids: tuple[int, ...]
+
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, token_ids: list[int]) -> str: ...
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+
+class Backend(Protocol):
+    """What the front door calls: the Conductor (or a single engine for tests)."""
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        """Stream the request's tokens; raise ``RequestRejected`` to refuse it."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    model_name: str = "tiny"
+    """Model id reported by ``/v1/models`` and accepted in requests."""
+    context_length: int = 2048
+    """Prompt + completion tokens at most."""
+    default_max_tokens: int | None = None
+    """Cap for requests without ``max_tokens`` (None = the remaining context)."""
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+
+    def __post_init__(self) -> None:
+        if self.context_length < 2:
+            raise ValueError(f"context_length must be >= 2, got {self.context_length}")
+        if self.default_max_tokens is not None and self.default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
+
+
+def _error_response(err: ApiError, endpoint: str) -> JSONResponse:
+    REQUESTS.labels(endpoint, str(err.status)).inc()
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def _rejected(e: RequestRejected, gate: AdmissionGate) -> ApiError:
+    r = e.rejection
+    retry = max(1, int(-(-r.retry_after_s // 1)))
+    return ApiError(r.status, r.message,
+                    type="rate_limit_error" if r.status == 429 else "overloaded_error",
+                    code=r.code, headers={"Retry-After": str(retry)})
+
+
+def _validation_error(e: ValidationError) -> ApiError:
+    first = e.errors()[0]
+    loc = [str(p) for p in first.get("loc", ())]
+    if first.get("type") == "json_invalid":
+        return invalid(f"request body is not valid JSON: {first.get('msg')}", None)
+    param = loc[0] if loc else None
+    where = ".".join(loc) or "body"
+    return invalid(f"{where}: {first.get('msg')}", param)
+
+
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+class _Job:
+    """One admitted request: runs the backend stream, detokenizes, applies stop strings."""
+
+    def __init__(self, backend: Backend, codec: TextCodec, req: GenerateRequest) -> None:
+        self.backend = backend
+        self.req = req
+        self.detok = IncrementalDetokenizer(codec, req.sampling.stop)
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.finish_reason: str | None = None
+
+    async def deltas(self) -> AsyncIterator[str]:
+        start = time.monotonic()
+        last = None
+        stream = self.backend.generate(self.req)
+        try:
+            async for ev in stream:
+                if ev.cached_tokens is not None:
+                    self.cached_tokens = max(0, min(ev.cached_tokens,
+                                                    len(self.req.prompt_token_ids) - 1))
+                if ev.token_ids:
+                    now = time.monotonic()
+                    if last is None:
+                        TTFT.observe(now - start)
+                    else:
+                        TBT.observe(now - last)
+                    last = now
+                    self.completion_tokens += len(ev.token_ids)
+                    text, stopped = self.detok.feed(ev.token_ids)
+                    if text:
+                        yield text
+                    if stopped:
+                        self.finish_reason = "stop"
+                        return
+                if ev.finish_reason is not None:
+                    self.finish_reason = ev.finish_reason
+                    tail = self.detok.flush()
+                    if tail:
+                        yield tail
+                    return
+            self.finish_reason = self.finish_reason or "abort"
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            PROMPT_TOKENS.inc(len(self.req.prompt_token_ids))
+            CACHED_TOKENS.inc(self.cached_tokens)
+            OUTPUT_TOKENS.inc(self.completion_tokens)
+
+
+def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = None,
+               health: Callable[[], dict[str, Any]] | None = None) -> FastAPI:
+    """Build the FastAPI app serving ``backend`` with tokenizer ``codec``."""
+    cfg = config or ApiConfig()
+    gate = AdmissionGate(cfg.admission)
+    app = FastAPI(title="pymooncake", version="0.1.0")
+    app.state.gate = gate
+
+    @app.get("/health")
+    async def _health() -> JSONResponse:
+        body = {"status": "ok", "in_flight": gate.in_flight, "queued": gate.num_queued,
+                "saturation": gate.saturation}
+        if health is not None:
+            body.update(health())
+        return JSONResponse(body)
+
+    @app.get("/metrics")
+    async def _metrics() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def _models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [
+            {"id": cfg.model_name, "object": "model", "created": 0, "owned_by": "pymooncake",
+             "max_model_len": cfg.context_length}]})
+
+    async def _parse(request: Request, model_cls: type) -> Any:
+        body = await request.body()
+        try:
+            req = model_cls.model_validate_json(body)
+        except ValidationError as e:
+            raise _validation_error(e) from None
+        if req.model is not None and req.model != cfg.model_name:
+            raise ApiError(404, f"model {req.model!r} does not exist; this server serves "
+                           f"{cfg.model_name!r}", param="model", code="model_not_found")
+        check_common(req)
+        return req
+
+    async def _serve(request: Request, endpoint: str, chat: bool) -> Response:
+        try:
+            req = await _parse(request, ChatCompletionRequest if chat else CompletionRequest)
+            if chat:
+                if not req.messages:
+                    raise invalid("messages must hold at least one message", "messages")
+                ids = codec.apply_chat_template(
+                    [{"role": m.role, "content": m.text()} for m in req.messages])
+                prompt_param = "messages"
+            elif isinstance(req.prompt, str):
+                if not req.prompt:
+                    raise invalid("prompt must not be empty", "prompt")
+                ids = codec.encode(req.prompt)
+                prompt_param = "prompt"
+            else:
+                if not req.prompt or min(req.prompt) < 0:
+                    raise invalid("prompt token ids must be a non-empty list of ids >= 0",
+                                  "prompt")
+                ids = list(req.prompt)
+                prompt_param = "prompt"
+            sampling = to_sampling(req, len(ids), cfg.context_length, cfg.default_max_tokens,
+                                   prompt_param)
+            greq = GenerateRequest(request_id=f"{'chatcmpl' if chat else 'cmpl'}-"
+                                   f"{uuid.uuid4().hex}", prompt_token_ids=tuple(ids),
+                                   sampling=sampling, priority=req.priority,
+                                   arrival_time_s=time.monotonic())
+            try:
+                await gate.acquire(req.priority)
+            except RequestRejected as e:
+                raise _rejected(e, gate) from None
+        except ApiError as err:
+            return _error_response(err, endpoint)
+        job = _Job(backend, codec, greq)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(_stream(job, chat, include_usage, endpoint),
+                                     media_type="text/event-stream")
+        try:
+            text = "".join([d async for d in job.deltas()])
+        except RequestRejected as e:
+            return _error_response(_rejected(e, gate), endpoint)
+        finally:
+            gate.release()
+        REQUESTS.labels(endpoint, "200").inc()
+        usage = _usage(len(greq.prompt_token_ids), job.completion_tokens, job.cached_tokens)
+        created = int(time.time())
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": job.finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None,
+                      "finish_reason": job.finish_reason}
+            obj = "text_completion"
+        return JSONResponse({"id": greq.request_id, "object": obj, "created": created,
+                             "model": cfg.model_name, "choices": [choice], "usage": usage})
+
+    async def _stream(job: _Job, chat: bool, include_usage: bool,
+                      endpoint: str) -> AsyncIterator[bytes]:
+        created = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        base = {"id": job.req.request_id, "object": obj, "created": created,
+                "model": cfg.model_name}
+
+        def chunk(choices: list[dict[str, Any]], usage: Any = None) -> bytes:
+            payload = {**base, "choices": choices}
+            if include_usage:
+                payload["usage"] = usage
+            return f"data: {json.dumps(payload)}\n\n".encode()
+
+        def choice(text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+            if chat:
+                delta: dict[str, Any] = {}
+                if role:
+                    delta["role"] = "assistant"
+                if text is not None:
+                    delta["content"] = text
+                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+        status = "200"
+        try:
+            if chat:
+                yield chunk([choice("", None, role=True)])
+            async for delta in job.deltas():
+                yield chunk([choice(delta, None)])
+            yield chunk([choice("" if not chat else None, job.finish_reason)])
+            if include_usage:
+                yield chunk([], _usage(len(job.req.prompt_token_ids), job.completion_tokens,
+                                       job.cached_tokens))
+        except RequestRejected as e:
+            err = _rejected(e, gate)
+            status = str(err.status)
+            yield f"data: {json.dumps(err.body())}\n\n".encode()
+        except Exception as e:  # noqa: BLE001 - a stream cannot change its status any more
+            logger.exception("stream of %s failed", job.req.request_id)
+            status = "500"
+            body = ApiError(500, f"generation failed: {type(e).__name__}: {e}",
+                            type="internal_error").body()
+            yield f"data: {json.dumps(body)}\n\n".encode()
+        finally:
+            gate.release()
+            REQUESTS.labels(endpoint, status).inc()
+        yield b"data: [DONE]\n\n"
+
+    @app.post("/v1/completions")
+    async def _completions(request: Request) -> Response:
+        return await _serve(request, "completions", chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def _chat(request: Request) -> Response:
+        return await _serve(request, "chat_completions", chat=True)
+
+    return app
