@@ -47,7 +47,8 @@ def parse_sse(text: str) -> list:
     return events
 
 
-def assert_error(resp: httpx.Response, status: int, param: str | None, etype="invalid_request_error"):
+def assert_error(resp: httpx.Response, status: int, param: str | None,
+                 etype: str = "invalid_request_error"):
     assert resp.status_code == status, resp.text
     err = resp.json()["error"]
     assert err["type"] == etype
