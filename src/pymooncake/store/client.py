@@ -140,7 +140,7 @@ class StoreClient:
         self._staging_arr: np.ndarray | None = None
         self._staging_base = 0
         self._staging: OffsetAllocator | None = None
-        self._registered: dict[int, Any] = {}
+        self._registered: dict[int, tuple[int, Any]] = {}  # addr → (bytes, keepalive)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stop: asyncio.Event | None = None
@@ -317,10 +317,30 @@ class StoreClient:
     # -- memory ------------------------------------------------------------------------
 
     def register_buffer(self, buffer: object) -> int:
-        """Register a user buffer for ``put_from``/``get_into``; returns its base address."""
+        """Register a user buffer for ``put_from``/``get_into``; returns its base address.
+        Raises ``StoreError(INVALID_PARAMS)`` for a non-contiguous or overlapping buffer."""
+        from pymooncake.transfer.memory import buffer_address
+
         assert self._dp is not None
-        addr = self._dp.register(buffer)
-        self._registered[addr] = buffer
+        try:
+            _, nbytes, keep = buffer_address(buffer)
+            addr = self._dp.register(buffer)
+        except (ValueError, TypeError) as e:
+            raise StoreError(ErrorCode.INVALID_PARAMS, f"cannot register buffer: {e}") from None
+        self._registered[addr] = (nbytes, keep)
+        return addr
+
+    def register_memory(self, addr: int, size: int) -> int:
+        """Register raw memory ``[addr, addr+size)`` that the caller keeps alive."""
+        assert self._dp is not None
+        if not isinstance(addr, int) or not isinstance(size, int) or addr <= 0 or size <= 0:
+            raise StoreError(ErrorCode.INVALID_PARAMS,
+                             f"register_memory({addr!r}, {size!r}): need addr > 0, size > 0")
+        try:
+            self._dp.register_at(addr, size)
+        except (ValueError, TypeError) as e:
+            raise StoreError(ErrorCode.INVALID_PARAMS, f"cannot register memory: {e}") from None
+        self._registered[addr] = (size, None)
         return addr
 
     def unregister_buffer(self, addr: int) -> None:
@@ -436,13 +456,8 @@ class StoreClient:
         return out
 
     def _in_registered(self, addr: int, size: int) -> bool:
-        from pymooncake.transfer.memory import buffer_address
-
-        for base, buf in self._registered.items():
-            _, n, _ = buffer_address(buf)
-            if base <= addr and addr + size <= base + n:
-                return True
-        return False
+        return any(base <= addr and addr + size <= base + n
+                   for base, (n, _) in self._registered.items())
 
     def _put_staged(self, keys: list[str], addrs: list[int], sizes: list[int],
                     config: ReplicateConfig | None, out: list[StoreError | None]) -> None:

@@ -47,6 +47,10 @@ class DataPath:
         """Register ``buffer``; returns its base address."""
         return int(self.engine.register_memory(buffer))
 
+    def register_at(self, addr: int, length: int) -> int:
+        """Register raw memory ``[addr, addr+length)`` owned by the caller."""
+        return int(self.engine.register_memory_at(addr, length))
+
     def unregister(self, addr: int) -> None:
         self.engine.unregister_memory(addr)
 

@@ -1,0 +1,178 @@
+"""``pymooncake.store.compat.MooncakeDistributedStore`` driven the way Mooncake's Python API
+documentation uses ``mooncake.store.MooncakeDistributedStore`` (setup with positional
+arguments or a dict, int return codes, ``b''`` for misses, zero-copy through registered
+pointers). Expected codes are Mooncake's (../shared/MOONCAKE.md)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from pymooncake.store.compat import (
+    MooncakeDistributedStore,
+    ReplicaStatus,
+    ReplicateConfig,
+    SoftPinAction,
+)
+
+pytestmark = pytest.mark.integration
+
+MB = 1 << 20
+OBJECT_NOT_FOUND, OBJECT_HAS_LEASE, INVALID_PARAMS = -704, -706, -600
+
+
+@pytest.fixture
+def env(cluster_factory):
+    cl = cluster_factory("--default-kv-lease-ttl", "500")
+    stores = []
+
+    def make(segment: int = 16 * MB, local: int = 16 * MB) -> MooncakeDistributedStore:
+        s = MooncakeDistributedStore()
+        rc = s.setup("localhost", cl.metadata_url, segment, local, "tcp", "", cl.master_addr)
+        assert rc == 0
+        stores.append(s)
+        return s
+
+    yield cl, make
+    for s in stores:
+        s.close()
+
+
+def test_module_level_types() -> None:
+    cfg = ReplicateConfig()
+    assert (cfg.replica_num, cfg.with_hard_pin, cfg.preferred_segment) == (1, False, "")
+    assert cfg.soft_pin_action == SoftPinAction.PRESERVE and cfg.soft_pin_ttl_ms is None
+    assert {"ENABLE", "DISABLE", "PRESERVE"} <= set(SoftPinAction.__members__)
+    assert {"PROCESSING", "COMPLETE"} <= set(ReplicaStatus.__members__)
+    s = MooncakeDistributedStore()
+    assert s.health_check() == 1  # not initialised
+    assert s.close() == 0
+
+
+def test_put_get_exist_size_remove(env) -> None:
+    cl, make = env
+    store = make()
+    assert store.health_check() == 0
+    host, _, port = store.get_hostname().rpartition(":")
+    assert host and port.isdigit()
+    assert store.put("hello_key", b"Hello, Mooncake Store!") == 0
+    assert store.get("hello_key") == b"Hello, Mooncake Store!"
+    assert store.get("missing") == b""
+    assert store.put("", b"x") == INVALID_PARAMS  # observed on Mooncake 0.3.13
+    assert store.put("empty", b"") == INVALID_PARAMS
+    assert store.put("big", b"x" * (17 * MB)) == INVALID_PARAMS  # > local_buffer_size
+    assert store.is_exist("big") == 0 and store.is_exist("empty") == 0
+    assert store.is_exist("hello_key") == 1 and store.is_exist("missing") == 0
+    assert store.batch_is_exist(["hello_key", "missing"]) == [1, 0]
+    assert store.get_size("hello_key") == 22 and store.get_size("missing") == OBJECT_NOT_FOUND
+    # a put of an existing key returns 0 and keeps the old value
+    assert store.put("hello_key", b"other") == 0
+    assert store.get("hello_key") == b"Hello, Mooncake Store!"
+    # the get above holds a read lease: remove is refused, force removes anyway
+    assert store.remove("hello_key") == OBJECT_HAS_LEASE
+    assert store.remove("hello_key", force=True) == 0
+    assert store.remove("hello_key") == OBJECT_NOT_FOUND
+    # a fresh object has no lease: removable at once
+    assert store.put("fresh", b"x") == 0 and store.remove("fresh") == 0
+    keys = [f"batch_{i}" for i in range(5)]
+    vals = [np.random.bytes(1000 + i) for i in range(5)]
+    assert store.put_batch(keys, vals) == 0
+    assert store.get_batch(keys + ["nope"]) == vals + [b""]
+    time.sleep(0.6)  # leases lapse
+    assert store.remove_all() == 5
+    assert store.batch_is_exist(keys) == [0] * 5
+
+
+def test_zero_copy_pointers_and_buffer_handle(env) -> None:
+    cl, make = env
+    store = make()
+    src = np.frombuffer(np.random.bytes(64 * 1024), dtype=np.uint8).copy()
+    dst = np.zeros(128 * 1024, dtype=np.uint8)
+    assert store.register_buffer(src.ctypes.data, src.nbytes) == 0
+    assert store.register_buffer(dst.ctypes.data, dst.nbytes) == 0
+    assert store.put_from("zc", src.ctypes.data, 30) == 0
+    assert store.get_into("zc", dst.ctypes.data, dst.nbytes) == 30
+    assert bytes(dst[:30]) == bytes(src[:30])
+    ptrs = [src.ctypes.data + 100, src.ctypes.data + 5000]
+    assert store.batch_put_from(["a", "b"], ptrs, [1000, 2000]) == [0, 0]
+    got = store.batch_get_into(["a", "missing"], [dst.ctypes.data, dst.ctypes.data + 4096],
+                               [4096, 4096])
+    assert got == [1000, OBJECT_NOT_FOUND]
+    assert bytes(dst[:1000]) == bytes(src[100:1100])
+    assert store.get_into("b", dst.ctypes.data, 10) == INVALID_PARAMS  # buffer too small
+    h = store.get_buffer("b")
+    assert h is not None and h.size() == 2000 and h.ptr() != 0
+    assert bytes(memoryview(h)) == bytes(src[5000:7000])
+    assert store.get_buffer("missing") is None
+    assert store.unregister_buffer(src.ctypes.data) == 0
+    assert store.unregister_buffer(src.ctypes.data) != 0
+
+
+def test_replicate_config_and_soft_pin_rules(env) -> None:
+    cl, make = env
+    store = make()
+    cfg = ReplicateConfig()
+    cfg.replica_num = 2  # only one segment: best effort, one replica, still 0
+    assert store.put("r2", b"v" * 100, cfg) == 0 and store.get("r2") == b"v" * 100
+    bad = ReplicateConfig()
+    bad.soft_pin_ttl_ms = 1000  # a TTL without ENABLE
+    assert store.put("p", b"x", bad) == INVALID_PARAMS
+    bad.soft_pin_action = SoftPinAction.DISABLE
+    assert store.put("p", b"x", bad) == INVALID_PARAMS
+    ok = ReplicateConfig()
+    ok.soft_pin_action = SoftPinAction.ENABLE
+    ok.soft_pin_ttl_ms = 60_000
+    assert store.put("p", b"x", ok) == 0
+    hard = ReplicateConfig()
+    hard.with_hard_pin = True
+    assert store.put("h", b"y", hard) == 0 and store.get("h") == b"y"
+    zero = ReplicateConfig()
+    zero.replica_num = 0
+    assert store.put("z", b"x", zero) == INVALID_PARAMS
+    assert store.is_exist("p") == 1 and store.is_exist("z") == 0
+
+
+def test_two_stores_share_data_and_dict_setup(env) -> None:
+    cl, make = env
+    a = make()
+    b = MooncakeDistributedStore()
+    assert b.setup({"local_hostname": "localhost", "metadata_server": cl.metadata_url,
+                    "global_segment_size": "16MB", "local_buffer_size": "16MB",
+                    "protocol": "tcp", "master_server_addr": cl.master_addr}) == 0
+    try:
+        val = np.random.bytes(3 * MB)
+        assert a.put("shared", val) == 0
+        assert b.get("shared") == val
+        arr = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+        assert a.put_tensor("t", arr) == 0
+        got = b.get_tensor("t")
+        assert got.dtype == np.float32 and got.shape == (2, 3, 4)
+        assert np.array_equal(got, arr)
+        assert b.batch_put_tensor(["t1", "t2"], [arr[0], arr[1]]) == [0, 0]
+        assert [x.shape for x in a.batch_get_tensor(["t1", "t2"])] == [(3, 4), (3, 4)]
+        assert a.batch_get_tensor(["none"]) == [None]
+    finally:
+        b.close()
+    bad = MooncakeDistributedStore()
+    assert bad.setup({"local_hostname": "localhost", "metadata_server": cl.metadata_url,
+                      "global_segment_size": "50%", "master_server_addr": cl.master_addr}) != 0
+    reader = MooncakeDistributedStore()
+    assert reader.setup("localhost", cl.metadata_url, 0, 0, "tcp", "", cl.master_addr) == 0
+    try:
+        assert reader.put("cannot", b"x") != 0  # local_buffer_size=0: put fails
+        assert reader.get("shared") == b""  # reads need a local buffer too
+    finally:
+        reader.close()
+
+
+def test_torch_tensor_round_trip(env) -> None:
+    torch = pytest.importorskip("torch")
+    cl, make = env
+    store = make()
+    t = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
+    assert store.put_tensor("bf16", t) == 0
+    got = store.get_tensor("bf16")
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.bfloat16
+    assert torch.equal(got, t)
