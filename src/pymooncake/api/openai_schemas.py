@@ -47,6 +47,9 @@ class _Common(BaseModel):
     stream_options: StreamOptions | None = None
     priority: StrictInt = 0
     ignore_eos: StrictBool = False
+    return_token_ids: StrictBool = False
+    """Extension (as in vLLM): every streamed chunk carries the ``token_ids`` it adds, one
+    chunk per engine step even when its text is still held back; used for exact TBT."""
     user: StrictStr | None = None
 
 

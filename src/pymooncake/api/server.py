@@ -124,7 +124,8 @@ class _Job:
         self.cached_tokens = 0
         self.finish_reason: str | None = None
 
-    async def deltas(self) -> AsyncIterator[str]:
+    async def deltas(self) -> AsyncIterator[tuple[str, tuple[int, ...]]]:
+        """(new text, new token ids) per backend event that carried tokens."""
         start = time.monotonic()
         last = None
         stream = self.backend.generate(self.req)
@@ -142,8 +143,7 @@ class _Job:
                     last = now
                     self.completion_tokens += len(ev.token_ids)
                     text, stopped = self.detok.feed(ev.token_ids)
-                    if text:
-                        yield text
+                    yield text, ev.token_ids
                     if stopped:
                         self.finish_reason = "stop"
                         return
@@ -151,7 +151,7 @@ class _Job:
                     self.finish_reason = ev.finish_reason
                     tail = self.detok.flush()
                     if tail:
-                        yield tail
+                        yield tail, ()
                     return
             self.finish_reason = self.finish_reason or "abort"
         finally:
@@ -236,10 +236,11 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
         job = _Job(backend, codec, greq)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_stream(job, chat, include_usage, endpoint),
+            return StreamingResponse(_stream(job, chat, include_usage, req.return_token_ids,
+                                             endpoint),
                                      media_type="text/event-stream")
         try:
-            text = "".join([d async for d in job.deltas()])
+            text = "".join([d async for d, _ in job.deltas()])
         except RequestRejected as e:
             return _error_response(_rejected(e, gate), endpoint)
         finally:
@@ -258,7 +259,7 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
         return JSONResponse({"id": greq.request_id, "object": obj, "created": created,
                              "model": cfg.model_name, "choices": [choice], "usage": usage})
 
-    async def _stream(job: _Job, chat: bool, include_usage: bool,
+    async def _stream(job: _Job, chat: bool, include_usage: bool, return_token_ids: bool,
                       endpoint: str) -> AsyncIterator[bytes]:
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -271,22 +272,30 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
                 payload["usage"] = usage
             return f"data: {json.dumps(payload)}\n\n".encode()
 
-        def choice(text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+        def choice(text: str | None, finish: str | None, role: bool = False,
+                   token_ids: tuple[int, ...] | None = None) -> dict[str, Any]:
             if chat:
                 delta: dict[str, Any] = {}
                 if role:
                     delta["role"] = "assistant"
                 if text is not None:
                     delta["content"] = text
-                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+                out = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                out = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            if token_ids is not None:
+                out["token_ids"] = list(token_ids)
+            return out
 
         status = "200"
         try:
             if chat:
                 yield chunk([choice("", None, role=True)])
-            async for delta in job.deltas():
-                yield chunk([choice(delta, None)])
+            async for delta, ids in job.deltas():
+                if return_token_ids:
+                    yield chunk([choice(delta, None, token_ids=ids)])
+                elif delta:
+                    yield chunk([choice(delta, None)])
             yield chunk([choice("" if not chat else None, job.finish_reason)])
             if include_usage:
                 yield chunk([], _usage(len(job.req.prompt_token_ids), job.completion_tokens,

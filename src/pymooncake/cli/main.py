@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pymooncake.cli.store",
     "pymooncake.cli.engine",
     "pymooncake.cli.sim",
+    "pymooncake.cli.replay",
     "pymooncake.cli.bench",
 )
 
