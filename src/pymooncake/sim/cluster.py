@@ -99,6 +99,8 @@ class DecodeNode:
         self.s_cb: list[float] = []
         self.s_a: list[float] = []
         self.s_slope: list[float] = []
+        self.s_ends: list[np.ndarray | None] = []
+        """Token (step end) times of each segment, built on first use and shared by its batch."""
         self._view_cache: tuple[int, tuple[float, ...]] | None = None
 
     # --- closed forms -------------------------------------------------------------------
@@ -143,6 +145,7 @@ class DecodeNode:
         self.s_cb.append(self.c * self.B)
         self.s_a.append(self.m0 + self.C * self.m)
         self.s_slope.append(self.B * self.m)
+        self.s_ends.append(None)
         self.epoch_s += self._time_of(k_steps)
         self.step += k_steps
         self.C += k_steps * self.B
@@ -216,18 +219,17 @@ class DecodeNode:
         end of its first decode step → ... → its last decode step."""
         s_lo, s_hi = r.join_step, r.finish_step
         i = bisect_right(self.s_step0, s_lo) - 1
-        ends = []
-        step0s, t0s, ks = self.s_step0, self.s_t0, self.s_k
-        while i < len(step0s) and step0s[i] < s_hi:
-            st0, k = step0s[i], ks[i]
-            j_lo = max(s_lo, st0) - st0
-            j_hi = min(s_hi, st0 + k) - st0
-            if j_hi > j_lo:
-                j = np.arange(0, j_hi, dtype=np.float64)
-                t = self.o + np.maximum(self.s_cb[i], self.s_a[i] + j * self.s_slope[i])
-                cum = t0s[i] + np.cumsum(t)
-                ends.append(cum[j_lo:])
+        pieces: list[np.ndarray] = [np.array([r.first_token_s])]
+        step0s, ks, ends = self.s_step0, self.s_k, self.s_ends
+        n = len(step0s)
+        while i < n and step0s[i] < s_hi:
+            st0 = step0s[i]
+            e = ends[i]
+            if e is None:
+                j = np.arange(ks[i], dtype=np.float64)
+                e = self.s_t0[i] + np.cumsum(
+                    self.o + np.maximum(self.s_cb[i], self.s_a[i] + j * self.s_slope[i]))
+                ends[i] = e
+            pieces.append(e[max(s_lo, st0) - st0:min(s_hi, st0 + ks[i]) - st0])
             i += 1
-        times = np.concatenate([[r.first_token_s], *ends]) if ends else np.array(
-            [r.first_token_s])
-        return np.diff(times)
+        return np.diff(np.concatenate(pieces))

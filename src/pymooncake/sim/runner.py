@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -295,7 +296,7 @@ class Simulator:
     def _on_sample(self, now: float, _: object) -> None:
         acc = self.access
         if acc:
-            top = heapq.nlargest(max(HOT_KEY_RANKS), acc.items(), key=lambda kv: (kv[1], -kv[0]))
+            top = heapq.nlargest(max(HOT_KEY_RANKS), acc.items(), key=itemgetter(1))
             row: dict[str, float | int] = {"t_s": now}
             for rank in HOT_KEY_RANKS:
                 if rank <= len(top):

@@ -40,6 +40,37 @@ def mix64(seed: int, n: int) -> int:
     return z ^ (z >> 31)
 
 
+def _option(req: RequestInfo, view: ClusterView, match: PrefixMatch, i: int, est: Estimators,
+            cfg: PolicyConfig, remote: bool) -> tuple[float, int, int, float, float, float]:
+    """``(ttft, prefix_blocks, transfer_blocks, queue_s, transfer_s, prefill_s)`` of the best
+    option on ``view.prefill[i]`` (see ``evaluate_instance``)."""
+    inst = view.prefill[i]
+    bs = cfg.block_size_tokens
+    n = req.num_prompt_tokens
+    q = max(0.0, inst.busy_until_s - view.now_s) + inst.queued_prefill_s
+    local = match.local_blocks[i] if i < len(match.local_blocks) else 0
+    local_tokens = min(local * bs, n)
+    t_prefill = est.prefill.prefill_s(n, local_tokens)
+    best = (q + t_prefill, local, 0, q, 0.0, t_prefill)
+    b = match.best_blocks
+    if (remote and b > local and match.best_holder is not None
+            and match.best_holder != inst.instance_id
+            and (local == 0 or b / local > cfg.kvcache_balancing_threshold)):
+        prefix_tokens = min(b * bs, n)
+        t_transfer = est.transfer.transfer_s(prefix_tokens - local_tokens)
+        t_pre = est.prefill.prefill_s(n, prefix_tokens)
+        if t_transfer + t_pre < t_prefill:
+            best = (q + t_transfer + t_pre, b, b - local, q, t_transfer, t_pre)
+    return best
+
+
+def _placement(view: ClusterView, i: int, match: PrefixMatch,
+               opt: tuple[float, int, int, float, float, float]) -> Placement:
+    _, prefix, transfer, q, t_transfer, t_prefill = opt
+    return Placement(view.prefill[i].instance_id, None, prefix, transfer,
+                     match.best_holder if transfer else None, q, t_transfer, t_prefill)
+
+
 def evaluate_instance(req: RequestInfo, view: ClusterView, match: PrefixMatch, i: int,
                       est: Estimators, cfg: PolicyConfig, *, remote: bool) -> Placement:
     """Algorithm 1's loop body for ``view.prefill[i]``: queue + transfer + prefill.
@@ -50,24 +81,17 @@ def evaluate_instance(req: RequestInfo, view: ClusterView, match: PrefixMatch, i
     option with the smaller TTFT. Prefix tokens follow the trace rule
     ``min(blocks · block_size, prompt tokens)``.
     """
-    inst = view.prefill[i]
-    bs = cfg.block_size_tokens
-    n = req.num_prompt_tokens
-    q = queue_s(inst, view.now_s)
-    local = match.local_blocks[i] if i < len(match.local_blocks) else 0
-    best = Placement(inst.instance_id, None, local, 0, None, q, 0.0,
-                     est.prefill.prefill_s(n, min(local * bs, n)))
-    if (remote and match.best_holder is not None and match.best_holder != inst.instance_id
-            and match.best_blocks > local
-            and (local == 0 or match.best_blocks / local > cfg.kvcache_balancing_threshold)):
-        extra = match.best_blocks - local
-        extra_tokens = min(match.best_blocks * bs, n) - min(local * bs, n)
-        t_transfer = est.transfer.transfer_s(extra_tokens)
-        t_prefill = est.prefill.prefill_s(n, min(match.best_blocks * bs, n))
-        if t_transfer + t_prefill < best.predicted_transfer_s + best.predicted_prefill_s:
-            best = Placement(inst.instance_id, None, match.best_blocks, extra,
-                             match.best_holder, q, t_transfer, t_prefill)
-    return best
+    return _placement(view, i, match, _option(req, view, match, i, est, cfg, remote))
+
+
+def _least_ttft(req: RequestInfo, view: ClusterView, match: PrefixMatch, est: Estimators,
+                cfg: PolicyConfig, remote: bool) -> Placement:
+    best_i, best = 0, _option(req, view, match, 0, est, cfg, remote)
+    for i in range(1, len(view.prefill)):
+        o = _option(req, view, match, i, est, cfg, remote)
+        if o[0] < best[0]:
+            best_i, best = i, o
+    return _placement(view, best_i, match, best)
 
 
 def _no_instance() -> Rejection:
@@ -82,13 +106,7 @@ def place_prefill_global_cache(req: RequestInfo, view: ClusterView, match: Prefi
     """
     if not view.prefill:
         return _no_instance()
-    best: Placement | None = None
-    for i in range(len(view.prefill)):
-        p = evaluate_instance(req, view, match, i, est, cfg, remote=True)
-        if best is None or p.predicted_ttft_s < best.predicted_ttft_s:
-            best = p
-    assert best is not None
-    return best
+    return _least_ttft(req, view, match, est, cfg, True)
 
 
 def place_prefill_local_cache(req: RequestInfo, view: ClusterView, match: PrefixMatch,
@@ -97,13 +115,7 @@ def place_prefill_local_cache(req: RequestInfo, view: ClusterView, match: Prefix
     each instance's own prefix."""
     if not view.prefill:
         return _no_instance()
-    best: Placement | None = None
-    for i in range(len(view.prefill)):
-        p = evaluate_instance(req, view, match, i, est, cfg, remote=False)
-        if best is None or p.predicted_ttft_s < best.predicted_ttft_s:
-            best = p
-    assert best is not None
-    return best
+    return _least_ttft(req, view, match, est, cfg, False)
 
 
 def place_prefill_least_load(req: RequestInfo, view: ClusterView, match: PrefixMatch,

@@ -95,14 +95,15 @@ class PrefixIndex:
         local = tuple(counts.get(i, 0) for i in instance_ids)
         if not remote or not counts:
             return PrefixMatch(local_blocks=local)
-        order = {i: pos for pos, i in enumerate(instance_ids)}
-        best = max(counts.items(),
-                   key=lambda kv: (kv[1], -order.get(kv[0], len(order)), _neg(kv[0])))
-        if best[1] == 0:
+        best_holder: InstanceId | None = None
+        best_n = 0
+        for i in instance_ids:           # ties: the earliest instance
+            c = counts.get(i, 0)
+            if c > best_n:
+                best_holder, best_n = i, c
+        for holder in sorted(set(counts) - set(instance_ids)):   # then other holders by name
+            if counts[holder] > best_n:
+                best_holder, best_n = holder, counts[holder]
+        if best_holder is None:
             return PrefixMatch(local_blocks=local)
-        return PrefixMatch(local_blocks=local, best_blocks=best[1], best_holder=best[0])
-
-
-def _neg(name: str) -> tuple[int, ...]:
-    """Sort key preferring the lexicographically smallest name under ``max``."""
-    return tuple(-ord(c) for c in name)
+        return PrefixMatch(local_blocks=local, best_blocks=best_n, best_holder=best_holder)
