@@ -627,9 +627,12 @@ class TransferEngine:
                 if wait_s > 0:
                     ch.cond.wait(timeout=wait_s)
                     continue
+                # Take a fair share of the queue so that every path gets slices.
+                share = -(-len(ch.queue) // len(ch.lanes))
+                max_slices = min(cfg.window_slices, share)
                 window: list[Slice] = []
                 nbytes = 0
-                while (ch.queue and len(window) < cfg.window_slices
+                while (ch.queue and len(window) < max_slices
                        and nbytes + ch.queue[0].length <= cfg.window_bytes):
                     s = ch.queue.popleft()
                     window.append(s)
