@@ -19,7 +19,7 @@ KEYS = {"transport", "size_bytes", "batch", "paths", "throughput_bytes_per_s",
 def test_bench_transfer_json(transport: str) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "pymooncake", "bench", "transfer", "--transport", transport,
-         "--size", "65536", "--batch", "4", "--paths", "2", "--min-time-s", "0.05",
+         "--size", "65536", "--batch", "4", "--paths", "2", "--min-time-s", "0.05", "--repeat", "1",
          "--no-mooncake", "--json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)

@@ -85,8 +85,10 @@ def register_bench(bench: argparse._SubParsersAction) -> None:
                    help="requests per batch (default 16)")
     p.add_argument("--paths", type=int, default=2, metavar="K",
                    help="TCP connections per peer (default 2)")
-    p.add_argument("--min-time-s", type=float, default=2.0,
-                   help="measure each subject at least this long (default 2 s)")
+    p.add_argument("--min-time-s", type=float, default=1.0,
+                   help="measure each subject at least this long per repeat (default 1 s)")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="interleaved repeats of every subject; medians reported (default 3)")
     p.add_argument("--no-mooncake", action="store_true",
                    help="skip the Mooncake comparison even when the wheel is installed")
     add_json_flag(p)
@@ -97,11 +99,12 @@ def _cmd_bench_transfer(args: argparse.Namespace) -> int:
     from pymooncake.cli.main import CommandError, UsageError
     from pymooncake.transfer import bench
 
-    if args.size <= 0 or args.batch <= 0 or args.paths <= 0 or args.min_time_s <= 0:
-        raise UsageError("--size, --batch, --paths and --min-time-s must be positive")
+    if min(args.size, args.batch, args.paths, args.repeat) <= 0 or args.min_time_s <= 0:
+        raise UsageError("--size, --batch, --paths, --repeat and --min-time-s must be positive")
     try:
         result = bench.run(args.transport, args.size, args.batch, args.paths,
-                           min_time_s=args.min_time_s, compare_mooncake=not args.no_mooncake)
+                           min_time_s=args.min_time_s, compare_mooncake=not args.no_mooncake,
+                           repeat=args.repeat)
     except ValueError as e:
         raise UsageError(str(e)) from e
     except (OSError, RuntimeError) as e:

@@ -334,39 +334,52 @@ def _mooncake_serve(total: int) -> None:
 
 # ------------------------------------------------------------------------------ main
 def run(transport: str, size_bytes: int, batch: int, paths: int, min_time_s: float = 1.0,
-        compare_mooncake: bool = True) -> TransferBenchResult:
-    """Run the benchmark and its references; raises ``ValueError`` for bad arguments."""
+        compare_mooncake: bool = True, repeat: int = 1) -> TransferBenchResult:
+    """Run the benchmark and its references ``repeat`` times, interleaved (so that load
+    from other processes hits all subjects alike); every figure is the median over the
+    repeats. Raises ``ValueError`` for bad arguments."""
     if transport not in ("local", "shm", "tcp"):
         raise ValueError(f"transport must be local, shm or tcp, got {transport!r}")
-    if size_bytes <= 0 or batch <= 0 or paths <= 0:
-        raise ValueError("size, batch and paths must be positive")
+    if size_bytes <= 0 or batch <= 0 or paths <= 0 or repeat <= 0:
+        raise ValueError("size, batch, paths and repeat must be positive")
     if size_bytes * batch > 2 * 1024**3:
         raise ValueError("working set size*batch must be <= 2 GiB")
-    w, r, rounds, verified = measure_pymooncake(transport, size_bytes, batch, paths,
-                                                min_time_s)
     total = size_bytes * batch
-    memcpy = measure_memcpy(size_bytes, batch, min_time_s / 2)
-    sock = measure_socket_stream(size_bytes, batch, min_time_s / 2)
-    mc_bps = mc_rps = None
     available, note = mooncake_available()
-    if compare_mooncake and available and transport == "tcp":
-        try:
-            mw, mr, _, mok = measure_mooncake(size_bytes, batch, min_time_s)
-            mc_bps = 2 * total / (mw + mr)
-            mc_rps = 2 * batch / (mw + mr)
-            if not mok:
-                note += "; Mooncake's read-back did not verify"
-        except Exception as e:  # noqa: BLE001 - report, do not fail the benchmark
-            note = f"mooncake run failed: {e!r}"
-    elif available and transport != "tcp":
+    use_mooncake = compare_mooncake and available and transport == "tcp"
+    if available and transport != "tcp":
         note = "Mooncake comparison runs for --transport tcp only"
-    elif not compare_mooncake:
+    elif available and not compare_mooncake:
         note = "Mooncake comparison disabled (--no-mooncake)"
-    thr = 2 * total / (w + r)
+    ws, rs, memcpys, socks, mcs = [], [], [], [], []
+    rounds, verified = 0, True
+    for _ in range(repeat):
+        w, r, n, ok = measure_pymooncake(transport, size_bytes, batch, paths, min_time_s)
+        ws.append(w)
+        rs.append(r)
+        rounds += n
+        verified = verified and ok
+        memcpys.append(measure_memcpy(size_bytes, batch, min_time_s / 2))
+        socks.append(measure_socket_stream(size_bytes, batch, min_time_s / 2))
+        if use_mooncake:
+            try:
+                mw, mr, _, mok = measure_mooncake(size_bytes, batch, min_time_s)
+                mcs.append(mw + mr)
+                if not mok:
+                    note += "; Mooncake's read-back did not verify"
+            except Exception as e:  # noqa: BLE001 - report, do not fail the benchmark
+                note = f"mooncake run failed: {e!r}"
+                use_mooncake = False
+    w, r = statistics.median(ws), statistics.median(rs)
+    rt = statistics.median([a + b for a, b in zip(ws, rs, strict=True)])
+    thr = 2 * total / rt
+    memcpy, sock = statistics.median(memcpys), statistics.median(socks)
+    mc_bps = 2 * total / statistics.median(mcs) if mcs else None
+    mc_rps = 2 * batch / statistics.median(mcs) if mcs else None
     return TransferBenchResult(
         transport=transport, size_bytes=size_bytes, batch=batch, paths=paths, rounds=rounds,
         throughput_bytes_per_s=thr, write_bytes_per_s=total / w, read_bytes_per_s=total / r,
-        requests_per_s=2 * batch / (w + r), verified=verified, memcpy_bytes_per_s=memcpy,
+        requests_per_s=2 * batch / rt, verified=verified, memcpy_bytes_per_s=memcpy,
         socket_bytes_per_s=sock, mooncake_bytes_per_s=mc_bps, mooncake_requests_per_s=mc_rps,
         mooncake_note=note, ratio_vs_memcpy=thr / memcpy, ratio_vs_socket=thr / sock,
         ratio_vs_mooncake=(thr / mc_bps) if mc_bps else None)
