@@ -71,3 +71,31 @@ def test_malformed_trace_is_one_line_exit_1(capsys, tmp_path) -> None:  # noqa: 
         assert rc == 1 and out == "" and "bad.jsonl:1" in err and err.count("\n") == 1
     rc, _, err = _run(capsys, ["sim", "run", str(tmp_path / "missing.jsonl")])
     assert rc == 1 and "no such file" in err
+
+
+def test_sweep_pd_ratio_and_rate(capsys, trace_file) -> None:  # noqa: ANN001
+    rc, out, _ = _run(capsys, ["sim", "sweep", str(trace_file), "--over", "pd-ratio",
+                               "--values", "1", "3", "--prefill", "2", "--decode", "2", "--json"])
+    d = json.loads(out)
+    assert rc == 0 and [(p["num_prefill"], p["num_decode"]) for p in d["points"]] == [(1, 3),
+                                                                                      (3, 1)]
+    assert d["best_value"] in (1.0, 3.0)
+    rc, out, err = _run(capsys, ["sim", "sweep", str(trace_file), "--over", "pd-ratio",
+                                 "--values", "4", "--prefill", "2", "--decode", "2"])
+    assert rc == 1 and "prefill nodes must be in [1, 3]" in err
+    rc, out, _ = _run(capsys, ["sim", "sweep", str(trace_file), "--over", "rate", "--values",
+                               "1", "1000", "--prefill", "1", "--decode", "1", "--json",
+                               "--ttft-slo-s", "1"])
+    d = json.loads(out)
+    # at 1000× the 30 requests arrive within 3 ms: the single prefill node queues them past
+    # the 1 s TTFT objective, so only the unscaled rate meets 99 %.
+    assert [p["slo_attainment"] for p in d["points"]][0] == 1.0
+    assert d["points"][1]["slo_attainment"] < 0.99 and d["best_value"] == 1.0
+
+
+def test_plot_capacity_png(capsys, trace_file, tmp_path) -> None:  # noqa: ANN001
+    out_png = tmp_path / "cap.png"
+    rc, out, _ = _run(capsys, ["sim", "plot", str(trace_file), "--kind", "capacity", "--out",
+                               str(out_png), "--json"])
+    assert rc == 0 and json.loads(out)["png"] == str(out_png)
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
