@@ -168,7 +168,7 @@ class TransferEngine:
         self._mappings: dict[str, PeerMapping] = {}
         self._owned_shm: dict[int, SharedBuffer] = {}
         self._pool: EndpointPool[tuple[str, int], Any] = EndpointPool(
-            self.config.max_endpoints, _close_socket)
+            self.config.max_endpoints, _close_connection)
         self._version = 0
         self._started = False
         self._closed = False
@@ -651,13 +651,13 @@ class TransferEngine:
             return tcp.open_connection(host, port, cfg.connect_timeout_s, cfg.slice_timeout_s)
 
         try:
-            sock, reused = self._pool.acquire(key, opener)
-            if reused and tcp.is_stale(sock):  # closed by the peer while idle (BUG-36)
+            conn, reused = self._pool.acquire(key, opener)
+            if reused and tcp.is_stale(conn):  # closed by the peer while idle (BUG-36)
                 logger.info("path %s to %s: pooled connection is stale; reopening",
                             lane.label, ch.name)
-                self._pool.discard(key, sock)
+                self._pool.discard(key, conn)
                 _reconnects.labels(lane.label).inc()
-                sock, reused = self._pool.acquire(key, opener)
+                conn, reused = self._pool.acquire(key, opener)
         except OSError as e:
             self._path_failed(ch, lane, window, [], StatusCode.CONNECTION_ERROR,
                               f"connect to {ch.name} at {host}:{port} failed: {e!r}",
@@ -667,9 +667,9 @@ class TransferEngine:
         seq = lane.seq
         lane.seq += len(window)
         try:
-            results = tcp.run_window(sock, window, cfg.checksum, seq)
+            results = tcp.run_window(conn, window, cfg.checksum, seq)
         except PathError as e:
-            self._pool.discard(key, sock)
+            self._pool.discard(key, conn)
             # A reused connection may have died just now (peer restart): retry at once on
             # a fresh one; a fresh connection that fails marks the path down.
             if reused:
@@ -677,7 +677,7 @@ class TransferEngine:
             self._path_failed(ch, lane, window, e.results, e.code,
                               f"path {lane.label} to {ch.name}: {e}", mark_down=not reused)
             return
-        self._pool.release(key, sock)
+        self._pool.release(key, conn)
         self._account(window, results, lane)
 
     def _account(self, window: Sequence[Slice], results: Sequence[tuple[StatusCode, str]],
@@ -732,6 +732,6 @@ def _set_done(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def _close_socket(sock: Any) -> None:
+def _close_connection(conn: Any) -> None:
     with contextlib.suppress(OSError):
-        sock.close()
+        conn.close()

@@ -13,7 +13,11 @@ initiator's registered range)::
 
 The target checks every slice against its own registered ranges and refuses one outside
 them with ``INVALID_ARGUMENT`` (draining a WRITE's payload into scratch space, never into
-its memory). A window of slices is pipelined: all requests are sent, then all replies read.
+its memory). A window of slices is pipelined: all requests are sent, then all replies read;
+every request but the window's last carries ``FLAG_MORE`` so the target may hold its
+replies (up to ``REPLY_FLUSH_BYTES``) and send them with one ``sendmsg``. Both ends read
+through a :class:`RecvBuffer`: small headers and payloads come out of one ``recv``, large
+payloads are received straight into the registered memory.
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ REP = struct.Struct("!4sBBHQQI")
 REQ_MAGIC = b"PMTQ"
 REP_MAGIC = b"PMTR"
 FLAG_CRC = 1
+FLAG_MORE = 2
+REPLY_FLUSH_BYTES = 256 * 1024
+RECV_BUFFER_BYTES = 64 * 1024
+"""Read-ahead of a connection; payloads of at least half of it bypass the buffer."""
 ST_OK, ST_INVALID, ST_CRC, ST_INTERNAL = 0, 1, 2, 3
 STATUS_CODES = {ST_OK: StatusCode.OK, ST_INVALID: StatusCode.INVALID_ARGUMENT,
                 ST_CRC: StatusCode.CHECKSUM_MISMATCH, ST_INTERNAL: StatusCode.INTERNAL}
@@ -52,6 +60,64 @@ def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
         if n == 0:
             raise ConnectionError("peer closed the connection")
         view = view[n:]
+
+
+class RecvBuffer:
+    """Buffered exact reads from a socket; large reads bypass the buffer (zero copy)."""
+
+    def __init__(self, sock: socket.socket, size: int = RECV_BUFFER_BYTES) -> None:
+        self.sock = sock
+        self._buf = bytearray(size)
+        self._mv = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+
+    def read_into(self, view: memoryview) -> None:
+        """Fill ``view``; ``ConnectionError`` when the peer closes first."""
+        n = view.nbytes
+        avail = self._end - self._start
+        if avail >= n:
+            view[:] = self._mv[self._start:self._start + n]
+            self._start += n
+            return
+        if avail:
+            view[:avail] = self._mv[self._start:self._end]
+        self._start = self._end = 0
+        rest = view[avail:]
+        if rest.nbytes >= len(self._buf) // 2:
+            recv_exact_into(self.sock, rest)
+            return
+        while self._end < rest.nbytes:
+            k = self.sock.recv_into(self._mv[self._end:])
+            if k == 0:
+                raise ConnectionError("peer closed the connection")
+            self._end += k
+        rest[:] = self._mv[:rest.nbytes]
+        self._start = rest.nbytes
+
+    def discard(self, n: int) -> None:
+        """Read and drop ``n`` bytes."""
+        scratch = memoryview(bytearray(min(n, 1 << 20)))
+        while n:
+            k = min(n, scratch.nbytes)
+            self.read_into(scratch[:k])
+            n -= k
+
+    @property
+    def empty(self) -> bool:
+        return self._start == self._end
+
+
+class TcpConnection:
+    """A pooled initiator-side connection: the socket and its receive buffer."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.reader = RecvBuffer(sock)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
 
 
 def sendmsg_all(sock: socket.socket, bufs: Sequence[memoryview | bytes]) -> None:
@@ -109,12 +175,14 @@ class TcpDataServer:
     def _serve(self, conn: socket.socket) -> None:
         hdr = bytearray(REQ.size)
         hview = memoryview(hdr)
-        scratch = bytearray(0)
+        reader = RecvBuffer(conn)
+        pending: list[memoryview | bytes] = []
+        pending_bytes = 0
         num_slices = 0
         try:
             while True:
                 try:
-                    recv_exact_into(conn, hview)
+                    reader.read_into(hview)
                 except ConnectionError:
                     return
                 magic, op, flags, _, seq, addr, length, crc = REQ.unpack_from(hdr)
@@ -132,28 +200,28 @@ class TcpDataServer:
                     msg = (f"target range [{addr:#x}, {addr + length:#x}) is outside every "
                            "registered buffer of this segment").encode()
                     if op == TransferOp.WRITE:  # drain the payload, never into our memory
-                        if len(scratch) < min(length, 1 << 20):
-                            scratch = bytearray(min(length, 1 << 20))
-                        left = length
-                        while left:
-                            n = min(left, len(scratch))
-                            recv_exact_into(conn, memoryview(scratch)[:n])
-                            left -= n
-                    conn.sendall(REP.pack(REP_MAGIC, ST_INVALID, 0, len(msg), seq, 0, 0) + msg)
-                    continue
-                view = view_at(addr, length)
-                if op == TransferOp.WRITE:
-                    recv_exact_into(conn, view)
-                    status = ST_OK
-                    if flags & FLAG_CRC and zlib.crc32(view) != crc:
-                        status = ST_CRC
-                    conn.sendall(REP.pack(REP_MAGIC, status, 0, 0, seq, 0, 0))
+                        reader.discard(length)
+                    reply = [REP.pack(REP_MAGIC, ST_INVALID, 0, len(msg), seq, 0, 0) + msg]
                 else:
-                    rcrc = zlib.crc32(view) if flags & FLAG_CRC else 0
-                    sendmsg_all(conn, [REP.pack(REP_MAGIC, ST_OK, flags, 0, seq, length, rcrc),
-                                       view])
-                if self.on_slice is not None:
-                    self.on_slice(op, length)
+                    view = view_at(addr, length)
+                    if op == TransferOp.WRITE:
+                        reader.read_into(view)
+                        status = ST_OK
+                        if flags & FLAG_CRC and zlib.crc32(view) != crc:
+                            status = ST_CRC
+                        reply = [REP.pack(REP_MAGIC, status, 0, 0, seq, 0, 0)]
+                    else:
+                        rcrc = zlib.crc32(view) if flags & FLAG_CRC else 0
+                        reply = [REP.pack(REP_MAGIC, ST_OK, flags & FLAG_CRC, 0, seq, length,
+                                          rcrc), view]
+                    if self.on_slice is not None:
+                        self.on_slice(op, length)
+                pending.extend(reply)
+                pending_bytes += sum(len(b) for b in reply)
+                if not flags & FLAG_MORE or pending_bytes >= REPLY_FLUSH_BYTES:
+                    sendmsg_all(conn, pending)
+                    pending.clear()
+                    pending_bytes = 0
         except OSError as e:
             logger.debug("tcp data server: connection ended: %r", e)
         finally:
@@ -182,28 +250,30 @@ class TcpDataServer:
 
 # ------------------------------------------------------------------------- initiator side
 def open_connection(host: str, port: int, connect_timeout_s: float,
-                    io_timeout_s: float) -> socket.socket:
-    """A connected, ``TCP_NODELAY`` socket whose every send/recv times out."""
+                    io_timeout_s: float) -> TcpConnection:
+    """A connected, ``TCP_NODELAY`` connection whose every send/recv times out."""
     sock = socket.create_connection((host, port), timeout=connect_timeout_s)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.settimeout(io_timeout_s)
-    return sock
+    return TcpConnection(sock)
 
 
-def is_stale(sock: socket.socket) -> bool:
+def is_stale(conn: TcpConnection) -> bool:
     """True when an idle pooled connection was closed by the peer (EOF or error pending).
 
     An idle connection of this protocol has nothing to read, so readability means the
     peer closed or reset it.
     """
+    if not conn.reader.empty:
+        return True
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
+        readable, _, _ = select.select([conn.sock], [], [], 0)
     except (OSError, ValueError):
         return True
     return bool(readable)
 
 
-def run_window(sock: socket.socket, slices: Sequence[Slice], checksum: bool,
+def run_window(conn: TcpConnection, slices: Sequence[Slice], checksum: bool,
                first_seq: int) -> list[tuple[StatusCode, str]]:
     """Send a window of slices and read their replies in order.
 
@@ -211,9 +281,11 @@ def run_window(sock: socket.socket, slices: Sequence[Slice], checksum: bool,
     path error). Raises :class:`PathError` when the link breaks, with how many slices
     completed before it.
     """
-    flags = FLAG_CRC if checksum else 0
+    sock, reader = conn.sock, conn.reader
+    last = len(slices) - 1
     bufs: list[memoryview | bytes] = []
     for i, s in enumerate(slices):
+        flags = (FLAG_CRC if checksum else 0) | (FLAG_MORE if i < last else 0)
         if s.op is TransferOp.WRITE:
             view = view_at(s.local_addr, s.length)
             crc = zlib.crc32(view) if checksum else 0
@@ -228,20 +300,20 @@ def run_window(sock: socket.socket, slices: Sequence[Slice], checksum: bool,
     try:
         sendmsg_all(sock, bufs)
         for i, s in enumerate(slices):
-            recv_exact_into(sock, memoryview(hdr))
+            reader.read_into(memoryview(hdr))
             magic, status, _, msg_len, seq, length, crc = REP.unpack_from(hdr)
             if magic != REP_MAGIC or seq != first_seq + i:
                 raise ConnectionError("reply out of sequence (corrupted link)")
             msg = ""
             if msg_len:
                 mbuf = bytearray(msg_len)
-                recv_exact_into(sock, memoryview(mbuf))
+                reader.read_into(memoryview(mbuf))
                 msg = mbuf.decode(errors="replace")
             if status == ST_OK and s.op is TransferOp.READ:
                 if length != s.length:
                     raise ConnectionError("reply length differs from the request")
                 view = view_at(s.local_addr, s.length)
-                recv_exact_into(sock, view)
+                reader.read_into(view)
                 if checksum and zlib.crc32(view) != crc:
                     status, msg = ST_CRC, "checksum mismatch on read"
             code = STATUS_CODES.get(status, StatusCode.INTERNAL)
