@@ -171,3 +171,17 @@ def test_bad_config(kwargs, match) -> None:  # noqa: ANN001
 def test_unknown_model_fails_before_running(make_trace) -> None:
     with pytest.raises(CostModelError, match="unknown model"):
         Simulator(make_trace([(0.0, 10, 1, ())]), SimConfig(model="nope"))
+
+
+@pytest.mark.timeout(60)
+def test_request_larger_than_decode_kv_capacity_still_finishes(make_trace, tmp_path) -> None:
+    # No GQA: 2·80·64·128·2 B = 2.62 MB/token -> ~166k tokens of KV per A800 node; a 200k-token
+    # prompt never fits beside others, so it must run alone rather than wait forever.
+    cfg_json = tmp_path / "config.json"
+    cfg_json.write_text('{"num_hidden_layers": 80, "hidden_size": 8192, '
+                        '"num_attention_heads": 64, "num_key_value_heads": 64, '
+                        '"intermediate_size": 28672, "vocab_size": 32000}')
+    cfg = SimConfig(scenario="pd", model=str(cfg_json), num_prefill=1, num_decode=1)
+    assert build_cost_model(cfg).kv_capacity_tokens < 200_000
+    res = simulate(make_trace([(0.0, 200_000, 3, ()), (1.0, 1000, 5, ())]), cfg)
+    assert all(not math.isnan(r.finish_s) for r in res.requests)

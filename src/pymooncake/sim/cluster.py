@@ -184,6 +184,13 @@ class DecodeNode:
             self._advance(self.heap[0][0] - self.step, done)
 
     def can_admit(self, r: SimRequest) -> bool:
+        """Room in the batch and in HBM for the request's whole KV (prompt + output).
+
+        An idle node always admits, so a request larger than the node's KV capacity runs
+        alone instead of waiting forever.
+        """
+        if self.B == 0:
+            return True
         return (self.max_batch_size > self.B
                 and self.kv_reserved + r.input_length + r.output_length
                 <= self.kv_capacity_tokens)

@@ -18,6 +18,7 @@ from pymooncake.sim.config import SimConfig
 from pymooncake.sim.cost_model import GPU_PRESETS, MODEL_PRESETS, CostModel, calibration_table
 from pymooncake.sim.report import summarize
 from pymooncake.sim.runner import simulate
+from pymooncake.sim.sweep import sweep
 from pymooncake.workload.stats import trace_stats
 from pymooncake.workload.trace import Trace, load_trace
 
@@ -82,14 +83,30 @@ FIG5_RUNS = (("random", "pd-local"), ("load", "pd-local"), ("local-cache", "pd-l
 def figure5(trace: Trace) -> dict[str, Any]:
     out = {}
     for sched, scen in FIG5_RUNS:
-        res = simulate(trace, SimConfig(scenario=scen, scheduler=sched, num_prefill=8,
-                                        num_decode=8, sample_interval_s=0))
+        res = simulate(trace, SimConfig(
+            scenario=scen, scheduler=sched, num_prefill=8, num_decode=8,
+            sample_interval_s=300.0 if sched == "global-cache" else 0.0))
         ttfts = [r.first_token_s - r.arrival_s for r in res.requests if not r.rejected]
         s = summarize(res)
         out[sched] = {"scenario": scen, "ttft_mean_s": s["ttft_mean_s"],
                       "ttft_p50_s": percentile(ttfts, 50), "ttft_q1_s": percentile(ttfts, 25),
-                      "ttft_q3_s": percentile(ttfts, 75), "token_hit_ratio": s["token_hit_ratio"]}
+                      "ttft_q3_s": percentile(ttfts, 75), "token_hit_ratio": s["token_hit_ratio"],
+                      "hot_key_replicas": s["hot_key_replicas"]}
     return out
+
+
+FIG15_PAPER = {5: (77.7, 5.74, 31.5), 6: (97.2, 1.71, 31.8), 7: (99.1, 1.30, 32.9),
+               8: (99.0, 1.19, 35.0), 9: (99.2, 1.12, 38.3), 10: (98.4, 1.11, 44.2),
+               11: (86.1, 1.14, 58.3)}
+
+
+def figure15(trace: Trace) -> dict[str, Any]:
+    """P/D split of 16 nodes on the synthetic trace, TTFT <= 10 s, TBT <= 100 ms (§5.5)."""
+    pts = sweep(trace, SimConfig(num_prefill=8, num_decode=8, ttft_slo_s=10.0, tbt_slo_s=0.1,
+                                 sample_interval_s=0), "pd-ratio", list(FIG15_PAPER))
+    return {int(p.value): {"effective_request_capacity": p.summary["slo_attainment"],
+                           "ttft_mean_s": p.summary["ttft_mean_s"],
+                           "tbt_mean_s": p.summary["tbt_mean_s"]} for p in pts}
 
 
 FIG1_SYSTEMS = (
@@ -245,6 +262,44 @@ def render(results: dict[str, Any], elapsed_s: float, traces_dir: str) -> str:
       "paper's cluster was evidently more loaded than 8 prefill nodes at the recorded rate "
       "(its P/D split, the testbed's 256-token store blocks and scheduling overheads are not "
       "stated or modelled); `pymooncake sim sweep --over rate` shows how TTFT grows with load.\n")
+    # figure 11
+    a("## Figure 11: replica count of hot keys (conversation, 8P8D global cache-aware run)\n")
+    a("Keys ranked by accesses so far at each 300 s sample; a replica is a copy in a prefill "
+      "node's cache (at most 8). Fetched blocks are kept by `policy.blocks_to_replicate` "
+      "(every fetched block, the default).\n")
+    a("| t (s) | rank 1 | rank 10 | rank 100 | rank 1000 |")
+    a("|---:|---:|---:|---:|---:|")
+    for row in results["figure5"]["global-cache"]["hot_key_replicas"]:
+        a(f"| {row['t_s']:.0f} | " + " | ".join(str(row.get(f"rank_{k}", "–"))
+                                             for k in (1, 10, 100, 1000)) + " |")
+    a("\nPaper (qualitative): rank 10 climbs to 8 replicas and holds from ~1110 s, rank 100 "
+      "climbs to 7, rank 1000 peaks at 6 then falls back to 0–4. Ours: the hottest key (the "
+      "conversation system-prompt block, part of every request) is on all 8 prefill nodes "
+      "from the start, but rank 10 stays at 3–5 and rank 100 at 1–4. Algorithm 1 fetches "
+      "blocks only when the node it picks lacks them, and cache-aware routing usually sends "
+      "a prefix's requests to a node that holds it, so copies appear only when load pushes "
+      "requests elsewhere; the paper's hot-spot migration is evidently more proactive. We "
+      "have no proactive push of hot blocks (`HotBlockConfig` only filters and caps the "
+      "copies made by fetches).\n")
+    # figure 15
+    a("## Figure 15: P/D split of 16 nodes (synthetic, TTFT ≤ 10 s, TBT ≤ 100 ms)\n")
+    a("`pymooncake sim sweep TRACE --over pd-ratio --values 5 6 7 8 9 10 11 --prefill 8 "
+      "--decode 8 --ttft-slo-s 10`.\n")
+    a("| split | capacity ours (%) | paper | mean TTFT ours (s) | paper | mean TBT ours (ms) "
+      "| paper |")
+    a("|---|---:|---:|---:|---:|---:|---:|")
+    for p_nodes, d in results["figure15"].items():
+        pp = FIG15_PAPER[p_nodes]
+        a(f"| {p_nodes}P{16 - p_nodes}D | {100 * d['effective_request_capacity']:.1f} | "
+          f"{pp[0]:.1f} | {d['ttft_mean_s']:.2f} | {pp[1]:.2f} | "
+          f"{1000 * d['tbt_mean_s']:.1f} | {pp[2]:.1f} |")
+    a("\nReproduced: too few prefill nodes (5P) miss the TTFT objective and capacity rises to "
+      "a plateau from 7P on, with TTFT falling as in the paper. Not reproduced: the drop at "
+      "11P5D. Our decode step is memory-bound with the weights read once per step, so the "
+      "~4 requests per decode node that this trace's rate gives at 5 decode nodes barely "
+      "lengthen it (TBT 31→34 ms); the paper's TBT grows to 58 ms, i.e. its decode nodes "
+      "carried more load or costs we do not model (KV arrival into paged memory, attention "
+      "kernels at 15k-token contexts, batch scheduling).\n")
     # figure 1
     a("## Figure 1: effective request capacity vs TBT threshold (conversation, 16 nodes)\n")
     a("Share of requests with TTFT ≤ 30 s and TBT ≤ threshold. Mooncake = 8P8D, global pool; "
@@ -282,6 +337,8 @@ def reproduce(traces_dir: str | Path, progress: Callable[[str], None] | None = N
     results["figure10"] = figure10(traces)
     say("figure 5")
     results["figure5"] = figure5(traces["conversation"])
+    say("figure 15")
+    results["figure15"] = figure15(traces["synthetic"])
     say("figure 1")
     results["figure1"] = figure1(traces["conversation"])
     shown = os.path.relpath(d) if not os.path.relpath(d).startswith("../../") else str(d)
