@@ -25,7 +25,7 @@ class FakeExternalTier(NullHooks):
         self.num_layers = k.num_layers
         self.blocks = {
             b.block_key: torch.frombuffer(bytearray(b.data), dtype=torch.uint8).view(k.dtype)
-            .view(k.num_layers, 2, 1, k.block_size, k.num_kv_heads, k.head_dim)
+            .view(k.num_layers, 2, 1, k.num_kv_heads, k.block_size, k.head_dim)
             for b in blocks}
         self.delay_layer, self.delay_s, self.fail_layer = delay_layer, delay_s, fail_layer
         self.transfer_done_s: dict[int, float] = {}

@@ -1,9 +1,236 @@
-"""``pymooncake`` sub-commands of the engine component (filled in by its issue)."""
+"""``pymooncake generate`` (offline generation) and ``pymooncake bench engine``."""
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from pymooncake.cli.common import add_json_flag, emit
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this component's sub-commands to the ``pymooncake`` parser."""
+    """Add ``pymooncake generate``."""
+    gen = subparsers.add_parser(
+        "generate", help="generate tokens offline with the engine (tiny model or a HF dir)",
+        description="Offline generation through the paged-KV engine. --model tiny is the "
+                    "embedded seeded model (byte-level tokenizer); --model DIR loads a Hugging "
+                    "Face directory (config.json + safetensors + tokenizer) offline.")
+    gen.add_argument("--model", default="tiny", help="'tiny' or a model directory")
+    src = gen.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (tokenized by the model's tokenizer)")
+    src.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
+    gen.add_argument("--chat", action="store_true",
+                     help="wrap --prompt as one user message in the chat template")
+    gen.add_argument("--max-tokens", type=int, default=32, help="tokens to generate at most")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0, help="0 = off")
+    gen.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+    gen.add_argument("--seed", type=int, default=None, help="sampling seed")
+    gen.add_argument("--dtype", default="float32",
+                     choices=["float32", "bfloat16", "float16", "float64"])
+    add_json_flag(gen)
+    gen.set_defaults(handler=_cmd_generate)
+
+
+def _parse_ids(text: str) -> list[int]:
+    from pymooncake.cli.main import UsageError
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise UsageError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise UsageError("--prompt-ids is empty")
+    return ids
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from pymooncake.cli.main import CommandError, UsageError
+    if args.max_tokens < 1:
+        raise UsageError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    from pymooncake.engine import Engine, EngineConfig, SamplingParams
+    from pymooncake.engine.model.loader import ModelLoadError
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        engine = Engine.from_model_name(args.model, EngineConfig(dtype=args.dtype))
+    except ModelLoadError as e:
+        raise CommandError(str(e)) from None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    tok = engine.tokenizer
+    if ids is None:
+        if tok is None:
+            raise CommandError(f"{args.model} has no tokenizer; use --prompt-ids")
+        try:
+            ids = (tok.apply_chat_template([{"role": "user", "content": args.prompt}])
+                   if args.chat else tok.encode(args.prompt))
+        except ValueError as e:
+            raise CommandError(str(e)) from None
+    try:
+        (out,) = engine.generate([ids], params)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    payload = {"token_ids": list(out.output_token_ids), "text": out.text,
+               "prompt_token_ids": list(ids), "finish_reason": out.finish_reason.value}
+    emit(payload, args.json, lambda p: p["text"] if p["text"] is not None
+         else " ".join(map(str, p["token_ids"])))
+    return 0
+
+
+# -- bench --------------------------------------------------------------------------------
+
+def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
+    """Add ``pymooncake bench engine``."""
+    b = bench_subparsers.add_parser(
+        "engine", help="engine prefill/decode throughput, TTFT, TBT vs transformers.generate",
+        description="Runs a batch of random prompts through the engine and, in the same run, "
+                    "through transformers' generate on the same weights; also the prefill "
+                    "time of a request whose prefix is 75%% cached over the same request "
+                    "uncached. Figures are medians over --repeats.")
+    b.add_argument("--model", default="tiny", help="'tiny' (default) or a model directory")
+    b.add_argument("--batch", type=int, default=16, help="requests in the batch")
+    b.add_argument("--input-len", type=int, default=256, help="prompt tokens per request")
+    b.add_argument("--output-len", type=int, default=64, help="generated tokens per request")
+    b.add_argument("--cached-input-len", type=int, default=1024,
+                   help="prompt tokens of the 75%%-cached prefill measurement")
+    b.add_argument("--repeats", type=int, default=5,
+                   help="repetitions; medians (and the median per-repeat ratio) reported")
+    b.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads for both engines (default 1)")
+    b.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    add_json_flag(b)
+    b.set_defaults(handler=_cmd_bench)
+
+
+def _prompts(n: int, length: int, seed: int, vocab: int) -> list[list[int]]:
+    import random
+    rng = random.Random(seed)
+    return [[rng.randrange(min(vocab, 256)) for _ in range(length)] for _ in range(n)]
+
+
+def _engine_batch(engine, prompts, output_len) -> dict[str, float]:
+    from pymooncake.engine import SamplingParams
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True)
+    t0 = time.perf_counter()
+    rids = [engine.add_request(p, params) for p in prompts]
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    while engine.has_unfinished():
+        engine.step()
+        now = time.perf_counter()
+        for rid in rids:
+            req = engine.requests.get(rid)
+            n = len(req.output_token_ids) if req is not None else output_len
+            if n >= 1 and rid not in first:
+                first[rid] = now
+            if n >= output_len and rid not in last:
+                last[rid] = now
+    t_prefill = max(first.values()) - t0
+    t_end = max(last.values()) - t0
+    decode_s = t_end - t_prefill
+    n_decode = len(prompts) * (output_len - 1)
+    return {"prefill_s": t_prefill, "decode_s": decode_s,
+            "ttft_s": statistics.median(v - t0 for v in first.values()),
+            "tbt_s": decode_s / max(1, output_len - 1),
+            "prefill_tokens_per_s": sum(map(len, prompts)) / t_prefill,
+            "decode_tokens_per_s": n_decode / decode_s if decode_s > 0 else float("nan")}
+
+
+def _hf_batch(hf_model, prompts, output_len) -> dict[str, float]:
+    import torch
+    ids = torch.tensor(prompts)
+    mask = torch.ones_like(ids)
+    kw = dict(do_sample=False, attention_mask=mask, pad_token_id=0)
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        hf_model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+        t_prefill = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        hf_model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, **kw)
+        t_total = time.perf_counter() - t0
+    decode_s = max(1e-9, t_total - t_prefill)
+    return {"hf_prefill_tokens_per_s": ids.numel() / t_prefill,
+            "hf_decode_tokens_per_s": len(prompts) * (output_len - 1) / decode_s,
+            "hf_ttft_s": t_prefill, "hf_tbt_s": decode_s / max(1, output_len - 1)}
+
+
+def _prefill_time(engine, prompt) -> float:
+    from pymooncake.engine import SamplingParams
+    t0 = time.perf_counter()
+    engine.generate([prompt], SamplingParams(max_tokens=1, ignore_eos=True))
+    return time.perf_counter() - t0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pymooncake.cli.main import UsageError
+    for name in ("batch", "input_len", "output_len", "repeats", "cached_input_len"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.output_len < 2:
+        raise UsageError("--output-len must be >= 2 to measure decode")
+    import torch
+
+    from pymooncake.engine import Engine, EngineConfig
+    budget = max(2048, args.batch * args.input_len)
+    total_len = max(args.input_len + args.output_len, args.cached_input_len + 1)
+    cfg = EngineConfig(max_num_batched_tokens=budget, prefill_chunk_tokens=budget,
+                       max_num_seqs=max(64, args.batch), max_model_len=max(8192, total_len),
+                       num_kv_blocks=max(1024, 2 * args.batch * (-(-total_len // 16)) + 256),
+                       num_threads=args.threads)
+    engine = Engine.from_model_name(args.model, cfg)
+    vocab = engine.model.config.vocab_size
+    hf_model = None
+    if not args.no_hf:
+        import transformers
+
+        from pymooncake.engine.model.export import save_hf_dir
+        tmp = tempfile.TemporaryDirectory()
+        save_hf_dir(engine.model, tmp.name)
+        hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+            tmp.name, dtype=torch.float32).eval()
+    rows: list[dict[str, float]] = []
+    for r in range(args.repeats):
+        prompts = _prompts(args.batch, args.input_len, 1000 + r, vocab)
+        row = _engine_batch(engine, prompts, args.output_len)
+        if hf_model is not None:  # side by side, so each repeat's ratio sees the same load
+            row |= _hf_batch(hf_model, prompts, args.output_len)
+            row["decode_speedup_vs_hf"] = (row["decode_tokens_per_s"]
+                                           / row["hf_decode_tokens_per_s"])
+        # 75%-cached prefill: cache the first 3/4 (whole blocks) of a prompt, then time it
+        bs = cfg.block_size
+        (p,) = _prompts(1, args.cached_input_len, 5000 + r, vocab)
+        (q,) = _prompts(1, args.cached_input_len, 6000 + r, vocab)
+        n_prefix = (3 * args.cached_input_len // 4) // bs * bs
+        uncached = _prefill_time(engine, q)
+        _prefill_time(engine, p[:n_prefix] + [0])
+        cached = _prefill_time(engine, p)
+        row |= {"uncached_prefill_s": uncached, "cached_prefill_s": cached,
+                "cached_prefill_time_ratio": cached / uncached}
+        rows.append(row)
+        engine.pool.reset_prefix_cache()
+    med: dict[str, Any] = {k: statistics.median(x[k] for x in rows) for k in rows[0]}
+    med |= {"model": args.model, "batch": args.batch, "input_len": args.input_len,
+            "output_len": args.output_len, "cached_input_len": args.cached_input_len,
+            "cached_fraction": n_prefix / args.cached_input_len, "repeats": args.repeats,
+            "torch_threads": torch.get_num_threads()}
+    emit(med, args.json, _human_bench)
+    return 0
+
+
+def _human_bench(m: dict[str, Any]) -> str:
+    lines = [f"engine bench: model={m['model']} batch={m['batch']} input={m['input_len']} "
+             f"output={m['output_len']} (median of {m['repeats']})",
+             f"  prefill {m['prefill_tokens_per_s']:.0f} tok/s   decode "
+             f"{m['decode_tokens_per_s']:.0f} tok/s   TTFT {m['ttft_s'] * 1e3:.1f} ms   "
+             f"TBT {m['tbt_s'] * 1e3:.2f} ms"]
+    if "hf_decode_tokens_per_s" in m:
+        lines.append(f"  transformers: prefill {m['hf_prefill_tokens_per_s']:.0f} tok/s   "
+                     f"decode {m['hf_decode_tokens_per_s']:.0f} tok/s   "
+                     f"engine/hf decode = {m['decode_speedup_vs_hf']:.2f}x")
+    lines.append(f"  prefill of a {m['cached_fraction']:.0%}-cached {m['cached_input_len']}-token "
+                 f"request: {m['cached_prefill_time_ratio']:.2f}x the uncached time")
+    return "\n".join(lines)

@@ -31,8 +31,10 @@ class EngineConfig:
     """``prefill`` (stops after the first token), ``decode`` or ``colocated``."""
     dtype: str = "float32"
     """Weights, activations and KV dtype. ``float64`` is the bit-reproducible mode."""
-    num_threads: int = 2
-    """torch intra-op threads (0 leaves torch's default)."""
+    num_threads: int = 1
+    """torch intra-op threads (0 leaves torch's default). 1 by default: on the project's
+    2 shared cores, a second OpenMP thread that is descheduled makes every op wait for it
+    (measured ~7x slower decode steps under load from other processes)."""
     kv_load_failure: str = "recompute"
     """A failed external/layer-wise KV load: ``recompute`` the request, or ``fail`` it."""
 

@@ -19,7 +19,8 @@ from pymooncake.engine.config import EngineConfig
 from pymooncake.engine.hooks import KVLoadError, KVLoadSource, LayerHooks
 from pymooncake.engine.kv.block_pool import BlockPool
 from pymooncake.engine.kv.kv_cache_manager import KVCacheManager
-from pymooncake.engine.kv.kv_tensors import KVTensors, torch_dtype
+from pymooncake.engine.kv.kv_tensors import KV_LAYOUT, KVTensors, torch_dtype
+from pymooncake.engine.model.layers import use_input_major_weights
 from pymooncake.engine.model.llama import LlamaForCausalLM
 from pymooncake.engine.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from pymooncake.engine.request import FinishReason, Request, RequestId, RequestOutput
@@ -61,7 +62,8 @@ def make_namespace(model_id: str, weight_revision: str, tokenizer_fingerprint: s
     block size, TP rank/size (DESIGN.md §3)."""
     mc = model.config
     layout = kv_layout_descriptor(mc.num_layers, mc.num_kv_heads // tp_size, mc.head_dim,
-                                  config.dtype if config.dtype != "float64" else "float32")
+                                  config.dtype if config.dtype != "float64" else "float32",
+                                  layout=KV_LAYOUT)
     if config.dtype == "float64":
         layout += ";fp64"
     return CacheNamespace(model_id=model_id, weight_revision=weight_revision,
@@ -95,6 +97,7 @@ class Engine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.config = config
+        use_input_major_weights(model)
         self.model = model
         self.namespace = namespace
         self.tokenizer = tokenizer

@@ -13,8 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NewType
 
+import blake3
+
 from pymooncake.engine.sampling import SamplingParams
-from pymooncake.identity import BlockKey, CacheNamespace, block_keys
+from pymooncake.identity import BlockKey, CacheNamespace, block_keys, encode_block_tokens
 
 RequestId = NewType("RequestId", str)
 
@@ -86,11 +88,26 @@ class Request:
 
     @property
     def block_keys(self) -> list[BlockKey]:
-        """Chained keys of every full block of ``all_token_ids`` (computed on demand)."""
-        n_full = self.num_tokens // self.namespace.block_size
-        if len(self._block_keys) < n_full:
-            kw = {} if self.hash_fn is None else {"hash_fn": self.hash_fn}
-            self._block_keys = block_keys(self.all_token_ids, self.namespace, **kw)
+        """Chained keys of every full block of ``all_token_ids`` (computed on demand).
+
+        The first call computes them with ``identity.block_keys``; later full blocks extend
+        the chain with ``key_i = BLAKE3-256(key_{i-1} ‖ tokens(block_i))``, the identity
+        definition, without rehashing the prefix (tests check both agree).
+        """
+        bs = self.namespace.block_size
+        n_full = self.num_tokens // bs
+        have = len(self._block_keys)
+        if have < n_full:
+            if self.hash_fn is not None or have == 0:
+                kw = {} if self.hash_fn is None else {"hash_fn": self.hash_fn}
+                self._block_keys = block_keys(self.all_token_ids, self.namespace, **kw)
+            else:
+                prev = bytes.fromhex(self._block_keys[-1])
+                tokens = self.all_token_ids
+                for i in range(have, n_full):
+                    row = encode_block_tokens(tokens[i * bs:(i + 1) * bs]).tobytes()
+                    prev = blake3.blake3(prev + row).digest()
+                    self._block_keys.append(BlockKey(prev.hex()))
         return self._block_keys[:n_full]
 
     def block_token_ids(self, index: int) -> list[int]:

@@ -31,18 +31,14 @@ class ModelRunner:
         """``time.monotonic()`` at which each layer of the last step started computing
         (after its ``before_layer`` hooks returned): BUG-39's event timestamps."""
 
-    def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
-        pos = torch.arange(start, end, dtype=torch.int64)
-        table = torch.as_tensor(block_ids, dtype=torch.int64)
-        return table[pos // self.block_size] * self.block_size + pos % self.block_size
-
     def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor,
                                                      AttentionMetadata, list[int], StepContext]:
         """Inputs of one step. Returns (input_ids [T], positions [T], metadata, indices of
         the sampling rows in scheduled order, hook context)."""
+        bs = self.block_size
         ids: list[int] = []
-        positions: list[torch.Tensor] = []
-        slots: list[torch.Tensor] = []
+        positions: list[int] = []
+        slot_blocks: list[int] = []
         prefills: list[PrefillSeq] = []
         decode_rows: list[int] = []
         decode_tables: list[list[int]] = []
@@ -55,9 +51,13 @@ class ModelRunner:
             start = req.num_computed_tokens
             block_ids = self.kv_manager.get_block_ids(req)
             seqs.append(ScheduledSeq(req.request_id, tuple(block_ids), start, n))
-            ids.extend(req.all_token_ids[start:start + n])
-            positions.append(torch.arange(start, start + n, dtype=torch.int64))
-            slots.append(self._slots(block_ids, start, start + n))
+            if start < req.num_prompt_tokens:
+                ids.extend(req.all_token_ids[start:start + n])
+            else:
+                ids.extend(req.output_token_ids[start - req.num_prompt_tokens:
+                                                start - req.num_prompt_tokens + n])
+            positions.extend(range(start, start + n))
+            slot_blocks.extend(block_ids[p // bs] for p in range(start, start + n))
             if n == 1 and start > 0:
                 decode_rows.append(t)
                 decode_tables.append(block_ids)
@@ -68,27 +68,29 @@ class ModelRunner:
                 ctx = start + n
                 mask = (torch.arange(ctx)[None, :]
                         <= torch.arange(start, ctx)[:, None])
-                prefills.append(PrefillSeq(t, n, ctx, self._slots(block_ids, 0, ctx), mask))
+                ctx_blocks = torch.as_tensor(block_ids[:-(-ctx // bs)], dtype=torch.int64)
+                prefills.append(PrefillSeq(t, n, ctx, ctx_blocks, mask))
             t += n
             if s.samples:
                 sample_rows.append(t - 1)
-        meta = AttentionMetadata(torch.cat(slots), prefills, None, None, None)
+        pos_t = torch.as_tensor(positions, dtype=torch.int64)
+        meta = AttentionMetadata(torch.as_tensor(slot_blocks, dtype=torch.int64),
+                                 torch.as_tensor([p % bs for p in positions], dtype=torch.int64),
+                                 prefills)
         if decode_rows:
-            max_ctx = max(decode_ctx)
-            max_blocks = -(-max_ctx // self.block_size)
-            table = torch.zeros(len(decode_rows), max_blocks, dtype=torch.int64)
-            for r, bids in enumerate(decode_tables):
-                nb = min(len(bids), max_blocks)
-                table[r, :nb] = torch.as_tensor(bids[:nb], dtype=torch.int64)
-            pos = torch.arange(max_ctx, dtype=torch.int64)
-            meta.decode_slots = (table[:, pos // self.block_size] * self.block_size
-                                 + pos % self.block_size)
+            max_blocks = -(-max(decode_ctx) // bs)
+            table = [bids[:max_blocks] + [0] * (max_blocks - len(bids[:max_blocks]))
+                     for bids in decode_tables]
+            meta.decode_block_table = torch.as_tensor(table, dtype=torch.int64).view(-1)
+            pos = torch.arange(max_blocks * bs, dtype=torch.int64)
             ctx_t = torch.as_tensor(decode_ctx, dtype=torch.int64)
-            meta.decode_mask = (pos[None, :] < ctx_t[:, None])[:, None, None, :]
+            dtype = self.kv.dtype
+            meta.decode_bias = torch.zeros(len(decode_rows), 1, 1, max_blocks * bs,
+                                           dtype=dtype).masked_fill_(
+                (pos[None, :] >= ctx_t[:, None])[:, None, None, :], float("-inf"))
             meta.decode_index = torch.as_tensor(decode_rows, dtype=torch.int64)
         ctx = StepContext(self.step_id, tuple(seqs), tuple(out.loads))
-        return (torch.as_tensor(ids, dtype=torch.int64), torch.cat(positions), meta,
-                sample_rows, ctx)
+        return torch.as_tensor(ids, dtype=torch.int64), pos_t, meta, sample_rows, ctx
 
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
         """Run one step; returns float32 (float64 in fp64 mode) logits ``[num_sampling, vocab]``
@@ -112,7 +114,7 @@ class ModelRunner:
                 h.after_layer(i, ctx, self.kv)
 
         try:
-            hidden = self.model(input_ids, positions, meta, self.kv.k_caches, self.kv.v_caches,
+            hidden = self.model(input_ids, positions, meta, self.kv.layer_caches,
                                 before if self.hooks else _record(self.layer_compute_start_s),
                                 after if self.hooks else None)
         finally:

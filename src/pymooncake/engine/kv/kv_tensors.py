@@ -1,7 +1,9 @@
 """Per-layer K/V tensors of the paged cache, and block ↔ (buffer, offset, length) for transfer.
 
-One contiguous buffer ``[num_layers, 2, num_blocks, block_size, kv_heads, head_dim]`` (the
-``paged_lkhd`` layout named in the namespace's layout descriptor). Export/import move whole
+One contiguous buffer ``[num_layers, 2, num_blocks, kv_heads, block_size, head_dim]`` (the
+``KV_LAYOUT`` named in the namespace's layout descriptor): each block of one layer's K or V
+is one contiguous ``[kv_heads, block_size, head_dim]`` region, and gathering a sequence's
+blocks for attention moves whole ``block_size * head_dim`` runs. Export/import move whole
 blocks of one layer (or all layers) as contiguous host tensors: what the Store and the
 Transfer Engine carry.
 """
@@ -11,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+KV_LAYOUT = "paged_l2nhbd"
+"""Layout name: layer, K/V, block, kv head, token in block, head dim (outer to inner)."""
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "float64": torch.float64}
@@ -27,10 +32,10 @@ class KVTensors:
                  head_dim: int, dtype: torch.dtype) -> None:
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
-        self.buffer = torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim,
+        self.buffer = torch.zeros(num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim,
                                   dtype=dtype)
-        self.k_caches = [self.buffer[i, 0] for i in range(num_layers)]
-        self.v_caches = [self.buffer[i, 1] for i in range(num_layers)]
+        self.layer_caches = [self.buffer[i] for i in range(num_layers)]
+        """Per layer ``[2, num_blocks, kv_heads, block_size, head_dim]`` views (K, V)."""
 
     @property
     def block_nbytes_per_layer(self) -> int:
@@ -50,7 +55,7 @@ class KVTensors:
         return offset, half
 
     def export_layer(self, layer: int, block_ids: Sequence[int]) -> torch.Tensor:
-        """``[2, n, block_size, kv_heads, head_dim]`` contiguous copy of blocks in a layer."""
+        """``[2, n, kv_heads, block_size, head_dim]`` contiguous copy of blocks in a layer."""
         idx = torch.as_tensor(list(block_ids), dtype=torch.int64)
         return self.buffer[layer].index_select(1, idx).contiguous()
 
@@ -59,7 +64,7 @@ class KVTensors:
 
         Raises ``ValueError`` on a shape or dtype mismatch.
         """
-        expect = (2, len(block_ids), self.block_size, self.num_kv_heads, self.head_dim)
+        expect = (2, len(block_ids), self.num_kv_heads, self.block_size, self.head_dim)
         if tuple(data.shape) != expect or data.dtype != self.dtype:
             raise ValueError(f"layer {layer} import: got {tuple(data.shape)} {data.dtype}, "
                              f"expected {expect} {self.dtype}")
@@ -67,12 +72,12 @@ class KVTensors:
         self.buffer[layer].index_copy_(1, idx, data)
 
     def export_blocks(self, block_ids: Sequence[int]) -> torch.Tensor:
-        """``[num_layers, 2, n, block_size, kv_heads, head_dim]`` contiguous host copy."""
+        """``[num_layers, 2, n, kv_heads, block_size, head_dim]`` contiguous host copy."""
         idx = torch.as_tensor(list(block_ids), dtype=torch.int64)
         return self.buffer.index_select(2, idx).contiguous()
 
     def export_block_bytes(self, block_id: int) -> bytes:
-        """One block, all layers, as ``block_nbytes`` raw bytes (layer, K/V, token order)."""
+        """One block, all layers, as ``block_nbytes`` raw bytes (layer, K/V, head, token)."""
         return self.export_blocks([block_id]).view(torch.uint8).numpy().tobytes()
 
     def import_block_bytes(self, block_id: int, data: bytes) -> None:
@@ -80,7 +85,7 @@ class KVTensors:
         if len(data) != self.block_nbytes:
             raise ValueError(f"block import: got {len(data)} bytes, expected {self.block_nbytes}")
         raw = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(self.dtype)
-        t = raw.view(self.num_layers, 2, 1, self.block_size, self.num_kv_heads, self.head_dim)
+        t = raw.view(self.num_layers, 2, 1, self.num_kv_heads, self.block_size, self.head_dim)
         self.buffer[:, :, block_id:block_id + 1].copy_(t)
 
     def block_checksum(self, block_id: int) -> str:

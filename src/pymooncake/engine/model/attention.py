@@ -1,10 +1,11 @@
-"""Paged attention over the block-table KV cache (vLLM PagedAttention's layout, in PyTorch).
+"""Paged attention over the block-table KV cache (vLLM PagedAttention's idea, in PyTorch).
 
-All tokens of a step are flattened into one ``[T, ...]`` batch. Each layer first writes the
-step's new K/V into the paged cache at ``slot_mapping`` (slot = block_id * block_size +
-offset), then every sequence attends over its context read back through its block table.
-Decode tokens (one query each) are batched into one padded SDPA call; prefill chunks run one
-SDPA call each (causal; with a mask when a cached or earlier-chunk prefix precedes them).
+Per layer the cache is ``[2, num_blocks, kv_heads, block_size, head_dim]`` (K, V). All
+tokens of a step are flattened into one ``[T, ...]`` batch. Each layer first writes the
+step's new K/V at their slots (slot = block_id * block_size + offset), then every sequence
+attends over its context gathered through its block table, whole blocks at a time. Decode
+tokens (one query each) are batched into one padded computation; prefill chunks run one SDPA
+call each (causal; with a mask when a cached or earlier-chunk prefix precedes them).
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ class PrefillSeq:
     """One prefill chunk in the flattened step batch.
 
     ``q_start``/``q_len`` index the step's token axis; ``ctx_len`` is the number of tokens
-    attended (prefix already in the cache + this chunk). ``ctx_slots`` (``[ctx_len]`` int64)
-    is ``None`` when the chunk is the whole context (no prefix): then K/V are used directly.
-    ``mask`` is ``[q_len, ctx_len]`` bool (True = attend) when ``ctx_slots`` is set.
+    attended (prefix already in the cache + this chunk). ``ctx_blocks`` (``[num_blocks]``
+    int64 block ids covering ``ctx_len``) is ``None`` when the chunk is the whole context
+    (no prefix): then K/V are used directly. ``mask`` is ``[q_len, ctx_len]`` bool (True =
+    attend) when ``ctx_blocks`` is set.
     """
 
     q_start: int
     q_len: int
     ctx_len: int
-    ctx_slots: torch.Tensor | None
+    ctx_blocks: torch.Tensor | None
     mask: torch.Tensor | None
 
 
@@ -36,62 +38,86 @@ class PrefillSeq:
 class AttentionMetadata:
     """Everything attention needs for one step; built once by the runner, shared by layers.
 
-    ``slot_mapping``: ``[T]`` int64 cache slots for the step's new tokens.
+    ``slot_blocks``/``slot_offsets``: ``[T]`` int64 block id and offset of each new token.
     ``decode_index``: ``[Bd]`` int64 token indices of decode tokens (one per sequence).
-    ``decode_slots``: ``[Bd, max_ctx]`` int64 context slots, padded with slot 0.
-    ``decode_mask``: ``[Bd, 1, 1, max_ctx]`` bool, False on padding.
+    ``decode_block_table``: ``[Bd * max_blocks]`` int64 block ids, row-major, padded with 0.
+    ``decode_bias``: ``[Bd, 1, 1, max_blocks * block_size]`` float, 0 or -inf on padding.
     """
 
-    slot_mapping: torch.Tensor
+    slot_blocks: torch.Tensor
+    slot_offsets: torch.Tensor
     prefills: list[PrefillSeq]
-    decode_index: torch.Tensor | None
-    decode_slots: torch.Tensor | None
-    decode_mask: torch.Tensor | None
+    decode_index: torch.Tensor | None = None
+    decode_block_table: torch.Tensor | None = None
+    decode_bias: torch.Tensor | None = None
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Store new ``k, v`` ``[T, kv_heads, head_dim]`` into caches ``[num_blocks, block_size,
-    kv_heads, head_dim]`` at ``slot_mapping``."""
-    kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             meta: AttentionMetadata) -> None:
+    """Store new ``k, v`` ``[T, kv_heads, head_dim]`` at the step's slots of a layer's
+    ``[2, num_blocks, kv_heads, block_size, head_dim]`` cache."""
+    kv_cache[0, meta.slot_blocks, :, meta.slot_offsets] = k
+    kv_cache[1, meta.slot_blocks, :, meta.slot_offsets] = v
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, meta: AttentionMetadata,
+def gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor,
+                  num_seqs: int) -> torch.Tensor:
+    """``[2, num_seqs, kv_heads, num_blocks_per_seq * block_size, head_dim]`` (K and V) from
+    a layer cache ``[2, num_blocks, kv_heads, block_size, head_dim]`` and row-major
+    ``block_ids`` (one gather for K and V together)."""
+    g = kv_cache.index_select(1, block_ids)
+    nb = block_ids.shape[0] // num_seqs
+    _, _, h, bs, d = g.shape
+    return g.view(2, num_seqs, nb, h, bs, d).transpose(2, 3).reshape(2, num_seqs, h, nb * bs, d)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    kv_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float) -> torch.Tensor:
     """Attention output ``[T, heads, head_dim]`` for queries ``q`` ``[T, heads, head_dim]``.
 
-    ``k, v`` are this step's new keys/values (already written to the cache by
-    ``write_kv``); prefix K/V are read from ``k_cache``/``v_cache`` through the slots.
+    ``k, v`` are this step's new keys/values (already written by ``write_kv``); prefix K/V
+    are read from the layer's ``kv_cache`` through the block tables.
     """
-    num_tokens, num_heads, head_dim = q.shape
+    num_heads = q.shape[1]
     kv_heads = k.shape[1]
     gqa = num_heads != kv_heads
+    if not meta.prefills and meta.decode_index is not None:  # pure decode step
+        assert meta.decode_block_table is not None and meta.decode_bias is not None
+        return _decode_attention(q, kv_cache, meta.decode_block_table, meta.decode_bias, scale)
     out = torch.empty_like(q)
-    kc = k_cache.view(-1, kv_heads, head_dim)
-    vc = v_cache.view(-1, kv_heads, head_dim)
     for seq in meta.prefills:
         s, n = seq.q_start, seq.q_len
         qs = q[s:s + n].transpose(0, 1).unsqueeze(0)
-        if seq.ctx_slots is None:
+        if seq.ctx_blocks is None:
             ks = k[s:s + n].transpose(0, 1).unsqueeze(0)
             vs = v[s:s + n].transpose(0, 1).unsqueeze(0)
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
                                                enable_gqa=gqa)
         else:
-            ks = kc[seq.ctx_slots].transpose(0, 1).unsqueeze(0)
-            vs = vc[seq.ctx_slots].transpose(0, 1).unsqueeze(0)
+            kvs = gather_blocks(kv_cache, seq.ctx_blocks, 1)[:, :, :, :seq.ctx_len]
+            ks, vs = kvs[0], kvs[1]
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seq.mask, scale=scale,
                                                enable_gqa=gqa)
         out[s:s + n] = o[0].transpose(0, 1)
     if meta.decode_index is not None:
-        assert meta.decode_slots is not None and meta.decode_mask is not None
-        qd = q[meta.decode_index].unsqueeze(2)  # [Bd, heads, 1, D]
-        kd = kc[meta.decode_slots].transpose(1, 2)  # [Bd, kv_heads, ctx, D]
-        vd = vc[meta.decode_slots].transpose(1, 2)
-        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask,
-                                           scale=scale, enable_gqa=gqa)
-        out[meta.decode_index] = o.squeeze(2)
+        assert meta.decode_block_table is not None and meta.decode_bias is not None
+        out[meta.decode_index] = _decode_attention(q[meta.decode_index], kv_cache,
+                                                   meta.decode_block_table, meta.decode_bias,
+                                                   scale)
     return out
+
+
+def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor,
+                      block_table: torch.Tensor, bias: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """One query per sequence: ``q`` ``[Bd, heads, D]`` → ``[Bd, heads, D]``. The query
+    heads sharing a KV head (GQA) are grouped, so K/V are never repeated."""
+    bd, num_heads, head_dim = q.shape
+    kv_heads = kv_cache.shape[2]
+    kvb = gather_blocks(kv_cache, block_table, bd)  # [2, Bd, kv_heads, ctx, D]
+    kb, vb = kvb[0], kvb[1]
+    qg = q.view(bd, kv_heads, num_heads // kv_heads, head_dim)
+    scores = torch.matmul(qg, kb.transpose(-1, -2)).mul_(scale).add_(bias)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, vb).view(bd, num_heads, head_dim)

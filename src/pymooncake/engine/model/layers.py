@@ -25,10 +25,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
+        if x.dtype in (torch.float32, torch.float64):  # one fused op, same maths
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return self.weight * h.to(x.dtype)
 
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -98,3 +99,19 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+
+def use_input_major_weights(model: nn.Module) -> None:
+    """Store every ``nn.Linear`` weight input-major (``[in, out]`` memory, same values).
+
+    ``F.linear`` computes ``x @ W.T``; with ``W.T`` contiguous, MKL runs the no-transpose
+    GEMM, which on this CPU is ~2x faster for decode-sized batches (M = 16) and bit-identical
+    in result. Weights shared with an embedding (tied LM head) are left as they are.
+    """
+    shared = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    for m in model.modules():
+        if isinstance(m, nn.Linear) and id(m.weight) not in shared:
+            w = m.weight.detach()
+            if w.t().is_contiguous():
+                continue
+            m.weight = nn.Parameter(w.t().contiguous().t(), requires_grad=False)

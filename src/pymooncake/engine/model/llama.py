@@ -124,18 +124,22 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim ** -0.5
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.q_size + self.kv_size:].reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+            q = self.q_norm(qkv[:, :self.q_size].reshape(t, self.num_heads, self.head_dim))
+            k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size]
+                            .reshape(t, self.num_kv_heads, self.head_dim))
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        else:  # one rotation over the q and k heads together (elementwise: same values)
+            qk = qkv[:, :self.q_size + self.kv_size].reshape(
+                t, self.num_heads + self.num_kv_heads, self.head_dim)
+            qk = apply_rope(qk, cos, sin)
+            q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        write_kv(kv_cache, k, v, meta)
+        o = paged_attention(q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
@@ -148,9 +152,8 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -165,7 +168,7 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """The decoder plus LM head, computing over the paged KV cache.
 
-    ``forward(input_ids [T] int64, positions [T] int64, meta, k_caches, v_caches)`` returns
+    ``forward(input_ids [T] int64, positions [T] int64, meta, kv_caches)`` returns
     the final hidden states ``[T, hidden]``; ``compute_logits(hidden)`` the float32 logits
     ``[N, vocab]``. ``before_layer(i)`` is called before layer ``i`` reads the cache (the
     wait for that layer's loaded KV), ``after_layer(i)`` after it wrote its new K/V.
@@ -183,15 +186,14 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
-                before_layer: LayerCallback | None = None,
+                kv_caches: list[torch.Tensor], before_layer: LayerCallback | None = None,
                 after_layer: LayerCallback | None = None) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
         for i, layer in enumerate(self.model.layers):
             if before_layer is not None:
                 before_layer(i)
-            x = layer(x, cos, sin, k_caches[i], v_caches[i], meta)
+            x = layer(x, cos, sin, kv_caches[i], meta)
             if after_layer is not None:
                 after_layer(i)
         return self.model.norm(x)
