@@ -35,7 +35,7 @@ import numpy as np
 
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
-from pymooncake.rpc import RpcClient, RpcError, RpcServer, SyncRpcClient, from_wire
+from pymooncake.rpc import RpcClient, RpcError, RpcServer, SyncRpcClient, to_wire
 from pymooncake.store.config import ReplicateConfig
 from pymooncake.store.datapath import DataPath, Move
 from pymooncake.store.errors import ErrorCode, StoreError
@@ -43,21 +43,20 @@ from pymooncake.store.master.core import validate_key
 from pymooncake.store.protocol import (
     TIER_DRAM,
     BatchPutEndRequest,
-    BatchPutStartRequest,
     HeartbeatRequest,
-    KeyRequest,
     KeysRequest,
     LoadOrder,
     MountRequest,
     PutEndRequest,
     PutHandle,
-    PutStartRequest,
     RemoveAllRequest,
     RemoveRequest,
     ReplicaDesc,
     ReplicaList,
     SpillOrder,
     UnmountRequest,
+    put_handle_from_wire,
+    replica_list_from_wire,
 )
 from pymooncake.store.tiers.dram_segment import OffsetAllocator
 from pymooncake.store.tiers.ssd import SsdFull, SsdTier
@@ -69,7 +68,12 @@ M_OP_LATENCY = metrics.histogram("pymooncake_store_client_op_seconds",
 M_GETS = metrics.counter("pymooncake_store_client_gets_total",
                          "Store client gets, by result (hit/miss/error)", ["result"])
 
+_PUT_LATENCY = M_OP_LATENCY.labels("put")
+_GET_LATENCY = M_OP_LATENCY.labels("get")
+_GET_RESULT = {r: M_GETS.labels(r) for r in ("hit", "miss", "error")}
+
 MAX_KEY_BYTES = 4096
+_DEFAULT_CONFIG = ReplicateConfig()
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
@@ -153,10 +157,12 @@ class StoreClient:
         self._dp = DataPath(self.segment_name, self.metadata_url, self._transfer_config)
         if self.local_buffer_size:
             self._staging_arr = np.zeros(self.local_buffer_size, dtype=np.uint8)
+            self._staging_arr[::4096] = 0  # fault the pages in now, not on the first put
             self._staging_base = self._dp.register(self._staging_arr)
             self._staging = OffsetAllocator(self.local_buffer_size)
         if self.global_segment_size:
             self._segment_buf, self._segment_arr = self._alloc_segment(self.global_segment_size)
+            self._segment_arr[::4096] = 0  # commit the pages now (Mooncake allocates up front)
             self.segment_base = self._dp.register(self._segment_buf)
             if self._ssd_path:
                 self.ssd = SsdTier(self._ssd_path, self._ssd_capacity)
@@ -426,7 +432,7 @@ class StoreClient:
             for s in staged:
                 if s is not None:
                     s[1]()
-        M_OP_LATENCY.labels("put").observe(time.perf_counter() - t0)
+        _PUT_LATENCY.observe(time.perf_counter() - t0)
         return out
 
     def put_from(self, key: str, addr: int, size: int,
@@ -464,20 +470,22 @@ class StoreClient:
         idx = [i for i in range(len(keys)) if out[i] is None]
         if not idx:
             return
-        cfg = config or ReplicateConfig()
-        res = self._master("batch_put_start", BatchPutStartRequest(
-            self.client_id, tuple(keys[i] for i in idx), tuple(sizes[i] for i in idx), cfg))
-        handles: dict[int, PutHandle] = {}
+        req: dict[str, Any] = {"client_id": self.client_id, "keys": [keys[i] for i in idx],
+                               "sizes_bytes": [sizes[i] for i in idx]}
+        if config is not None and config != _DEFAULT_CONFIG:
+            req["config"] = to_wire(config)
+        res = self._master("batch_put_start", req)
+        handles: dict[int, dict[str, Any]] = {}
         for i, item in zip(idx, res, strict=True):
             r = self._batch_item(item)
             if isinstance(r, StoreError):
                 out[i] = r
             else:
-                handles[i] = from_wire(PutHandle, r)
+                handles[i] = r
         moves, owners = [], []
         for i, h in handles.items():
-            for rep in h.replicas:
-                moves.append(Move(True, addrs[i], rep.segment, rep.addr, sizes[i]))
+            for rep in h["replicas"]:  # [replica_id, segment, addr, length, ...]
+                moves.append(Move(True, addrs[i], rep[1], rep[2], sizes[i]))
                 owners.append(i)
         assert self._dp is not None
         failed: dict[int, str] = {}
@@ -488,13 +496,13 @@ class StoreClient:
         if failed:
             self._master("batch_put_revoke", BatchPutEndRequest(
                 self.client_id, tuple(keys[i] for i in failed),
-                tuple(handles[i].generation for i in failed)))
+                tuple(handles[i]["generation"] for i in failed)))
             for i, reason in failed.items():
                 out[i] = StoreError(ErrorCode.TRANSFER_FAIL, f"write of {keys[i]!r}: {reason}")
         if ok:
-            res = self._master("batch_put_end", BatchPutEndRequest(
-                self.client_id, tuple(keys[i] for i in ok),
-                tuple(handles[i].generation for i in ok)))
+            res = self._master("batch_put_end", {
+                "client_id": self.client_id, "keys": [keys[i] for i in ok],
+                "generations": [handles[i]["generation"] for i in ok]})
             for i, item in zip(ok, res, strict=True):
                 r = self._batch_item(item)
                 if isinstance(r, StoreError):
@@ -515,19 +523,25 @@ class StoreClient:
             return plans
         t_query = self._clock()
         res = self._master("batch_get_replica_list",
-                           KeysRequest(self.client_id, tuple(p.key for p in ask)))
+                           {"client_id": self.client_id, "keys": [p.key for p in ask]})
+        answers = [self._batch_item(item) for item in res]
+        load = [i for i, r in enumerate(answers) if isinstance(r, dict) and r.get("promote")]
+        if load:  # held only on SSD: the master loads them back into DRAM first
+            res = self._master("load_replica_list", KeysRequest(
+                self.client_id, tuple(ask[i].key for i in load)))
+            for i, item in zip(load, res, strict=True):
+                answers[i] = self._batch_item(item)
         now = self._clock()
-        for p, item in zip(ask, res, strict=True):
-            r = self._batch_item(item)
+        for p, r in zip(ask, answers, strict=True):
             if isinstance(r, StoreError):
                 p.error = r
                 continue
-            rl = from_wire(ReplicaList, r)
+            rl = replica_list_from_wire(r)
             p.size = rl.size_bytes
             p.lease_expiry = (t_query + rl.lease_ttl_ms / 1000.0 if rl.lease_ttl_ms > 0
                               else float("inf"))
             reps = [x for x in rl.replicas if x.tier == TIER_DRAM
-                    and self._bad.get(x.segment, 0.0) <= now]
+                    and (not self._bad or self._bad.get(x.segment, 0.0) <= now)]
             self._rng.shuffle(reps)
             if prefer_local:
                 reps.sort(key=lambda x: x.segment != self.segment_name)
@@ -581,7 +595,7 @@ class StoreClient:
                                  f"{p.key!r}: read lease lapsed before the copy completed")
         result = "hit" if p.error is None else (
             "miss" if p.error.code == ErrorCode.OBJECT_NOT_FOUND else "error")
-        M_GETS.labels(result).inc()
+        _GET_RESULT[result].inc()
 
     def get(self, key: str) -> bytes:
         """The value of ``key``. Raises ``StoreError`` (``OBJECT_NOT_FOUND``,
@@ -607,7 +621,7 @@ class StoreClient:
             for s in stages:
                 if s is not None:
                     s[2]()
-        M_OP_LATENCY.labels("get").observe(time.perf_counter() - t0)
+        _GET_LATENCY.observe(time.perf_counter() - t0)
         return out
 
     def get_into(self, key: str, addr: int, size: int) -> int:
@@ -641,10 +655,10 @@ class StoreClient:
 
     def exist(self, key: str) -> bool:
         self._check_key(key)
-        return bool(self._master("exist", KeyRequest(self.client_id, key)))
+        return bool(self._master("exist", {"client_id": self.client_id, "key": key}))
 
     def batch_exist(self, keys: Sequence[str]) -> list[bool | StoreError]:
-        res = self._master("batch_exist", KeysRequest(self.client_id, tuple(keys)))
+        res = self._master("batch_exist", {"client_id": self.client_id, "keys": list(keys)})
         return [self._batch_item(x) for x in res]
 
     def remove(self, key: str, force: bool = False) -> None:
@@ -673,17 +687,24 @@ class StoreClient:
     def replica_list(self, key: str) -> ReplicaList:
         """The master's answer for ``key`` (grants a read lease)."""
         self._check_key(key)
-        return from_wire(ReplicaList, self._master("get_replica_list",
-                                                   KeyRequest(self.client_id, key)))
+        r = self._master("get_replica_list", {"client_id": self.client_id, "key": key})
+        if r.get("promote"):
+            (item,) = self._master("load_replica_list", KeysRequest(self.client_id, (key,)))
+            r = self._batch_item(item)
+            if isinstance(r, StoreError):
+                raise r
+        return replica_list_from_wire(r)
 
     def put_start(self, key: str, size_bytes: int,
                   config: ReplicateConfig | None = None) -> PutHandle:
         self._check_key(key)
-        return from_wire(PutHandle, self._master("put_start", PutStartRequest(
-            self.client_id, key, size_bytes, config or ReplicateConfig())))
+        return put_handle_from_wire(self._master("put_start", {
+            "client_id": self.client_id, "key": key, "size_bytes": size_bytes,
+            "config": to_wire(config or _DEFAULT_CONFIG)}))
 
     def put_end(self, key: str, generation: int) -> None:
-        self._master("put_end", PutEndRequest(self.client_id, key, generation))
+        self._master("put_end", {"client_id": self.client_id, "key": key,
+                                 "generation": generation})
 
     def put_revoke(self, key: str, generation: int) -> None:
         self._master("put_revoke", PutEndRequest(self.client_id, key, generation))

@@ -152,3 +152,27 @@ class LoadOrder:
     segment: str
     addr: int
     length: int
+
+
+# -- compact wire forms of the hot-path answers (lists, no per-field maps) ----------------
+
+def replica_to_wire(r: object) -> list:
+    """``[replica_id, segment, addr, length, tier, host, status]`` of a replica-like object."""
+    return [r.replica_id, r.segment, r.addr, r.length, r.tier, r.host,  # type: ignore[attr-defined]
+            getattr(r, "status", None) or ("COMPLETE" if getattr(r, "complete", True)
+                                           else "PROCESSING")]
+
+
+def replica_from_wire(w: list) -> ReplicaDesc:
+    return ReplicaDesc(int(w[0]), str(w[1]), int(w[2]), int(w[3]), str(w[4]), str(w[5]),
+                       str(w[6]))
+
+
+def put_handle_from_wire(d: dict) -> PutHandle:
+    return PutHandle(d["key"], d["generation"], d["size_bytes"],
+                     tuple(replica_from_wire(r) for r in d["replicas"]))
+
+
+def replica_list_from_wire(d: dict) -> ReplicaList:
+    return ReplicaList(d["key"], d["size_bytes"], d["generation"],
+                       tuple(replica_from_wire(r) for r in d["replicas"]), d["lease_ttl_ms"])

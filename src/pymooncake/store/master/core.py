@@ -212,6 +212,12 @@ class MasterCore:
 
     def put_start(self, client_id: str, key: str, size_bytes: int,
                   config: ReplicateConfig, now_ms: float) -> PutHandle:
+        """See ``start_write``; returns the handle as a message."""
+        obj = self.start_write(client_id, key, size_bytes, config, now_ms)
+        return PutHandle(key, obj.generation, size_bytes, tuple(r.desc() for r in obj.replicas))
+
+    def start_write(self, client_id: str, key: str, size_bytes: int,
+                    config: ReplicateConfig, now_ms: float) -> ObjectMeta:
         """Allocate ``size_bytes`` on up to ``config.replica_num`` distinct segments.
 
         Raises ``INVALID_KEY``/``INVALID_PARAMS`` for bad input, ``OBJECT_ALREADY_EXISTS``
@@ -260,7 +266,7 @@ class MasterCore:
             obj.replicas.append(Replica(self._replica_id, seg.name, addr, size_bytes,
                                         TIER_DRAM, seg.host))
         self.objects.put(obj)
-        return PutHandle(key, gen, size_bytes, tuple(r.desc() for r in obj.replicas))
+        return obj
 
     def _live_write(self, client_id: str, key: str, generation: int) -> ObjectMeta:
         validate_key(key, self.config.max_key_bytes)
@@ -299,14 +305,19 @@ class MasterCore:
         """Readable replicas of ``key`` and a read lease. ``OBJECT_NOT_FOUND`` when absent,
         ``REPLICA_IS_NOT_READY`` while being written. An object only on SSD is returned
         with SSD replicas; the service loads it back first (``promote``)."""
+        obj = self.read_object(client_id, key, now_ms)
+        return ReplicaList(key, obj.size_bytes, obj.generation,
+                           tuple(r.desc() for r in obj.readable_replicas()),
+                           self.config.default_kv_lease_ttl_ms)
+
+    def read_object(self, client_id: str, key: str, now_ms: float) -> ObjectMeta:
+        """``get_replica_list`` without building the answer (the service's fast path)."""
         obj = self._lookup(key)
         if not obj.complete:
             raise StoreError(ErrorCode.REPLICA_IS_NOT_READY, f"key {key!r} is being written")
-        ttl = self.config.default_kv_lease_ttl_ms
-        self.leases.grant(key, client_id, now_ms, ttl)
+        self.leases.grant(key, client_id, now_ms, self.config.default_kv_lease_ttl_ms)
         obj.last_access_ms = now_ms
-        return ReplicaList(key, obj.size_bytes, obj.generation,
-                           tuple(r.desc() for r in obj.readable_replicas()), ttl)
+        return obj
 
     def exist(self, client_id: str, key: str, now_ms: float) -> bool:
         """True for a published object (grants a read lease, as Mooncake's ``ExistKey``)."""

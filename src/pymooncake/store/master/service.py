@@ -22,25 +22,23 @@ from typing import Any
 
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
-from pymooncake.rpc import RpcClient, RpcError, RpcServer
-from pymooncake.store.config import MasterConfig
+from pymooncake.rpc import RpcClient, RpcError, RpcServer, from_wire
+from pymooncake.store.config import MasterConfig, ReplicateConfig
 from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.master.core import MasterCore
 from pymooncake.store.protocol import (
     TIER_DRAM,
     BatchPutEndRequest,
-    BatchPutStartRequest,
     HeartbeatRequest,
-    KeyRequest,
     KeysRequest,
     MountRequest,
     PutEndRequest,
-    PutStartRequest,
     RemoveAllRequest,
     RemoveRequest,
     ReplicaList,
     SpillOrder,
     UnmountRequest,
+    replica_to_wire,
 )
 
 logger = init_logger(__name__)
@@ -65,6 +63,55 @@ M_DROPPED_CLIENTS = metrics.counter("pymooncake_store_dropped_clients_total",
 
 PROMOTE_WAIT_S = 3.0
 """Longest a get of an SSD-resident object waits for DRAM room (leases to lapse)."""
+
+
+_KEY_FIELDS = frozenset({"client_id", "key"})
+_KEYS_FIELDS = frozenset({"client_id", "keys"})
+_PUT_START_FIELDS = frozenset({"client_id", "key", "size_bytes", "config"})
+_BATCH_PUT_START_FIELDS = frozenset({"client_id", "keys", "sizes_bytes", "config"})
+_PUT_END_FIELDS = frozenset({"client_id", "key", "generation"})
+_BATCH_PUT_END_FIELDS = frozenset({"client_id", "keys", "generations"})
+_DEFAULT_CONFIG = ReplicateConfig()
+_OPTIONAL = frozenset({"config"})
+
+
+def _check(p: Any, fields: frozenset[str]) -> None:
+    """Raw params must be a map with exactly ``fields`` (``config`` optional) and a str
+    ``client_id``; raises ``RpcError(INVALID_ARGUMENT)`` naming what is wrong."""
+    if not isinstance(p, dict):
+        raise RpcError("INVALID_ARGUMENT", f"params must be a map, got {type(p).__name__}")
+    if p.keys() != fields:
+        unknown = set(p) - fields
+        missing = fields - _OPTIONAL - set(p)
+        if unknown or missing:
+            raise RpcError("INVALID_ARGUMENT", f"unknown field(s) {sorted(map(str, unknown))}"
+                           if unknown else f"missing field(s) {sorted(missing)}")
+    if not isinstance(p["client_id"], str):
+        raise RpcError("INVALID_ARGUMENT", "client_id must be a str")
+
+
+def _int(p: dict[str, Any], name: str) -> int:
+    v = p[name]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise RpcError("INVALID_ARGUMENT", f"{name} must be an int, got {type(v).__name__}")
+    return v
+
+
+def _keys(p: dict[str, Any]) -> list[str]:
+    keys = p["keys"]
+    if not isinstance(keys, list):
+        raise RpcError("INVALID_ARGUMENT", "keys must be a list of str")
+    return keys
+
+
+def _config(p: dict[str, Any]) -> ReplicateConfig:
+    raw = p.get("config")
+    if raw is None:
+        return _DEFAULT_CONFIG
+    try:
+        return from_wire(ReplicateConfig, raw, "config")
+    except ValueError as e:
+        raise RpcError("INVALID_ARGUMENT", str(e)) from None
 
 
 def _rpc_error(e: StoreError) -> RpcError:
@@ -124,16 +171,18 @@ class MasterService:
         s.register("mount_segment", self._mount, MountRequest)
         s.register("unmount_segment", self._unmount, UnmountRequest)
         s.register("heartbeat", self._heartbeat, HeartbeatRequest)
-        s.register("put_start", self._put_start, PutStartRequest)
-        s.register("batch_put_start", self._batch_put_start, BatchPutStartRequest)
-        s.register("put_end", self._put_end, PutEndRequest)
-        s.register("batch_put_end", self._batch_put_end, BatchPutEndRequest)
+        # hot paths take raw maps (checked by hand below) and answer compact lists
+        s.register("put_start", self._put_start)
+        s.register("batch_put_start", self._batch_put_start)
+        s.register("put_end", self._put_end)
+        s.register("batch_put_end", self._batch_put_end)
         s.register("put_revoke", self._put_revoke, PutEndRequest)
         s.register("batch_put_revoke", self._batch_put_revoke, BatchPutEndRequest)
-        s.register("get_replica_list", self._get_replica_list, KeyRequest)
-        s.register("batch_get_replica_list", self._batch_get_replica_list, KeysRequest)
-        s.register("exist", self._exist, KeyRequest)
-        s.register("batch_exist", self._batch_exist, KeysRequest)
+        s.register("get_replica_list", self._get_replica_list)
+        s.register("batch_get_replica_list", self._batch_get_replica_list)
+        s.register("load_replica_list", self._load_replica_list, KeysRequest)
+        s.register("exist", self._exist)
+        s.register("batch_exist", self._batch_exist)
         s.register("remove", self._remove, RemoveRequest)
         s.register("batch_remove", self._batch_remove, KeysRequest)
         s.register("remove_all", self._remove_all, RemoveAllRequest)
@@ -162,6 +211,9 @@ class MasterService:
 
     def _after(self) -> None:
         """Carry out the core's pending effects (spills, SSD deletes, metrics)."""
+        e = self.core.effects
+        if not (e.spills or e.ssd_deletes or e.evicted or e.dropped_clients):
+            return
         eff = self.core.drain_effects()
         for reason, n in eff.evicted.items():
             M_EVICTIONS.labels(reason).inc(n)
@@ -230,43 +282,57 @@ class MasterService:
     def _heartbeat(self, p: HeartbeatRequest) -> dict[str, Any]:
         return {"known": self.core.heartbeat(p.client_id, self.now_ms())}
 
-    async def _put_start(self, p: PutStartRequest) -> Any:
+    def _write_wire(self, obj: Any) -> dict[str, Any]:
+        return {"key": obj.key, "generation": obj.generation, "size_bytes": obj.size_bytes,
+                "replicas": [replica_to_wire(r) for r in obj.replicas]}
+
+    async def _put_start(self, p: Any) -> Any:
+        _check(p, _PUT_START_FIELDS)
+        cid, key, size, cfg = p["client_id"], p["key"], p["size_bytes"], _config(p)
         try:
-            return self._call(self.core.put_start, p.client_id, p.key, p.size_bytes, p.config,
-                              self.now_ms())
+            return self._write_wire(self._call(self.core.start_write, cid, key, size, cfg,
+                                               self.now_ms()))
         except RpcError as e:
             if e.code != ErrorCode.NO_AVAILABLE_HANDLE.name or not await self._wait_spills():
                 raise
-        return self._call(self.core.put_start, p.client_id, p.key, p.size_bytes, p.config,
-                          self.now_ms())
+        return self._write_wire(self._call(self.core.start_write, cid, key, size, cfg,
+                                           self.now_ms()))
 
-    async def _batch_put_start(self, p: BatchPutStartRequest) -> Any:
-        if len(p.keys) != len(p.sizes_bytes):
-            raise RpcError("INVALID_PARAMS", "keys and sizes_bytes differ in length")
+    async def _batch_put_start(self, p: Any) -> Any:
+        _check(p, _BATCH_PUT_START_FIELDS)
+        keys, sizes, cid, cfg = p["keys"], p["sizes_bytes"], p["client_id"], _config(p)
+        if not isinstance(keys, list) or not isinstance(sizes, list) or len(keys) != len(sizes):
+            raise RpcError("INVALID_ARGUMENT", "keys and sizes_bytes must be lists of one length")
         now = self.now_ms()
-        out = self._each(lambda ks: self.core.put_start(p.client_id, ks[0], ks[1], p.config, now),
-                         zip(p.keys, p.sizes_bytes, strict=True))
+        start = self.core.start_write
+        out = self._each(lambda i: self._write_wire(start(cid, keys[i], sizes[i], cfg, now)),
+                         range(len(keys)))
         retry = [i for i, r in enumerate(out)
                  if "e" in r and r["e"][0] == int(ErrorCode.NO_AVAILABLE_HANDLE)]
         self._after()
         if retry and await self._wait_spills():
             now = self.now_ms()
-            again = self._each(lambda i: self.core.put_start(p.client_id, p.keys[i],
-                                                             p.sizes_bytes[i], p.config, now),
-                               retry)
+            again = self._each(lambda i: self._write_wire(start(cid, keys[i], sizes[i], cfg,
+                                                                now)), retry)
             for i, r in zip(retry, again, strict=True):
                 out[i] = r
             self._after()
         return out
 
-    def _put_end(self, p: PutEndRequest) -> bool:
-        self._call(self.core.put_end, p.client_id, p.key, p.generation, self.now_ms())
+    def _put_end(self, p: Any) -> bool:
+        _check(p, _PUT_END_FIELDS)
+        self._call(self.core.put_end, p["client_id"], p["key"], _int(p, "generation"),
+                   self.now_ms())
         return True
 
-    def _batch_put_end(self, p: BatchPutEndRequest) -> Any:
+    def _batch_put_end(self, p: Any) -> Any:
+        _check(p, _BATCH_PUT_END_FIELDS)
+        keys, gens, cid = p["keys"], p["generations"], p["client_id"]
+        if not isinstance(keys, list) or not isinstance(gens, list) or len(keys) != len(gens):
+            raise RpcError("INVALID_ARGUMENT", "keys and generations must be lists of one length")
         now = self.now_ms()
-        out = self._each(lambda kg: self.core.put_end(p.client_id, kg[0], kg[1], now),
-                         zip(p.keys, p.generations, strict=True))
+        end = self.core.put_end
+        out = self._each(lambda i: end(cid, keys[i], gens[i], now), range(len(keys)))
         self._after()
         return out
 
@@ -333,27 +399,52 @@ class MasterService:
         if not ok:
             raise StoreError(ErrorCode.OBJECT_NOT_FOUND, f"{key!r} could not be read from SSD")
 
-    async def _get_replica_list(self, p: KeyRequest) -> Any:
+    def _read_wire(self, client_id: str, key: str, now: float) -> dict[str, Any]:
+        """A published object's readable replicas; ``{"promote": True}`` when it lives only
+        on SSD (the client then asks ``load_replica_list``, which waits for the load)."""
         try:
-            return await self._lookup(p.client_id, p.key)
+            obj = self.core.read_object(client_id, key, now)
         except StoreError as e:
-            raise _rpc_error(e) from None
+            M_LOOKUPS.labels("miss" if e.code == ErrorCode.OBJECT_NOT_FOUND else "error").inc()
+            raise
+        reps = [replica_to_wire(r) for r in obj.replicas if r.complete and r.tier == TIER_DRAM]
+        if not reps:
+            return {"key": key, "promote": True}
+        M_LOOKUPS.labels("hit").inc()
+        return {"key": key, "size_bytes": obj.size_bytes, "generation": obj.generation,
+                "replicas": reps, "lease_ttl_ms": self.config.default_kv_lease_ttl_ms}
 
-    async def _batch_get_replica_list(self, p: KeysRequest) -> Any:
+    def _get_replica_list(self, p: Any) -> Any:
+        _check(p, _KEY_FIELDS)
+        return self._call(self._read_wire, p["client_id"], p["key"], self.now_ms())
+
+    def _batch_get_replica_list(self, p: Any) -> Any:
+        _check(p, _KEYS_FIELDS)
+        cid, now = p["client_id"], self.now_ms()
+        return self._each(lambda k: self._read_wire(cid, k, now), _keys(p))
+
+    async def _load_replica_list(self, p: KeysRequest) -> Any:
         out: list[dict[str, Any]] = []
         for key in p.keys:
             try:
-                out.append({"r": await self._lookup(p.client_id, key)})
+                rl = await self._lookup(p.client_id, key)
+                out.append({"r": {"key": key, "size_bytes": rl.size_bytes,
+                                  "generation": rl.generation,
+                                  "replicas": [replica_to_wire(r) for r in rl.replicas
+                                               if r.tier == TIER_DRAM],
+                                  "lease_ttl_ms": rl.lease_ttl_ms}})
             except StoreError as e:
                 out.append({"e": [int(e.code), e.message]})
         return out
 
-    def _exist(self, p: KeyRequest) -> bool:
-        return self._call(self.core.exist, p.client_id, p.key, self.now_ms())
+    def _exist(self, p: Any) -> bool:
+        _check(p, _KEY_FIELDS)
+        return self._call(self.core.exist, p["client_id"], p["key"], self.now_ms())
 
-    def _batch_exist(self, p: KeysRequest) -> Any:
-        now = self.now_ms()
-        return self._each(lambda k: self.core.exist(p.client_id, k, now), p.keys)
+    def _batch_exist(self, p: Any) -> Any:
+        _check(p, _KEYS_FIELDS)
+        cid, now = p["client_id"], self.now_ms()
+        return self._each(lambda k: self.core.exist(cid, k, now), _keys(p))
 
     def _remove(self, p: RemoveRequest) -> bool:
         self._call(self.core.remove, p.key, self.now_ms(), p.force)

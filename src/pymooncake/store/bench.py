@@ -1,0 +1,362 @@
+"""``pymooncake bench store``: put/get throughput and latency, master metadata ops/s, and
+Mooncake's own store side by side when its wheel is importable.
+
+Modes: ``embedded`` — one client whose own segment holds the data (bytes move through the
+Transfer Engine's local path); ``remote`` — the data lives in a separate ``store-server``
+process and every byte crosses the Transfer Engine over TCP. Every value read back is
+compared with what was written (``verified``). Each row: ``op``, ``size_bytes``, ``mode``,
+``count``, ``throughput_bytes_per_s``, ``p50_s``, ``p99_s``, ``verified``,
+``mooncake_throughput_bytes_per_s`` (null without the wheel) and ``ratio``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+MiB = 1 << 20
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(argv: list[str], ready: Callable[[bytes], dict | None], timeout_s: float = 30.0
+           ) -> tuple[subprocess.Popen, dict]:
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    sel = selectors.DefaultSelector()
+    sel.register(p.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and p.poll() is None:
+            if sel.select(0.1):
+                info = ready(p.stdout.readline())  # type: ignore[union-attr]
+                if info is not None:
+                    return p, info
+        raise RuntimeError(f"{argv[0]} did not start")
+    except BaseException:
+        p.kill()
+        raise
+    finally:
+        sel.close()
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+def _ready_json(line: bytes) -> dict | None:
+    if line.startswith(b"{"):
+        info = json.loads(line)
+        if info.get("event") == "ready":
+            return info
+    return None
+
+
+@contextlib.contextmanager
+def _pymooncake_cluster(segment_bytes: int) -> Iterator[tuple[str, str, subprocess.Popen]]:
+    exe = [sys.executable, "-m", "pymooncake"]
+    master, info = _spawn([*exe, "master", "--port", "0", "--enable-http-metadata-server",
+                           "--http-metadata-server-port", str(_free_port()),
+                           "--eviction-high-watermark-ratio", "1.0"], _ready_json)
+    addr, md = f"127.0.0.1:{info['port']}", info["metadata_url"]
+    server = None
+    try:
+        server, _ = _spawn([*exe, "store-server", "--master", addr, "--metadata", md,
+                            "--global-segment-size", str(segment_bytes),
+                            "--transports", "local,tcp"], _ready_json)
+        yield addr, md, server
+    finally:
+        if server is not None:
+            _stop(server)
+        _stop(master)
+
+
+def _stats(lat: list[float], total_bytes: int) -> dict[str, float]:
+    arr = np.array(lat)
+    return {"throughput_bytes_per_s": total_bytes / float(arr.sum()) if arr.sum() else 0.0,
+            "p50_s": float(np.percentile(arr, 50)), "p99_s": float(np.percentile(arr, 99))}
+
+
+def _values(size: int, count: int) -> list[bytes]:
+    rng = np.random.default_rng(size)
+    base = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+    return [i.to_bytes(8, "little") + base[8:] if size >= 8 else base for i in range(count)]
+
+
+def _run_ops(put: Callable[[str, bytes], Any], get: Callable[[str], bytes],
+             remove: Callable[[str], Any], size: int, count: int, tag: str
+             ) -> tuple[dict, dict]:
+    vals = _values(size, count)
+    keys = [f"bench-{tag}-{size}-{i}" for i in range(count)]
+    put_lat, get_lat, ok = [], [], True
+    for k, v in zip(keys, vals, strict=True):
+        t0 = time.perf_counter()
+        put(k, v)
+        put_lat.append(time.perf_counter() - t0)
+    for k, v in zip(keys, vals, strict=True):
+        t0 = time.perf_counter()
+        got = get(k)
+        get_lat.append(time.perf_counter() - t0)
+        ok = ok and got == v
+    for k in keys:
+        remove(k)
+    return ({**_stats(put_lat, size * count), "verified": ok},
+            {**_stats(get_lat, size * count), "verified": ok})
+
+
+def _segment_for(sizes: list[int], count: int) -> int:
+    return max(64 * MiB, 2 * max(sizes) * min(count, 8) + 16 * MiB)
+
+
+def _bench_pymooncake(sizes: list[int], count: int, mode: str) -> dict[int, tuple[dict, dict]]:
+    from pymooncake.store.client import StoreClient
+    from pymooncake.store.config import ReplicateConfig
+    from pymooncake.transfer import TransferConfig
+
+    seg = _segment_for(sizes, count)
+    out: dict[int, tuple[dict, dict]] = {}
+    with _pymooncake_cluster(seg if mode == "remote" else 16 * MiB) as (addr, md, _server):
+        own = mode == "embedded"
+        client = StoreClient(addr, md, global_segment_size=seg if own else 0,
+                             local_buffer_size=max(sizes) * 2 + MiB,
+                             transfer_config=TransferConfig(transports=("local", "tcp"))).start()
+        try:
+            cfg = ReplicateConfig(preferred_segment=client.segment_name if own else "")
+            for size in sizes:
+                n = max(4, min(count, (256 * MiB) // size))
+                out[size] = _run_ops(lambda k, v: client.put(k, v, cfg), client.get,
+                                     lambda k: client.remove(k, force=True), size, n, mode)
+        finally:
+            client.close()
+    return out
+
+
+_MC_HOLDER = """
+import sys, time
+from mooncake.store import MooncakeDistributedStore
+s = MooncakeDistributedStore()
+rc = s.setup("localhost", sys.argv[1], int(sys.argv[3]), 16 << 20, "tcp", "", sys.argv[2])
+print("ready" if rc == 0 else f"failed {rc}", flush=True)
+time.sleep(3600)
+"""
+
+
+def mooncake_available() -> bool:
+    try:
+        import mooncake.store  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means "absent"
+        return False
+    return _mooncake_master() is not None
+
+
+def _mooncake_master() -> str | None:
+    exe = shutil.which("mooncake_master") or os.path.join(os.path.dirname(sys.executable),
+                                                          "mooncake_master")
+    return exe if os.path.exists(exe) else None
+
+
+@contextlib.contextmanager
+def _mooncake_cluster() -> Iterator[tuple[str, str]]:
+    mport, hport = _free_port(), _free_port()
+    exe = _mooncake_master()
+    assert exe is not None
+    master = subprocess.Popen([exe, f"--rpc_port={mport}", "--enable_http_metadata_server=true",
+                               "--http_metadata_server_host=127.0.0.1",
+                               f"--http_metadata_server_port={hport}",
+                               f"--metrics_port={_free_port()}",
+                               "--eviction_high_watermark_ratio=1.0"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", mport), 1):
+                break
+            time.sleep(0.1)
+        time.sleep(0.3)
+        yield f"127.0.0.1:{mport}", f"http://127.0.0.1:{hport}/metadata"
+    finally:
+        _stop(master)
+
+
+def _bench_mooncake(sizes: list[int], count: int, mode: str) -> dict[int, tuple[dict, dict]]:
+    from mooncake.store import MooncakeDistributedStore
+
+    seg = _segment_for(sizes, count)
+    out: dict[int, tuple[dict, dict]] = {}
+    with _mooncake_cluster() as (addr, md):
+        holder = None
+        if mode == "remote":
+            holder, _ = _spawn([sys.executable, "-c", _MC_HOLDER, md, addr, str(seg)],
+                               lambda line: {} if line.startswith(b"ready") else None)
+        try:
+            store = MooncakeDistributedStore()
+            rc = store.setup("localhost", md, seg if mode == "embedded" else 0,
+                             max(sizes) * 2 + MiB, "tcp", "", addr)
+            if rc != 0:
+                raise RuntimeError(f"Mooncake setup returned {rc}")
+            try:
+                for size in sizes:
+                    n = max(4, min(count, (256 * MiB) // size))
+
+                    def put(k: str, v: bytes) -> None:
+                        if store.put(k, v) != 0:
+                            raise RuntimeError("Mooncake put failed")
+
+                    out[size] = _run_ops(put, store.get, lambda k: store.remove(k, True),
+                                         size, n, "mc" + mode)
+            finally:
+                store.close()
+        finally:
+            if holder is not None:
+                _stop(holder)
+    return out
+
+
+# -- master metadata ops/s ---------------------------------------------------------------
+
+def _meta_worker(addr: str, n: int, start: Any, q: Any) -> None:
+    import asyncio
+
+    from pymooncake.rpc import RpcClient
+    from pymooncake.store.protocol import KeyRequest
+
+    host, port = addr.rsplit(":", 1)
+
+    async def main() -> int:
+        c = RpcClient(host, int(port))
+        await c.call("ping", None)
+        start.wait()
+        done = 0
+
+        async def lane(m: int) -> None:
+            nonlocal done
+            for i in range(m):
+                if i % 2:
+                    await c.call("exist", KeyRequest("bench", "meta-key"))
+                else:
+                    await c.call("get_replica_list", KeyRequest("bench", "meta-key"))
+                done += 1
+
+        await asyncio.gather(*(lane(n // 8) for _ in range(8)))
+        await c.close()
+        return done
+
+    q.put(asyncio.run(main()))
+
+
+def _mc_meta_worker(addr: str, md: str, n: int, start: Any, q: Any) -> None:
+    from mooncake.store import MooncakeDistributedStore
+
+    s = MooncakeDistributedStore()
+    s.setup("localhost", md, 0, 16 << 20, "tcp", "", addr)
+    start.wait()
+    done = 0
+    for _ in range(n):
+        s.is_exist("meta-key")
+        done += 1
+    q.put(done)
+    s.close()
+
+
+def _run_workers(target: Callable, args: tuple, n_total: int, num_clients: int = 4) -> float:
+    ctx = mp.get_context("spawn")
+    start, q = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, n_total // num_clients, start, q))
+             for _ in range(num_clients)]
+    for p in procs:
+        p.start()
+    time.sleep(3.0)  # let every worker connect
+    t0 = time.perf_counter()
+    start.set()
+    done = sum(q.get(timeout=120) for _ in procs)
+    dt = time.perf_counter() - t0
+    for p in procs:
+        p.join(10)
+    return done / dt
+
+
+def bench_master(ops: int, with_mooncake: bool) -> dict[str, Any]:
+    from pymooncake.store.client import StoreClient
+
+    with _pymooncake_cluster(16 * MiB) as (addr, md, _server):
+        c = StoreClient(addr, md, local_buffer_size=MiB).start()
+        c.put("meta-key", b"x" * 1024)
+        ours = _run_workers(_meta_worker, (addr,), ops)
+        c.close()
+    theirs = None
+    if with_mooncake:
+        with _mooncake_cluster() as (addr, md):
+            from mooncake.store import MooncakeDistributedStore
+
+            s = MooncakeDistributedStore()
+            s.setup("localhost", md, 16 * MiB, 16 * MiB, "tcp", "", addr)
+            s.put("meta-key", b"x" * 1024)
+            theirs = _run_workers(_mc_meta_worker, (addr, md), ops // 4)
+            s.close()
+    return {"op": "metadata", "num_clients": 4, "ops": ops, "ops_per_s": ours,
+            "mooncake_ops_per_s": theirs,
+            "ratio": (ours / theirs) if theirs else None}
+
+
+def run(sizes: list[int], count: int, modes: list[str], metadata_ops: int = 20_000,
+        with_mooncake: bool = True) -> dict[str, Any]:
+    """Run the benchmark; returns ``{"rows": [...], "master": {...}, "machine": ...}``."""
+    mc = with_mooncake and mooncake_available()
+    rows = []
+    for mode in modes:
+        ours = _bench_pymooncake(sizes, count, mode)
+        theirs = _bench_mooncake(sizes, count, mode) if mc else {}
+        for size in sizes:
+            for j, op in enumerate(("put", "get")):
+                r = ours[size][j]
+                m = theirs.get(size, (None, None))[j]
+                mt = m["throughput_bytes_per_s"] if m else None
+                rows.append({"op": op, "size_bytes": size, "mode": mode, **r,
+                             "mooncake_throughput_bytes_per_s": mt,
+                             "mooncake_p50_s": m["p50_s"] if m else None,
+                             "ratio": r["throughput_bytes_per_s"] / mt if mt else None})
+    master = bench_master(metadata_ops, mc) if metadata_ops > 0 else None
+    return {"rows": rows, "master": master, "mooncake_available": mc,
+            "machine": f"{os.cpu_count()} CPUs, loopback"}
+
+
+def human(result: dict[str, Any]) -> str:
+    lines = [f"{'op':4} {'mode':8} {'size':>9} {'MiB/s':>9} {'p50 µs':>9} {'p99 µs':>9} "
+             f"{'ok':>3} {'mooncake MiB/s':>15} {'ratio':>6}"]
+    for r in result["rows"]:
+        mt = r["mooncake_throughput_bytes_per_s"]
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        lines.append(
+            f"{r['op']:4} {r['mode']:8} {r['size_bytes']:>9} "
+            f"{r['throughput_bytes_per_s'] / MiB:>9.1f} {r['p50_s'] * 1e6:>9.0f} "
+            f"{r['p99_s'] * 1e6:>9.0f} {'yes' if r['verified'] else 'NO':>3} "
+            f"{'-' if mt is None else f'{mt / MiB:.1f}':>15} "
+            f"{ratio:>6}")
+    m = result.get("master")
+    if m:
+        theirs = m["mooncake_ops_per_s"]
+        lines.append(f"master metadata ops/s (4 clients): {m['ops_per_s']:.0f}"
+                     + (f"  mooncake {theirs:.0f}" if theirs else ""))
+    return "\n".join(lines)
