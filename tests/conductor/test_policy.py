@@ -172,3 +172,28 @@ class TestHotBlocks:
             PolicyConfig(ttft_slo_s=0)
         with pytest.raises(ValueError, match="num_prompt_tokens"):
             RequestInfo("r", 0, (), 1, 0.0)
+
+
+class TestEstimatorFit:
+    def test_recovers_exact_coefficients(self) -> None:
+        from pymooncake.conductor.policy import fit_prefill_estimator
+        true = PrefillEstimator(3e-10, 2e-4, 0.05)
+        samples = [(n, p, true.prefill_s(n, p)) for n, p in
+                   ((1000, 0), (4000, 1000), (8000, 0), (16000, 8000), (32000, 0))]
+        est = fit_prefill_estimator(samples, with_overhead=True)
+        assert est.quadratic_s == pytest.approx(3e-10, rel=1e-6)
+        assert est.linear_s == pytest.approx(2e-4, rel=1e-6)
+        assert est.overhead_s == pytest.approx(0.05, rel=1e-6)
+
+    def test_figure14a_points_give_the_papers_relative_fit(self) -> None:
+        # PAPER.md §6: a relative least-squares fit of the five no-cache points of Figure 14a
+        # gives 7.196e-10·n² + 1.146e-4·n.
+        from pymooncake.conductor.policy import fit_prefill_estimator
+        pts = {8192: 1.002, 16384: 2.055, 32768: 4.478, 65536: 10.587, 131072: 27.514}
+        est = fit_prefill_estimator([(n, 0, t) for n, t in pts.items()])
+        assert est.quadratic_s == pytest.approx(7.196e-10, rel=0.002)
+        assert est.linear_s == pytest.approx(1.146e-4, rel=0.002)
+        for n, t in pts.items():      # and lands within 2.5 % of every point
+            assert est.prefill_s(n) == pytest.approx(t, rel=0.025)
+        with pytest.raises(ValueError, match="at least 2"):
+            fit_prefill_estimator([(10, 0, 1.0)])

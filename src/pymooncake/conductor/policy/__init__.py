@@ -12,6 +12,7 @@ from pymooncake.conductor.policy.estimators import (
     Estimators,
     PrefillEstimator,
     TransferEstimator,
+    fit_prefill_estimator,
 )
 from pymooncake.conductor.policy.hot_blocks import HotBlockConfig, blocks_to_replicate
 from pymooncake.conductor.policy.prefill_placement import (
@@ -61,6 +62,7 @@ __all__ = [
     "admit_ttft",
     "blocks_to_replicate",
     "evaluate_instance",
+    "fit_prefill_estimator",
     "place_decode",
     "place_prefill_global_cache",
     "place_prefill_least_load",

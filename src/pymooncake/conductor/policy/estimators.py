@@ -6,6 +6,7 @@ model; the policy evaluates them, never measures. Seconds and tokens throughout.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -75,3 +76,52 @@ class Estimators:
     prefill: PrefillEstimator = PrefillEstimator()
     transfer: TransferEstimator = TransferEstimator()
     decode: DecodeEstimator = DecodeEstimator()
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting (tiny dense systems)."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for c in range(n):
+        piv = max(range(c, n), key=lambda r: abs(m[r][c]))
+        if m[piv][c] == 0.0:
+            raise ValueError("profile samples do not determine the estimator (singular fit); "
+                             "measure more distinct prompt lengths")
+        m[c], m[piv] = m[piv], m[c]
+        for r in range(c + 1, n):
+            f = m[r][c] / m[c][c]
+            for k in range(c, n + 1):
+                m[r][k] -= f * m[c][k]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][k] * x[k] for k in range(r + 1, n))) / m[r][r]
+    return x
+
+
+def fit_prefill_estimator(samples: Sequence[tuple[int, int, float]], *,
+                          with_overhead: bool = False, relative: bool = True) -> PrefillEstimator:
+    """Least-squares fit of ``PrefillEstimator`` to measured ``(num_tokens, num_prefix_tokens,
+    seconds)`` profiles (e.g. ``pymooncake profile`` output).
+
+    Features are ``n² − p²``, ``n − p`` and (``with_overhead``) 1. ``relative`` minimises the
+    relative residuals (each sample weighted by ``1/seconds``, so short prompts count as much
+    as long ones); otherwise absolute seconds. Raises ``ValueError`` with fewer samples than
+    parameters, a bad sample (``seconds <= 0`` when relative) or a singular system.
+    """
+    k = 3 if with_overhead else 2
+    if len(samples) < k:
+        raise ValueError(f"need at least {k} profile samples, got {len(samples)}")
+    rows = []
+    for n, p, t in samples:
+        if n < 1 or not 0 <= p <= n or t < 0 or (relative and t <= 0):
+            raise ValueError(f"bad profile sample (tokens={n}, prefix={p}, seconds={t})")
+        w = 1.0 / t if relative else 1.0
+        f = [float(n * n - p * p) * w, float(n - p) * w] + ([w] if with_overhead else [])
+        rows.append((f, float(t) * w))
+    # Scale columns so the normal equations stay well conditioned.
+    scale = [max(abs(f[j]) for f, _ in rows) or 1.0 for j in range(k)]
+    ata = [[sum(f[i] / scale[i] * f[j] / scale[j] for f, _ in rows) for j in range(k)]
+           for i in range(k)]
+    atb = [sum(f[i] / scale[i] * t for f, t in rows) for i in range(k)]
+    x = [v / s for v, s in zip(_solve(ata, atb), scale, strict=True)]
+    return PrefillEstimator(x[0], x[1], x[2] if with_overhead else 0.0)
