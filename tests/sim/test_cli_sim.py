@@ -99,3 +99,12 @@ def test_plot_capacity_png(capsys, trace_file, tmp_path) -> None:  # noqa: ANN00
                                str(out_png), "--json"])
     assert rc == 0 and json.loads(out)["png"] == str(out_png)
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_sim_without_dynamo(capsys, trace_file) -> None:  # noqa: ANN001
+    rc, out, _ = _run(capsys, ["bench", "sim", "--trace", str(trace_file), "--no-dynamo",
+                               "--json"])
+    d = json.loads(out)
+    assert rc == 0 and d["wall_s"] > 0 and d["peak_rss_bytes"] > 10 * 2**20
+    assert d["dynamo_wall_s"] is None and d["dynamo_peak_rss_bytes"] is None
+    assert "skipped" in d["note"]
