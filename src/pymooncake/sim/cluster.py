@@ -213,9 +213,7 @@ class DecodeNode:
         """Sorted predicted finish times of the running requests (current step time)."""
         if self._view_cache is not None and self._view_cache[0] == self.step:
             return self._view_cache[1]
-        st = self.step_time_now()
-        base, step, ep = self.epoch_s, self.step, self.epoch_s
-        del base
+        st, step, ep = self.step_time_now(), self.step, self.epoch_s
         out = tuple(sorted(ep + (fs - step) * st for fs, _, _ in self.heap))
         self._view_cache = (self.step, out)
         return out
