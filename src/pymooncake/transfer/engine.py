@@ -39,7 +39,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pymooncake.metadata import MetadataStore, open_metadata
+from pymooncake.metadata import EventKind, MetadataStore, WatchEvent, open_metadata
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
 from pymooncake.transfer import slicing
@@ -63,6 +63,7 @@ from pymooncake.transfer.memory import (
     buffer_address,
 )
 from pymooncake.transfer.segment import (
+    SEGMENT_KEY_PREFIX,
     BufferDesc,
     SegmentDescriptor,
     local_host_id,
@@ -175,6 +176,7 @@ class TransferEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self.server: tcp.TcpDataServer | None = None
+        self._watch_future: Any = None
         self.segment_metadata: Callable[[str], MetadataStore] | None = None
         """Where to look a segment up, when not in ``metadata`` (the compat facade's
         P2P handshake mode: segment ``host:port`` publishes on its own server)."""
@@ -220,7 +222,48 @@ class TransferEngine:
         except Exception:
             self.close()
             raise
+        self._watch_future = asyncio.run_coroutine_threadsafe(self._watch_segments(), loop)
         return self
+
+    async def _watch_segments(self) -> None:
+        """Keep cached peer descriptors current: drop withdrawn ones, follow new ports."""
+        while not self._closed:
+            try:
+                watch = await self.metadata.watch_prefix(SEGMENT_KEY_PREFIX)
+            except Exception as e:  # noqa: BLE001 - metadata down: retry later
+                logger.info("segment watch could not start: %r; retrying", e)
+                await asyncio.sleep(1.0)
+                continue
+            try:
+                async for ev in watch:
+                    self._on_segment_event(ev)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a broken watch is restarted
+                logger.info("segment watch ended: %r; restarting", e)
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await watch.close()
+
+    def _on_segment_event(self, ev: WatchEvent) -> None:
+        name = ev.key[len(SEGMENT_KEY_PREFIX):]
+        if name == self.name:
+            return
+        if ev.kind is EventKind.DELETE:
+            self._peers.pop(name, None)
+            return
+        if name not in self._peers:
+            return  # not a peer of ours: resolved on first use
+        try:
+            desc = SegmentDescriptor.decode(ev.value)
+        except ValueError:
+            return
+        self._peers[name] = desc
+        ch = self._channels.get(name)
+        if ch is not None:
+            with ch.cond:
+                ch.host, ch.port = desc.host, desc.tcp_port
 
     def close(self) -> None:
         """Stop paths and the server, withdraw the descriptor, free owned shared memory."""
@@ -243,6 +286,8 @@ class TransferEngine:
             for lane in ch.lanes:
                 if lane.thread is not None:
                     lane.thread.join(timeout=2 * self.config.slice_timeout_s)
+        if self._watch_future is not None:
+            self._watch_future.cancel()
         self._pool.close_all()
         if self.server is not None:
             self.server.close()

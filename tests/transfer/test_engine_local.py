@@ -1,0 +1,118 @@
+"""In-process checks: slicing, registration of every buffer kind, batches, wait_async."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import mmap
+import time
+
+import numpy as np
+import pytest
+
+from pymooncake.transfer import (
+    StatusCode,
+    TransferConfig,
+    TransferEngine,
+    TransferError,
+    TransferOp,
+    TransferRequest,
+    TransferState,
+)
+from pymooncake.transfer.segment import SegmentDescriptor
+from pymooncake.transfer.slicing import slice_size, split
+
+_ns = itertools.count()
+KiB, MiB = 1 << 10, 1 << 20
+
+
+@pytest.fixture
+def pair():  # noqa: ANN201
+    url = f"embedded://engine-local-{next(_ns)}"
+    cfg = TransferConfig(checksum=True)
+    a = TransferEngine("a", url, config=cfg).start()
+    b = TransferEngine("b", url, config=cfg).start()
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+def test_slicing_spreads_over_paths_within_bounds() -> None:
+    # 2.5 MiB over 2 paths, slices clamped to [64 KiB, 1 MiB]: 1 MiB, 1 MiB, 0.5 MiB.
+    size = slice_size(5 * MiB // 2, 2, 64 * KiB, MiB)
+    assert size == MiB
+    assert split(5 * MiB // 2, size) == [(0, MiB), (MiB, MiB), (2 * MiB, MiB // 2)]
+    assert slice_size(100 * KiB, 2, 64 * KiB, MiB) == 64 * KiB  # 50 KiB/path -> min
+    assert slice_size(MiB, 4, 64 * KiB, MiB) == 256 * KiB
+    assert split(0, 64) == []
+
+
+def test_register_every_buffer_kind_and_reject_bad_ones(pair) -> None:  # noqa: ANN001
+    a, _ = pair
+    torch = pytest.importorskip("torch")
+    ba = bytearray(b"x" * 4096)
+    mm = mmap.mmap(-1, 8192)
+    arr = np.zeros(1024, dtype=np.float32)
+    t = torch.arange(256, dtype=torch.int64)
+    addrs = [a.register_memory(x) for x in (ba, mm, arr, t)]
+    assert addrs[2] == arr.ctypes.data and addrs[3] == t.data_ptr()
+    assert {(r.addr, r.length) for r in a.registry.regions} == {
+        (addrs[0], 4096), (addrs[1], 8192), (addrs[2], 4096), (addrs[3], 2048)}
+    with pytest.raises(ValueError, match="overlaps"):
+        a.register_memory(arr[10:20])
+    with pytest.raises(ValueError, match="contiguous"):
+        a.register_memory(np.zeros((4, 4))[:, 1])
+    with pytest.raises(TypeError, match="buffer protocol"):
+        a.register_memory(object())
+    a.unregister_memory(arr)
+    with pytest.raises(KeyError):
+        a.unregister_memory(addrs[2])
+    for x in (ba, t):
+        a.unregister_memory(x)
+    a.unregister_memory(addrs[1])
+    mm.close()
+
+
+def test_descriptor_published_and_withdrawn(pair) -> None:  # noqa: ANN001
+    a, b = pair
+    buf = np.zeros(4096, dtype=np.uint8)
+    addr = b.register_memory(buf)
+    assert a.get_first_buffer_address("b") == addr
+    desc = SegmentDescriptor.decode(b.descriptor().encode())
+    assert desc == b.descriptor() and desc.tcp_port == b.tcp_port
+    with pytest.raises(ValueError, match="malformed"):
+        SegmentDescriptor.decode(b'{"name": 1}')
+    b.close()
+    # a learns of the withdrawal through its watch on the segment prefix.
+    deadline = time.monotonic() + 5
+    assert "b" in a._peers
+    while "b" in a._peers:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    st = a.transfer_sync(TransferOp.READ, a.register_memory(bytearray(16)), "b", addr, 16)
+    assert st.code is StatusCode.NOT_FOUND
+
+
+def test_wait_async_and_batch_misuse(pair) -> None:  # noqa: ANN001
+    a, b = pair
+    src = np.arange(4 * MiB, dtype=np.uint8)
+    dst = np.zeros(4 * MiB, dtype=np.uint8)
+    sa, da = a.register_memory(src), b.register_memory(dst)
+    bid = a.allocate_batch(2)
+    a.submit(bid, [TransferRequest(TransferOp.WRITE, sa, "b", da, 2 * MiB),
+                   TransferRequest.from_buffer(TransferOp.WRITE, src, 2 * MiB, "b",
+                                               da + 2 * MiB, 2 * MiB)])
+    with pytest.raises(TransferError, match="holds 2 requests"):
+        a.submit(bid, [TransferRequest(TransferOp.WRITE, sa, "b", da, 1)])
+
+    async def main() -> list:
+        return await a.wait_async(bid, timeout_s=10)
+
+    st = asyncio.run(main())
+    assert [s.state for s in st] == [TransferState.COMPLETED] * 2
+    assert np.array_equal(dst, src)
+    a.free_batch(bid)
+    with pytest.raises(TransferError, match="unknown batch"):
+        a.status(bid, 0)
