@@ -43,6 +43,14 @@ def test_put_get_two_phase_and_distinct_replicas(cluster_factory) -> None:
     assert ei.value.status == "NOT_READY"
     writer.put_end("half", h.generation)
     assert reader.exist("half")
+    # reads prefer a replica in the reader's own segment
+    local = cl.client(global_segment_size=4 * MiB)
+    writer.put("loc", v, ReplicateConfig(replica_num=2, preferred_segment=local.segment_name))
+    assert local.segment_name in {r.segment for r in local.replica_list("loc").replicas}
+    counter = CountingPath(local)
+    for _ in range(4):
+        assert local.get("loc") == v
+    assert counter.by_segment == {local.segment_name: 4}
 
 
 def wait_until(pred, timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:

@@ -1,0 +1,65 @@
+"""The master service shell in-process (real RPC over loopback, fake clock): metrics for
+objects, bytes per tier, evictions by reason, leases/pins and per-namespace capacity."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pymooncake.obs import metrics
+from pymooncake.rpc import RpcClient, RpcError
+from pymooncake.store.config import MasterConfig
+from pymooncake.store.master.service import MasterService
+
+
+def sample(name: str, **labels: str) -> float:
+    for fam in text_string_to_metric_families(metrics.render().decode()):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    raise KeyError(name)
+
+
+def test_metrics_and_malformed_requests() -> None:
+    async def main() -> None:
+        now = {"t": 100.0}
+        svc = MasterService(MasterConfig(port=0, default_kv_lease_ttl_ms=1000),
+                            clock=lambda: now["t"], tick_interval_s=3600)
+        await svc.start()
+        c = RpcClient("127.0.0.1", svc.port)
+        try:
+            await c.call("mount_segment", {"client_id": "c", "segment": "s", "host": "h",
+                                           "base_addr": 4096, "size_bytes": 3 * 4096})
+            before = sample("pymooncake_store_evictions_total", reason="no_space") \
+                if "no_space" in metrics.render().decode() else 0.0
+            for key in ("nsA/k1", "nsA/k2", "nsB:k3", "nsB:k4"):
+                h = await c.call("put_start", {"client_id": "c", "key": key,
+                                               "size_bytes": 4096,
+                                               "config": {"soft_pin": key == "nsB:k3"}})
+                await c.call("put_end", {"client_id": "c", "key": key,
+                                         "generation": h["generation"]})
+                now["t"] += 1.0
+            await c.call("exist", {"client_id": "r", "key": "nsB:k4"})
+            # malformed requests are refused; the master keeps serving
+            for bad in (None, [], {"client_id": 3, "key": "x"}, {"key": "x"}):
+                try:
+                    await c.call("exist", bad)
+                    raise AssertionError("accepted")
+                except RpcError as e:
+                    assert e.code == "INVALID_ARGUMENT"
+            svc._update_gauges(now["t"] * 1000)
+            # 3 slots, 4 puts: the LRU unpinned, unleased object (nsA/k1) was evicted
+            assert sample("pymooncake_store_objects") == 3
+            assert sample("pymooncake_store_used_bytes", tier="dram") == 3 * 4096
+            assert sample("pymooncake_store_evictions_total", reason="no_space") == before + 1
+            assert sample("pymooncake_store_namespace_bytes", namespace="nsA") == 4096
+            assert sample("pymooncake_store_namespace_bytes", namespace="nsB") == 2 * 4096
+            assert sample("pymooncake_store_leased_objects") == 1
+            assert sample("pymooncake_store_pinned_objects", kind="soft") == 1
+            assert await c.call("exist", {"client_id": "r", "key": "nsA/k1"}) is False
+        finally:
+            await c.close()
+            await svc.stop()
+
+    asyncio.run(main())
