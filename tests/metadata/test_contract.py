@@ -165,3 +165,31 @@ def test_unreachable_server_raises_metadata_error() -> None:
 def test_open_metadata_rejects_unknown_scheme() -> None:
     with pytest.raises(ValueError, match="unsupported metadata url"):
         open_metadata("redis://127.0.0.1:6379")
+
+
+def test_leader_election_resign_and_expiry(url: str, prefix: str) -> None:
+    from pymooncake.metadata.election import LeaderElection
+
+    async def main() -> None:
+        md = await _open(url)
+        try:
+            key = prefix + "leader"
+            a = LeaderElection(md, key, b"A", ttl_s=1.0)
+            b = LeaderElection(md, key, b"B", ttl_s=1.0)
+            assert await a.campaign(timeout_s=5) is True
+            assert await b.campaign(timeout_s=0.2) is False
+            assert await b.leader() == b"A" and a.is_leader and not b.is_leader
+            # A resigns: B wins at once (woken by the delete).
+            waiter = asyncio.create_task(b.campaign(timeout_s=5))
+            await asyncio.sleep(0.1)
+            await a.resign()
+            assert await waiter is True and await a.leader() == b"B"
+            # B "crashes" (stops keeping its lease alive): A wins after the TTL.
+            await b.abandon()
+            assert await a.campaign(timeout_s=6) is True
+            assert await a.leader() == b"A"
+            await a.resign()
+        finally:
+            await md.close()
+
+    asyncio.run(main())

@@ -6,6 +6,8 @@ Backends, chosen by URL with :func:`open_metadata`:
 * ``http://host:port/metadata``: Mooncake-style HTTP metadata server
   (``pymooncake metadata-server``, :class:`~pymooncake.metadata.http.MetadataHttpServer`);
 * ``etcd://host:port``: a real etcd v3 server.
+
+:class:`~pymooncake.metadata.election.LeaderElection` elects a leader over any backend.
 """
 
 from __future__ import annotations
