@@ -14,7 +14,16 @@ from typing import Any
 
 from pymooncake.cli.common import add_group, add_json_flag, emit
 
-DEFAULT_TRACES_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
+
+def _default_traces_dir() -> Path:
+    """``../shared/traces`` beside the checkout (or beside the working directory)."""
+    for base in (Path(__file__).resolve().parents[3].parent, Path.cwd().resolve().parent):
+        if (base / "shared" / "traces").is_dir():
+            return base / "shared" / "traces"
+    return Path("../shared/traces")
+
+
+DEFAULT_TRACES_DIR = _default_traces_dir()
 SCENARIOS = ("colocated", "pd", "pd-local", "pd-global")
 SCHEDULERS = ("random", "round-robin", "load", "local-cache", "global-cache")
 
