@@ -45,7 +45,7 @@ def test_broken_line_exits_1_with_file_and_line(write_jsonl) -> None:  # noqa: A
     assert p.returncode == 1
     assert p.stdout == ""
     assert p.stderr.splitlines() == [
-        f"pymooncake: error: {path}:2: output_length must be an int >= 0, got -4"]
+        f"pymooncake: error: {path}:2: output_length must be an int in [0, 2147483647], got -4"]
 
 
 def test_skip_invalid_reports_count(write_jsonl) -> None:  # noqa: ANN001

@@ -59,15 +59,15 @@ BAD_LINES = [
     ('"text"', "expected a JSON object, got str"),
     ({"timestamp": 0, "input_length": 5, "output_length": 1}, "missing field 'hash_ids'"),
     ({"input_length": 5, "hash_ids": []}, "missing fields 'timestamp', 'output_length'"),
-    (req(0, "5", 1, [1]), "input_length must be an int >= 1, got '5'"),  # type: ignore[arg-type]
-    (req(0, 5.0, 1, [1]), "input_length must be an int >= 1, got 5.0"),  # type: ignore[arg-type]
-    (req(0, True, 1, [1]), "input_length must be an int >= 1, got True"),  # type: ignore[arg-type]
-    (req(0, -5, 1, []), "input_length must be an int >= 1, got -5"),
-    (req(0, 0, 1, []), "input_length must be an int >= 1, got 0"),
-    (req(0, 5, -1, [1]), "output_length must be an int >= 0, got -1"),
-    (req(0, 5, 1.5, [1]), "output_length must be an int >= 0, got 1.5"),  # type: ignore[arg-type]
+    (req(0, "5", 1, [1]), "input_length must be an int in [1, 2147483647], got '5'"),  # type: ignore[arg-type]
+    (req(0, 5.0, 1, [1]), "input_length must be an int in [1, 2147483647], got 5.0"),  # type: ignore[arg-type]
+    (req(0, True, 1, [1]), "input_length must be an int in [1, 2147483647], got True"),  # type: ignore[arg-type]
+    (req(0, -5, 1, []), "input_length must be an int in [1, 2147483647], got -5"),
+    (req(0, 0, 1, []), "input_length must be an int in [1, 2147483647], got 0"),
+    (req(0, 5, -1, [1]), "output_length must be an int in [0, 2147483647], got -1"),
+    (req(0, 5, 1.5, [1]), "output_length must be an int in [0, 2147483647], got 1.5"),  # type: ignore[arg-type]
     (req("0", 5, 1, [1]), "timestamp must be a finite number of ms, got '0'"),  # type: ignore[arg-type]
-    (req(-1, 5, 1, [1]), "timestamp must be >= 0 ms, got -1.0"),
+    (req(-1, 5, 1, [1]), "timestamp must be in [0, 1e+15] ms, got -1.0"),
     ('{"timestamp": NaN, "input_length": 5, "output_length": 1, "hash_ids": [1]}',
      "timestamp must be a finite number"),
     ({"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": "1,2"},

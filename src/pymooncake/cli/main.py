@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -59,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pymooncake {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND",
                                 parser_class=OneLineArgumentParser)
-    sub.required = True
+    # Not ``required``: argparse would then report a missing COMMAND before an unknown
+    # flag; ``main`` reports a missing command itself, in one line.
     for name in COMMAND_MODULES:
         module = importlib.import_module(name)
         module.register(sub)
@@ -70,11 +72,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
-    if handler is None:  # a command group given without its sub-command
-        args.parser_for_help.print_help(sys.stderr)
+    if handler is None:  # no command, or a command group without its sub-command
+        group = getattr(args, "parser_for_help", parser)
+        choices = next((a.choices for a in group._actions
+                        if isinstance(a, argparse._SubParsersAction)), {})
+        sys.stderr.write(f"{group.prog}: error: missing command (choose from "
+                         f"{', '.join(choices)}; see --help)\n")
         return 2
     try:
         return int(handler(args) or 0)
+    except BrokenPipeError:  # e.g. `pymooncake trace head | head -1`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except UsageError as e:
         sys.stderr.write(f"pymooncake: error: {e}\n")
         return 2

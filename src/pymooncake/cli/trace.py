@@ -98,9 +98,13 @@ def _human_stats(d: dict[str, Any]) -> str:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
+    from pymooncake.cli.main import CommandError
     from pymooncake.workload import trace_stats
 
     trace = _load(args)
+    if not trace.requests:
+        skipped = f" ({trace.num_skipped} invalid lines skipped)" if trace.num_skipped else ""
+        raise CommandError(f"{trace.path}: no valid requests{skipped}")
     payload = {"path": trace.path, **trace_stats(trace).to_dict()}
     emit(payload, args.json, _human_stats)
     return 0

@@ -69,7 +69,10 @@ def block_keys(token_ids: Sequence[int] | np.ndarray, namespace: CacheNamespace,
 
     Raises:
         ValueError: a token id outside ``[0, 2**32)`` or not an integer.
+        TypeError: ``namespace`` is not a ``CacheNamespace``.
     """
+    if not isinstance(namespace, CacheNamespace):
+        raise TypeError(f"namespace must be a CacheNamespace, got {type(namespace).__name__}")
     tokens = encode_block_tokens(token_ids)
     bs = namespace.block_size
     n_full = tokens.size // bs

@@ -47,13 +47,19 @@ def tokenizer_fingerprint(tokenizer_dir: str | Path | None = None,
         chat_template: an explicit chat template string, overriding/adding to the files.
 
     Raises:
-        FileNotFoundError: ``tokenizer_dir`` does not exist or holds none of the files.
+        FileNotFoundError: ``tokenizer_dir`` is not a directory or holds none of the files.
+        TypeError: ``tokenizer_dir`` is not a path or ``chat_template`` not a str.
     """
     files: list[tuple[str, bytes]] = []
+    if tokenizer_dir is not None and not isinstance(tokenizer_dir, str | Path):
+        raise TypeError(f"tokenizer_dir must be a path, got {type(tokenizer_dir).__name__}")
+    if chat_template is not None and not isinstance(chat_template, str):
+        raise TypeError(f"chat_template must be a str, got {type(chat_template).__name__}")
     if tokenizer_dir is not None:
         d = Path(tokenizer_dir)
         if not d.is_dir():
-            raise FileNotFoundError(f"tokenizer directory {d} does not exist")
+            what = "is a file, not a directory" if d.exists() else "does not exist"
+            raise FileNotFoundError(f"tokenizer directory {d} {what}")
         files = [(n, (d / n).read_bytes()) for n in TOKENIZER_FILES if (d / n).is_file()]
         if not files:
             raise FileNotFoundError(f"{d} holds none of the tokenizer files {TOKENIZER_FILES}")
@@ -80,9 +86,13 @@ def adapter_fingerprint(adapter_files: dict[str, bytes] | str | Path) -> str:
                 raise ValueError(f"adapter_files must map str names to bytes, got {name!r}: "
                                  f"{type(data).__name__}")
     else:
+        if not isinstance(adapter_files, str | Path):
+            raise TypeError("adapter_files must be a directory path or a dict of name -> bytes, "
+                            f"got {type(adapter_files).__name__}")
         d = Path(adapter_files)
         if not d.is_dir():
-            raise FileNotFoundError(f"adapter directory {d} does not exist")
+            what = "is a file, not a directory" if d.exists() else "does not exist"
+            raise FileNotFoundError(f"adapter directory {d} {what}")
         files = [(str(p.relative_to(d)), p.read_bytes()) for p in d.rglob("*") if p.is_file()]
         if not files:
             raise FileNotFoundError(f"adapter directory {d} is empty")

@@ -54,6 +54,9 @@ def _as_int(name: str, v: Any) -> int:
     return int(v)
 
 
+MAX_BLOCK_SIZE = 2**20
+"""Largest ``block_size`` (tokens) and ``tp_size`` accepted; keeps the encoding in range."""
+
 # Version tag of the encoding; changing the encoding must change this tag.
 _NAMESPACE_TAG = b"pymooncake.identity.namespace/v1\x00"
 
@@ -145,8 +148,9 @@ class CacheNamespace:
             v = getattr(self, name)
             if not isinstance(v, str):
                 raise ValueError(f"CacheNamespace.{name} must be str, got {type(v).__name__}")
-            if not v:
-                raise ValueError(f"CacheNamespace.{name} must not be empty: {_WHAT[name]}")
+            if not v.strip():
+                raise ValueError(f"CacheNamespace.{name} must not be empty or blank: "
+                                 f"{_WHAT[name]}")
         if self.kv_dtype not in KV_DTYPE_BYTES:
             raise ValueError(f"CacheNamespace.kv_dtype {self.kv_dtype!r} unknown; "
                              f"use one of {sorted(KV_DTYPE_BYTES)}")
@@ -154,8 +158,9 @@ class CacheNamespace:
             object.__setattr__(self, name, _as_int(f"CacheNamespace.{name}", getattr(self, name)))
         for name in ("block_size", "tp_size"):
             v = getattr(self, name)
-            if v <= 0:
-                raise ValueError(f"CacheNamespace.{name} must be a positive int, got {v!r}")
+            if not 0 < v <= MAX_BLOCK_SIZE:
+                raise ValueError(f"CacheNamespace.{name} must be an int in [1, {MAX_BLOCK_SIZE}],"
+                                 f" got {v!r}")
         if not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"CacheNamespace.tp_rank must be in [0, {self.tp_size}), "
                              f"got {self.tp_rank!r}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from pymooncake.workload.trace import Trace, TraceRequest
+from pymooncake.workload.trace import MAX_TIMESTAMP_MS, Trace, TraceRequest
 
 
 def _with_requests(trace: Trace, requests: list[TraceRequest]) -> Trace:
@@ -27,6 +27,11 @@ def scale_arrivals(trace: Trace, factor: float) -> Trace:
     if isinstance(factor, bool) or not isinstance(factor, int | float) \
             or not math.isfinite(factor) or factor <= 0:
         raise ValueError(f"factor must be a finite number > 0 (2 = twice as fast), got {factor!r}")
+    last_ms = max((r.timestamp_ms for r in trace.requests), default=0.0)
+    if last_ms / factor > MAX_TIMESTAMP_MS:
+        raise ValueError(f"factor {factor!r} stretches the last arrival ({last_ms:g} ms) past "
+                         f"{MAX_TIMESTAMP_MS:.0e} ms; use a factor >= "
+                         f"{last_ms / MAX_TIMESTAMP_MS:.3g}")
     return _with_requests(trace, [dataclasses.replace(r, timestamp_ms=r.timestamp_ms / factor)
                                   for r in trace.requests])
 

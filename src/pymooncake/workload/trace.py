@@ -56,6 +56,12 @@ class TraceError(ValueError):
         super().__init__(f"{where}: {message}")
 
 
+MAX_LENGTH_TOKENS = 2**31 - 1
+"""Largest ``input_length``/``output_length`` accepted (tokens); far above any context."""
+MAX_TIMESTAMP_MS = 1e15
+"""Largest timestamp accepted (ms, ~31,000 years): keeps arithmetic on it exact enough."""
+
+
 def _is_int(v: object) -> bool:
     return type(v) is int  # excludes bool (a subclass of int) and floats like 3.0
 
@@ -84,12 +90,14 @@ class TraceRequest:
         ts = self.timestamp_ms
         if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
             raise ValueError(f"timestamp must be a finite number of ms, got {ts!r}")
-        if ts < 0:
-            raise ValueError(f"timestamp must be >= 0 ms, got {ts!r}")
-        if not _is_int(self.input_length) or self.input_length < 1:
-            raise ValueError(f"input_length must be an int >= 1, got {self.input_length!r}")
-        if not _is_int(self.output_length) or self.output_length < 0:
-            raise ValueError(f"output_length must be an int >= 0, got {self.output_length!r}")
+        if not 0 <= ts <= MAX_TIMESTAMP_MS:
+            raise ValueError(f"timestamp must be in [0, {MAX_TIMESTAMP_MS:.0e}] ms, got {ts!r}")
+        if not _is_int(self.input_length) or not 1 <= self.input_length <= MAX_LENGTH_TOKENS:
+            raise ValueError(f"input_length must be an int in [1, {MAX_LENGTH_TOKENS}], "
+                             f"got {self.input_length!r}")
+        if not _is_int(self.output_length) or not 0 <= self.output_length <= MAX_LENGTH_TOKENS:
+            raise ValueError(f"output_length must be an int in [0, {MAX_LENGTH_TOKENS}], "
+                             f"got {self.output_length!r}")
         if not isinstance(self.hash_ids, tuple):
             raise ValueError("hash_ids must be a tuple of ints, "
                              f"got {type(self.hash_ids).__name__}")
