@@ -25,7 +25,7 @@ class FakeExternalTier(NullHooks):
         self.num_layers = k.num_layers
         self.blocks = {
             b.block_key: torch.frombuffer(bytearray(b.data), dtype=torch.uint8).view(k.dtype)
-            .view(k.num_layers, 2, 1, k.num_kv_heads, k.block_size, k.head_dim)
+            .view(k.num_layers, 2, k.num_kv_heads, 1, k.block_size, k.head_dim)
             for b in blocks}
         self.delay_layer, self.delay_s, self.fail_layer = delay_layer, delay_s, fail_layer
         self.transfer_done_s: dict[int, float] = {}
@@ -65,7 +65,7 @@ class FakeExternalTier(NullHooks):
                 self._events[layer].set()
                 continue
             for ld in loads:
-                data = torch.cat([self.blocks[k][layer] for k in ld.block_keys], dim=1)
+                data = torch.cat([self.blocks[k][layer] for k in ld.block_keys], dim=2)
                 kv.import_layer(layer, ld.block_ids, data)
                 if layer == 0:
                     self.written_block_ids.extend(ld.block_ids)

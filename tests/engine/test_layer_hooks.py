@@ -141,7 +141,7 @@ def test_after_layer_hook_sees_each_layers_new_kv() -> None:
     # what after_layer(i) exported equals the finished cache of layer i
     ids = engine.export_blocks(prompt)
     assert len(ids) == 3
-    whole = torch.stack([rec.new_kv[i] for i in range(4)])  # [L, 2, 3, H, bs, D]
+    whole = torch.stack([rec.new_kv[i] for i in range(4)])  # [L, 2, H, 3, bs, D]
     ref = torch.cat([torch.frombuffer(bytearray(b.data), dtype=torch.float32)
-                     .view(4, 2, 1, 2, 16, 32) for b in ids], dim=2)
+                     .view(4, 2, 2, 1, 16, 32) for b in ids], dim=3)
     assert torch.equal(whole, ref)

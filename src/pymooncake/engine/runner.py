@@ -85,9 +85,9 @@ class ModelRunner:
             pos = torch.arange(max_blocks * bs, dtype=torch.int64)
             ctx_t = torch.as_tensor(decode_ctx, dtype=torch.int64)
             dtype = self.kv.dtype
-            meta.decode_bias = torch.zeros(len(decode_rows), 1, 1, max_blocks * bs,
+            meta.decode_bias = torch.zeros(1, len(decode_rows), 1, max_blocks * bs,
                                            dtype=dtype).masked_fill_(
-                (pos[None, :] >= ctx_t[:, None])[:, None, None, :], float("-inf"))
+                (pos[None, :] >= ctx_t[:, None])[None, :, None, :], float("-inf"))
             meta.decode_index = torch.as_tensor(decode_rows, dtype=torch.int64)
         ctx = StepContext(self.step_id, tuple(seqs), tuple(out.loads))
         return torch.as_tensor(ids, dtype=torch.int64), pos_t, meta, sample_rows, ctx

@@ -1,6 +1,6 @@
 """Paged attention over the block-table KV cache (vLLM PagedAttention's idea, in PyTorch).
 
-Per layer the cache is ``[2, num_blocks, kv_heads, block_size, head_dim]`` (K, V). All
+Per layer the cache is ``[2, kv_heads, num_blocks, block_size, head_dim]`` (K, V). All
 tokens of a step are flattened into one ``[T, ...]`` batch. Each layer first writes the
 step's new K/V at their slots (slot = block_id * block_size + offset), then every sequence
 attends over its context gathered through its block table, whole blocks at a time. Decode
@@ -41,7 +41,7 @@ class AttentionMetadata:
     ``slot_blocks``/``slot_offsets``: ``[T]`` int64 block id and offset of each new token.
     ``decode_index``: ``[Bd]`` int64 token indices of decode tokens (one per sequence).
     ``decode_block_table``: ``[Bd * max_blocks]`` int64 block ids, row-major, padded with 0.
-    ``decode_bias``: ``[Bd, 1, 1, max_blocks * block_size]`` float, 0 or -inf on padding.
+    ``decode_bias``: ``[1, Bd, 1, max_blocks * block_size]`` float, 0 or -inf on padding.
     """
 
     slot_blocks: torch.Tensor
@@ -55,20 +55,19 @@ class AttentionMetadata:
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              meta: AttentionMetadata) -> None:
     """Store new ``k, v`` ``[T, kv_heads, head_dim]`` at the step's slots of a layer's
-    ``[2, num_blocks, kv_heads, block_size, head_dim]`` cache."""
-    kv_cache[0, meta.slot_blocks, :, meta.slot_offsets] = k
-    kv_cache[1, meta.slot_blocks, :, meta.slot_offsets] = v
+    ``[2, kv_heads, num_blocks, block_size, head_dim]`` cache."""
+    kv_cache[0][:, meta.slot_blocks, meta.slot_offsets] = k.transpose(0, 1)
+    kv_cache[1][:, meta.slot_blocks, meta.slot_offsets] = v.transpose(0, 1)
 
 
 def gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor,
                   num_seqs: int) -> torch.Tensor:
-    """``[2, num_seqs, kv_heads, num_blocks_per_seq * block_size, head_dim]`` (K and V) from
-    a layer cache ``[2, num_blocks, kv_heads, block_size, head_dim]`` and row-major
-    ``block_ids`` (one gather for K and V together)."""
-    g = kv_cache.index_select(1, block_ids)
-    nb = block_ids.shape[0] // num_seqs
-    _, _, h, bs, d = g.shape
-    return g.view(2, num_seqs, nb, h, bs, d).transpose(2, 3).reshape(2, num_seqs, h, nb * bs, d)
+    """``[2, kv_heads, num_seqs, num_blocks_per_seq * block_size, head_dim]`` (K and V) from
+    a layer cache ``[2, kv_heads, num_blocks, block_size, head_dim]`` and row-major
+    ``block_ids``: one gather for K and V together, and no transpose copy."""
+    g = kv_cache.index_select(2, block_ids)
+    _, h, n, bs, d = g.shape
+    return g.view(2, h, num_seqs, (n // num_seqs) * bs, d)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -95,8 +94,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
                                                enable_gqa=gqa)
         else:
-            kvs = gather_blocks(kv_cache, seq.ctx_blocks, 1)[:, :, :, :seq.ctx_len]
-            ks, vs = kvs[0], kvs[1]
+            kvs = gather_blocks(kv_cache, seq.ctx_blocks, 1)[:, :, 0, :seq.ctx_len]
+            ks, vs = kvs[0].unsqueeze(0), kvs[1].unsqueeze(0)
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seq.mask, scale=scale,
                                                enable_gqa=gqa)
         out[s:s + n] = o[0].transpose(0, 1)
@@ -114,10 +113,9 @@ def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor,
     """One query per sequence: ``q`` ``[Bd, heads, D]`` → ``[Bd, heads, D]``. The query
     heads sharing a KV head (GQA) are grouped, so K/V are never repeated."""
     bd, num_heads, head_dim = q.shape
-    kv_heads = kv_cache.shape[2]
-    kvb = gather_blocks(kv_cache, block_table, bd)  # [2, Bd, kv_heads, ctx, D]
-    kb, vb = kvb[0], kvb[1]
-    qg = q.view(bd, kv_heads, num_heads // kv_heads, head_dim)
-    scores = torch.matmul(qg, kb.transpose(-1, -2)).mul_(scale).add_(bias)
-    probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, vb).view(bd, num_heads, head_dim)
+    kv_heads = kv_cache.shape[1]
+    kvb = gather_blocks(kv_cache, block_table, bd)  # [2, kv_heads, Bd, ctx, D]
+    qh = q.view(bd, kv_heads, num_heads // kv_heads, head_dim).transpose(0, 1)
+    scores = torch.matmul(qh, kvb[0].transpose(-1, -2)).mul_(scale).add_(bias)
+    probs = torch.softmax(scores, dim=-1)  # [kv_heads, Bd, group, ctx]
+    return torch.matmul(probs, kvb[1]).transpose(0, 1).reshape(bd, num_heads, head_dim)
