@@ -5,6 +5,7 @@ pointers). Expected codes are Mooncake's (../shared/MOONCAKE.md)."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -23,21 +24,72 @@ MB = 1 << 20
 OBJECT_NOT_FOUND, OBJECT_HAS_LEASE, INVALID_PARAMS = -704, -706, -600
 
 
-@pytest.fixture
-def env(cluster_factory):
-    cl = cluster_factory("--default-kv-lease-ttl", "500")
+class _MooncakeCluster:
+    """Mooncake's own master (wheel ``mooncake-transfer-engine-non-cuda``), to check that
+    this file's expectations are Mooncake's."""
+
+    def __init__(self) -> None:
+        import subprocess
+
+        from pymooncake.store import bench
+
+        exe = bench._mooncake_master()
+        mport, hport = bench._free_port(), bench._free_port()
+        self.proc = subprocess.Popen(
+            [exe, f"--rpc_port={mport}", "--enable_http_metadata_server=true",
+             "--http_metadata_server_host=127.0.0.1", f"--http_metadata_server_port={hport}",
+             f"--metrics_port={bench._free_port()}", "--default_kv_lease_ttl=500"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.master_addr = f"127.0.0.1:{mport}"
+        self.metadata_url = f"http://127.0.0.1:{hport}/metadata"
+        import socket
+
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", mport), 1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        time.sleep(0.3)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(5)
+
+
+def _mooncake_available() -> bool:
+    from pymooncake.store import bench
+
+    return os.environ.get("PYMOONCAKE_COMPAT_VS_MOONCAKE") == "1" and bench.mooncake_available()
+
+
+@pytest.fixture(params=["pymooncake", "mooncake"])
+def env(request, cluster_factory):
+    impl = request.param
+    if impl == "mooncake":
+        if not _mooncake_available():
+            pytest.skip("set PYMOONCAKE_COMPAT_VS_MOONCAKE=1 with the Mooncake wheel installed")
+        import mooncake.store as module
+        cl = _MooncakeCluster()
+    else:
+        import pymooncake.store.compat as module
+        cl = cluster_factory("--default-kv-lease-ttl", "500")
+    Store = module.MooncakeDistributedStore
     stores = []
 
-    def make(segment: int = 16 * MB, local: int = 16 * MB) -> MooncakeDistributedStore:
-        s = MooncakeDistributedStore()
+    def make(segment: int = 16 * MB, local: int = 16 * MB):
+        s = Store()
         rc = s.setup("localhost", cl.metadata_url, segment, local, "tcp", "", cl.master_addr)
         assert rc == 0
         stores.append(s)
         return s
 
-    yield cl, make
+    yield cl, make, module
     for s in stores:
         s.close()
+    if impl == "mooncake":
+        cl.close()
 
 
 def test_module_level_types() -> None:
@@ -52,7 +104,7 @@ def test_module_level_types() -> None:
 
 
 def test_put_get_exist_size_remove(env) -> None:
-    cl, make = env
+    cl, make, mod = env
     store = make()
     assert store.health_check() == 0
     host, _, port = store.get_hostname().rpartition(":")
@@ -86,7 +138,7 @@ def test_put_get_exist_size_remove(env) -> None:
 
 
 def test_zero_copy_pointers_and_buffer_handle(env) -> None:
-    cl, make = env
+    cl, make, mod = env
     store = make()
     src = np.frombuffer(np.random.bytes(64 * 1024), dtype=np.uint8).copy()
     dst = np.zeros(128 * 1024, dtype=np.uint8)
@@ -111,8 +163,9 @@ def test_zero_copy_pointers_and_buffer_handle(env) -> None:
 
 
 def test_replicate_config_and_soft_pin_rules(env) -> None:
-    cl, make = env
+    cl, make, mod = env
     store = make()
+    ReplicateConfig, SoftPinAction = mod.ReplicateConfig, mod.SoftPinAction  # noqa: N806
     cfg = ReplicateConfig()
     cfg.replica_num = 2  # only one segment: best effort, one replica, still 0
     assert store.put("r2", b"v" * 100, cfg) == 0 and store.get("r2") == b"v" * 100
@@ -135,9 +188,9 @@ def test_replicate_config_and_soft_pin_rules(env) -> None:
 
 
 def test_two_stores_share_data_and_dict_setup(env) -> None:
-    cl, make = env
+    cl, make, mod = env
     a = make()
-    b = MooncakeDistributedStore()
+    b = type(a)()
     assert b.setup({"local_hostname": "localhost", "metadata_server": cl.metadata_url,
                     "global_segment_size": "16MB", "local_buffer_size": "16MB",
                     "protocol": "tcp", "master_server_addr": cl.master_addr}) == 0
@@ -145,20 +198,21 @@ def test_two_stores_share_data_and_dict_setup(env) -> None:
         val = np.random.bytes(3 * MB)
         assert a.put("shared", val) == 0
         assert b.get("shared") == val
-        arr = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
-        assert a.put_tensor("t", arr) == 0
-        got = b.get_tensor("t")
-        assert got.dtype == np.float32 and got.shape == (2, 3, 4)
-        assert np.array_equal(got, arr)
-        assert b.batch_put_tensor(["t1", "t2"], [arr[0], arr[1]]) == [0, 0]
-        assert [x.shape for x in a.batch_get_tensor(["t1", "t2"])] == [(3, 4), (3, 4)]
-        assert a.batch_get_tensor(["none"]) == [None]
+        if not mod.__name__.startswith("mooncake"):  # numpy in tensor helpers: extension
+            arr = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+            assert a.put_tensor("t", arr) == 0
+            got = b.get_tensor("t")
+            assert got.dtype == np.float32 and got.shape == (2, 3, 4)
+            assert np.array_equal(got, arr)
+            assert b.batch_put_tensor(["t1", "t2"], [arr[0], arr[1]]) == [0, 0]
+            assert [x.shape for x in a.batch_get_tensor(["t1", "t2"])] == [(3, 4), (3, 4)]
+            assert a.batch_get_tensor(["none"]) == [None]
     finally:
         b.close()
-    bad = MooncakeDistributedStore()
+    bad = type(a)()
     assert bad.setup({"local_hostname": "localhost", "metadata_server": cl.metadata_url,
                       "global_segment_size": "50%", "master_server_addr": cl.master_addr}) != 0
-    reader = MooncakeDistributedStore()
+    reader = type(a)()
     assert reader.setup("localhost", cl.metadata_url, 0, 0, "tcp", "", cl.master_addr) == 0
     try:
         assert reader.put("cannot", b"x") != 0  # local_buffer_size=0: put fails
@@ -169,7 +223,7 @@ def test_two_stores_share_data_and_dict_setup(env) -> None:
 
 def test_torch_tensor_round_trip(env) -> None:
     torch = pytest.importorskip("torch")
-    cl, make = env
+    cl, make, mod = env
     store = make()
     t = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
     assert store.put_tensor("bf16", t) == 0
