@@ -1,25 +1,33 @@
 # The two set-up commands of the README: `make demo` and `make test`.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# ../shared/traces is where the public Mooncake traces live next to a checkout; the
-# package also bundles the conversation trace, so `pymooncake trace stats` works without it.
+# pip's own notes about this machine's local package mirrors are noise for a reader.
+PIP_QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: demo test install lint clean system-deps
+.PHONY: demo test install install-core lint clean system-deps
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --upgrade pip $(PIP_QUIET)
 
+# The core install: every layer but the engine (no torch) and the test tools.
+install-core: $(BIN)/python
+	$(BIN)/pip install --quiet -e . $(PIP_QUIET)
+
+# Everything: the engine (torch 2.13.0 CPU build from the local disk), the HTTP API, tests.
 install: $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[engine,api,dev]'
+	$(BIN)/pip install --quiet -e '.[engine,api,dev]' $(PIP_QUIET)
 
 # Real etcd for the etcd metadata backend's tests (Debian's etcd-server). Best effort: the
 # etcd tests skip with a reason when it cannot be installed.
 system-deps:
 	@command -v etcd >/dev/null 2>&1 || { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null) || echo "note: etcd-server could not be installed; etcd tests will skip"; }
 
-demo: install
+# The main job on its embedded default: statistics of the bundled conversation trace.
+demo: install-core
 	$(BIN)/pymooncake trace stats
 
 lint: install
