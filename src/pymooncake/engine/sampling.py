@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where sampling happens, not by the pure cores
+    import torch
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,8 @@ def sample_row(logits: torch.Tensor, params: SamplingParams,
     The logprob is of the chosen token under the model's distribution (raw logits, before
     temperature/top-k/top-p).
     """
+    import torch
+
     logprobs = torch.log_softmax(logits.double(), dim=-1)
     if params.greedy:
         token = int(torch.argmax(logits))
@@ -78,4 +82,5 @@ def sample_row(logits: torch.Tensor, params: SamplingParams,
 
 def greedy_batch(logits: torch.Tensor) -> list[int]:
     """Argmax of each row of ``[N, vocab]`` logits."""
+    import torch
     return torch.argmax(logits, dim=-1).tolist()

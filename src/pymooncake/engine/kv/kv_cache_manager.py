@@ -20,8 +20,12 @@ keeps exactly one entry per key.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pymooncake.engine.kv.block_pool import BlockPool, KVBlock
-from pymooncake.engine.request import Request
+
+if TYPE_CHECKING:
+    from pymooncake.engine.request import Request
 
 
 class KVCacheManager:
