@@ -321,3 +321,26 @@ def test_spill_and_load_orders() -> None:
     assert tiers == ["dram", "ssd"]
     assert sorted(core.list_keys()) == ["a", "b", "c"]
     assert core.stats(6.0)["ssd_used_bytes"] == 2 * 4096
+
+
+def test_spill_never_frees_dram_under_a_reader() -> None:
+    core = MasterCore(MasterConfig(default_kv_lease_ttl_ms=1000))
+    core.mount_segment("c0", "s0", "h", 4096, 2 * 4096, 0.0, ssd_capacity_bytes=MiB)
+    put(core, "a", 4096, 0.0)
+    put(core, "b", 4096, 1.0)
+    assert core.evict(4096, 2.0) == ["a"]
+    (sp,) = core.drain_effects().spills
+    rl = core.get_replica_list("reader", "a", 3.0)  # a read starts while "a" is copied out
+    assert core.spill_done("a", sp.generation, "s0", ok=True, now_ms=4.0)
+    assert core.pool.used_bytes() == 2 * 4096  # the reader's range is still allocated
+    assert sorted(r.tier for r in core.get_replica_list("x", "a", 5.0).replicas) == \
+        ["dram", "ssd"]
+    assert rl.replicas[0].addr == 4096
+    # once unleased, a later eviction drops only the DRAM copy (the SSD copy exists)
+    core.get_replica_list("x", "b", 5.5)  # "b" is now more recently used than "a"
+    core.release_leases("reader", ["a"])
+    core.release_leases("x", ["a", "b"])
+    assert core.evict(4096, 6.0) == ["a"]
+    assert core.drain_effects().spills == []
+    assert core.pool.used_bytes() == 4096
+    assert [r.tier for r in core.get_replica_list("x", "a", 7.0).replicas] == ["ssd"]

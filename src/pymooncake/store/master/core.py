@@ -443,25 +443,34 @@ class MasterCore:
     # -- SSD tier --------------------------------------------------------------------------
 
     def spill_done(self, key: str, generation: int, segment: str, ok: bool,
-                   ssd_dropped: list[str] = ()) -> bool:
+                   ssd_dropped: list[str] = (), now_ms: float = 0.0) -> bool:
         """The service finished a ``SpillOrder``. Returns False when the object is gone
-        (the caller must delete the SSD file)."""
+        (the caller must delete the SSD file).
+
+        A reader may have leased the object while it was being copied to SSD: its DRAM
+        range is then kept until a later eviction finds it unleased (never freed under a
+        reader's feet)."""
         for k in ssd_dropped:
             self._forget_ssd_replica(segment, k)
         obj = self.objects.get(key)
         if obj is None or obj.generation != generation:
             return False
         obj.spilling = False
+        leased = self.leases.is_leased(key, now_ms)
         if not ok or segment not in self.pool.segments:
-            if segment in self.pool.segments:  # spill failed: drop it as a plain eviction
+            if segment in self.pool.segments and not leased:  # a failed spill: plain eviction
                 self._delete(obj, free_ranges=True)
             return False
-        for r in obj.dram_replicas():
-            self.pool.free(r.segment, r.addr)
         seg = self.pool.segments[segment]
         self._replica_id += 1
-        obj.replicas = [Replica(self._replica_id, segment, -1, obj.size_bytes, TIER_SSD,
-                                seg.host, complete=True)]
+        ssd = Replica(self._replica_id, segment, -1, obj.size_bytes, TIER_SSD, seg.host,
+                      complete=True)
+        if leased:
+            obj.replicas.append(ssd)
+        else:
+            for r in obj.dram_replicas():
+                self.pool.free(r.segment, r.addr)
+            obj.replicas = [ssd]
         self.ssd_used[segment] += obj.size_bytes
         return True
 

@@ -258,7 +258,8 @@ class MasterService:
             ok, dropped = bool(res.get("ok")), list(res.get("dropped", []))
         except Exception as e:  # a dead owner: the object is dropped like a plain eviction
             logger.warning("spill of %r to %s failed: %s", order.key, order.segment, e)
-        alive = self.core.spill_done(order.key, order.generation, order.segment, ok, dropped)
+        alive = self.core.spill_done(order.key, order.generation, order.segment, ok, dropped,
+                                     self.now_ms())
         if ok and not alive:
             self._spawn(self._ssd_call(order.segment, "ssd_delete", {"keys": [order.key]}))
         self._after()
