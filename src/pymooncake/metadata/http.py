@@ -57,7 +57,10 @@ class _Handler(BaseHTTPRequestHandler):
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # client gone (a cancelled watch)
+            self.close_connection = True
 
     def _error(self, status: int, message: str) -> None:
         self._reply(status, message.encode(), "text/plain; charset=utf-8")
@@ -172,6 +175,11 @@ class _Server(ThreadingHTTPServer):
         super().__init__(addr, _Handler)
         self.state = SharedState()
         self.stopping = False
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # A client that hangs up mid-reply is normal (cancelled long-polls); log quietly.
+        logger.debug("metadata http: request from %s ended with an error", client_address,
+                     exc_info=True)
 
 
 class MetadataHttpServer:
