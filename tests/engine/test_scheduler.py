@@ -134,3 +134,18 @@ def test_bad_requests_are_rejected_clearly() -> None:
         SamplingParams(top_p=0.0)
     (o,) = engine.generate([[256, 1, 2]], SamplingParams(max_tokens=2))
     assert len(o.output_token_ids) == 2
+
+
+def test_decode_workspace_equals_gathering_from_paged_cache() -> None:
+    prompts = random_prompts(6, 20, 70, seed=18)
+    params = SamplingParams(max_tokens=20, return_logits=True)
+    with_ws = make_engine(max_num_batched_tokens=64, prefill_chunk_tokens=32)
+    assert with_ws.runner.workspace is not None
+    a = with_ws.generate(prompts, params)  # requests join and leave: refills and appends
+    without = make_engine(max_num_batched_tokens=64, prefill_chunk_tokens=32)
+    without.runner.workspace = None
+    b = without.generate(prompts, params)
+    for x, y in zip(a, b, strict=True):
+        assert x.output_token_ids == y.output_token_ids
+        diff = (torch.stack(list(x.logits)) - torch.stack(list(y.logits))).abs().max()
+        assert float(diff) <= 1e-5

@@ -20,13 +20,15 @@ class ModelRunner:
     """Executes ``SchedulerOutput`` s on a ``LlamaForCausalLM`` over ``KVTensors``."""
 
     def __init__(self, model: LlamaForCausalLM, kv: KVTensors, kv_manager: KVCacheManager,
-                 hooks: Sequence[LayerHooks] = ()) -> None:
+                 hooks: Sequence[LayerHooks] = (), use_decode_workspace: bool = True) -> None:
         self.model = model
         self.kv = kv
         self.kv_manager = kv_manager
         self.block_size = kv.block_size
         self.hooks = list(hooks)
         self.step_id = 0
+        self.workspace: DecodeWorkspace | None = (
+            DecodeWorkspace(kv) if use_decode_workspace else None)
         self.layer_compute_start_s: list[float] = []
         """``time.monotonic()`` at which each layer of the last step started computing
         (after its ``before_layer`` hooks returned): BUG-39's event timestamps."""
@@ -43,6 +45,7 @@ class ModelRunner:
         decode_rows: list[int] = []
         decode_tables: list[list[int]] = []
         decode_ctx: list[int] = []
+        decode_seq_index: list[int] = []
         sample_rows: list[int] = []
         seqs = []
         t = 0
@@ -59,6 +62,7 @@ class ModelRunner:
             positions.extend(range(start, start + n))
             slot_blocks.extend(block_ids[p // bs] for p in range(start, start + n))
             if n == 1 and start > 0:
+                decode_seq_index.append(len(seqs) - 1)
                 decode_rows.append(t)
                 decode_tables.append(block_ids)
                 decode_ctx.append(start + 1)
@@ -78,17 +82,23 @@ class ModelRunner:
                                  torch.as_tensor([p % bs for p in positions], dtype=torch.int64),
                                  prefills)
         if decode_rows:
-            max_blocks = -(-max(decode_ctx) // bs)
+            max_ctx = max(decode_ctx)
+            max_blocks = -(-max_ctx // bs)
             table = [bids[:max_blocks] + [0] * (max_blocks - len(bids[:max_blocks]))
                      for bids in decode_tables]
             meta.decode_block_table = torch.as_tensor(table, dtype=torch.int64).view(-1)
-            pos = torch.arange(max_blocks * bs, dtype=torch.int64)
+            pos = torch.arange(max_ctx, dtype=torch.int64)
             ctx_t = torch.as_tensor(decode_ctx, dtype=torch.int64)
-            dtype = self.kv.dtype
-            meta.decode_bias = torch.zeros(1, len(decode_rows), 1, max_blocks * bs,
-                                           dtype=dtype).masked_fill_(
+            meta.decode_bias = torch.zeros(1, len(decode_rows), 1, max_ctx,
+                                           dtype=self.kv.dtype).masked_fill_(
                 (pos[None, :] >= ctx_t[:, None])[None, :, None, :], float("-inf"))
             meta.decode_index = torch.as_tensor(decode_rows, dtype=torch.int64)
+            meta.decode_positions = ctx_t - 1
+            if self.workspace is not None:
+                ids_in_order = tuple(seqs[i].request_id for i in decode_seq_index)
+                ws, rebuild = self.workspace.prepare(ids_in_order, decode_ctx,
+                                                     max_blocks * bs)
+                meta.decode_workspace, meta.decode_rebuild = ws, rebuild
         ctx = StepContext(self.step_id, tuple(seqs), tuple(out.loads))
         return torch.as_tensor(ids, dtype=torch.int64), pos_t, meta, sample_rows, ctx
 
@@ -117,6 +127,10 @@ class ModelRunner:
             hidden = self.model(input_ids, positions, meta, self.kv.layer_caches,
                                 before if self.hooks else _record(self.layer_compute_start_s),
                                 after if self.hooks else None)
+        except BaseException:
+            if self.workspace is not None:  # a layer may have stopped half-way: refill
+                self.workspace.invalidate()
+            raise
         finally:
             # also after a failed load: hooks finish or cancel outstanding writes before
             # the scheduler frees (and may reuse) the blocks they target
@@ -131,3 +145,42 @@ def _record(times: list[float]):
     def before(_: int) -> None:
         times.append(time.monotonic())
     return before
+
+
+class DecodeWorkspace:
+    """The running decode batch's K/V, contiguous per sequence, kept across steps.
+
+    A derived copy of the paged cache (which stays the source of truth and is written every
+    step): while the decode batch keeps the same requests in the same order and each
+    context grows by one token, a step only appends the new token's K/V here, instead of
+    gathering every context from the paged blocks again (the gather dominated decode steps
+    on CPU). Any change (a request joins, finishes or is preempted; a failed step) refills
+    it from the paged cache with one gather per layer.
+    """
+
+    def __init__(self, kv: KVTensors) -> None:
+        self.kv = kv
+        self.tensors: list[torch.Tensor] | None = None
+        self._ids: tuple[str, ...] | None = None
+        self._ctx: list[int] = []
+
+    def invalidate(self) -> None:
+        self._ids = None
+
+    def prepare(self, request_ids: tuple[str, ...], ctx_lens: list[int],
+                padded_ctx: int) -> tuple[list[torch.Tensor], bool]:
+        """The per-layer workspaces for this decode batch and whether to refill them."""
+        kv = self.kv
+        rebuild = (request_ids != self._ids
+                   or any(c != p + 1 for c, p in zip(ctx_lens, self._ctx, strict=True)))
+        cap_seqs = 0 if self.tensors is None else self.tensors[0].shape[2]
+        cap_ctx = 0 if self.tensors is None else self.tensors[0].shape[3]
+        if self.tensors is None or len(request_ids) > cap_seqs or padded_ctx > cap_ctx:
+            seqs = max(len(request_ids), cap_seqs)
+            ctx = max(padded_ctx + 16 * kv.block_size, cap_ctx)
+            ctx = -(-ctx // kv.block_size) * kv.block_size
+            self.tensors = [torch.zeros(2, kv.num_kv_heads, seqs, ctx, kv.head_dim,
+                                        dtype=kv.dtype) for _ in range(kv.num_layers)]
+            rebuild = True
+        self._ids, self._ctx = request_ids, list(ctx_lens)
+        return self.tensors, rebuild

@@ -50,6 +50,14 @@ class AttentionMetadata:
     decode_index: torch.Tensor | None = None
     decode_block_table: torch.Tensor | None = None
     decode_bias: torch.Tensor | None = None
+    decode_workspace: list[torch.Tensor] | None = None
+    """Per layer ``[2, kv_heads, max_seqs, capacity, head_dim]``: the decode batch's K/V
+    laid out contiguously per sequence (a derived copy of the paged cache, see
+    ``DecodeWorkspace``); ``None`` gathers from the paged cache every step."""
+    decode_rebuild: bool = True
+    """Refill the workspace from the paged cache (batch changed) instead of appending."""
+    decode_positions: torch.Tensor | None = None
+    """``[Bd]`` int64 position of each decode token (its context length - 1)."""
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -72,7 +80,7 @@ def gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor,
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     kv_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float) -> torch.Tensor:
+                    scale: float, layer: int = 0) -> torch.Tensor:
     """Attention output ``[T, heads, head_dim]`` for queries ``q`` ``[T, heads, head_dim]``.
 
     ``k, v`` are this step's new keys/values (already written by ``write_kv``); prefix K/V
@@ -82,8 +90,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     kv_heads = k.shape[1]
     gqa = num_heads != kv_heads
     if not meta.prefills and meta.decode_index is not None:  # pure decode step
-        assert meta.decode_block_table is not None and meta.decode_bias is not None
-        return _decode_attention(q, kv_cache, meta.decode_block_table, meta.decode_bias, scale)
+        return _decode(q, k, v, kv_cache, meta, scale, layer)
     out = torch.empty_like(q)
     for seq in meta.prefills:
         s, n = seq.q_start, seq.q_len
@@ -100,22 +107,48 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                                enable_gqa=gqa)
         out[s:s + n] = o[0].transpose(0, 1)
     if meta.decode_index is not None:
-        assert meta.decode_block_table is not None and meta.decode_bias is not None
-        out[meta.decode_index] = _decode_attention(q[meta.decode_index], kv_cache,
-                                                   meta.decode_block_table, meta.decode_bias,
-                                                   scale)
+        idx = meta.decode_index
+        out[idx] = _decode(q[idx], k[idx], v[idx], kv_cache, meta, scale, layer)
     return out
+
+
+def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+            meta: AttentionMetadata, scale: float, layer: int) -> torch.Tensor:
+    assert meta.decode_block_table is not None and meta.decode_bias is not None
+    if meta.decode_workspace is None:
+        return _decode_attention(q, kv_cache, meta.decode_block_table, meta.decode_bias, scale)
+    assert meta.decode_positions is not None
+    ws = meta.decode_workspace[layer]
+    bd = q.shape[0]
+    if meta.decode_rebuild:  # the new K/V are already in the paged cache
+        g = gather_blocks(kv_cache, meta.decode_block_table, bd)
+        ws[:, :, :bd, :g.shape[3]] = g
+    else:
+        rows = torch.arange(bd)
+        ws[0][:, rows, meta.decode_positions] = k.transpose(0, 1)
+        ws[1][:, rows, meta.decode_positions] = v.transpose(0, 1)
+    ctx = meta.decode_bias.shape[-1]
+    return _attend(q, ws[0, :, :bd, :ctx], ws[1, :, :bd, :ctx], meta.decode_bias, scale)
+
+
+def _attend(q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, bias: torch.Tensor,
+            scale: float) -> torch.Tensor:
+    """``q`` ``[Bd, heads, D]`` over ``kb, vb`` ``[kv_heads, Bd, ctx, D]`` + ``bias``."""
+    bd, num_heads, head_dim = q.shape
+    kv_heads = kb.shape[0]
+    qh = q.view(bd, kv_heads, num_heads // kv_heads, head_dim).transpose(0, 1)
+    scores = torch.matmul(qh, kb.transpose(-1, -2)).mul_(scale).add_(bias)
+    probs = torch.softmax(scores, dim=-1)  # [kv_heads, Bd, group, ctx]
+    return torch.matmul(probs, vb).transpose(0, 1).reshape(bd, num_heads, head_dim)
 
 
 def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor,
                       block_table: torch.Tensor, bias: torch.Tensor,
                       scale: float) -> torch.Tensor:
-    """One query per sequence: ``q`` ``[Bd, heads, D]`` → ``[Bd, heads, D]``. The query
-    heads sharing a KV head (GQA) are grouped, so K/V are never repeated."""
-    bd, num_heads, head_dim = q.shape
-    kv_heads = kv_cache.shape[1]
+    """One query per sequence: ``q`` ``[Bd, heads, D]`` → ``[Bd, heads, D]``, K/V gathered
+    from the paged cache. The query heads sharing a KV head (GQA) are grouped, so K/V are
+    never repeated."""
+    bd = q.shape[0]
     kvb = gather_blocks(kv_cache, block_table, bd)  # [2, kv_heads, Bd, ctx, D]
-    qh = q.view(bd, kv_heads, num_heads // kv_heads, head_dim).transpose(0, 1)
-    scores = torch.matmul(qh, kvb[0].transpose(-1, -2)).mul_(scale).add_(bias)
-    probs = torch.softmax(scores, dim=-1)  # [kv_heads, Bd, group, ctx]
-    return torch.matmul(probs, kvb[1]).transpose(0, 1).reshape(bd, num_heads, head_dim)
+    ctx = bias.shape[-1]
+    return _attend(q, kvb[0, :, :, :ctx], kvb[1, :, :, :ctx], bias, scale)

@@ -110,8 +110,9 @@ LayerCallback = Callable[[int], None]
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0) -> None:
         super().__init__()
+        self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = (cfg.num_heads, cfg.num_kv_heads,
                                                             cfg.head_dim)
         self.q_size = cfg.num_heads * cfg.head_dim
@@ -139,15 +140,15 @@ class Attention(nn.Module):
             qk = apply_rope(qk, cos, sin)
             q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         write_kv(kv_cache, k, v, meta)
-        o = paged_attention(q, k, v, kv_cache, meta, self.scale)
+        o = paged_attention(q, k, v, kv_cache, meta, self.scale, self.layer_idx)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
@@ -161,7 +162,7 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
