@@ -34,14 +34,13 @@ import itertools
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pymooncake.metadata import EventKind, MetadataStore, WatchEvent, open_metadata
-from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
+from pymooncake.transfer import metrics as m
 from pymooncake.transfer import slicing
 from pymooncake.transfer.batch import (
     PENDING,
@@ -54,7 +53,6 @@ from pymooncake.transfer.batch import (
     TransferStatus,
 )
 from pymooncake.transfer.config import TransferConfig
-from pymooncake.transfer.endpoint_pool import EndpointPool
 from pymooncake.transfer.memory import (
     MemoryRegion,
     MemoryRegistry,
@@ -62,6 +60,7 @@ from pymooncake.transfer.memory import (
     SharedBuffer,
     buffer_address,
 )
+from pymooncake.transfer.paths import TcpPaths
 from pymooncake.transfer.segment import (
     SEGMENT_KEY_PREFIX,
     BufferDesc,
@@ -72,31 +71,10 @@ from pymooncake.transfer.segment import (
 from pymooncake.transfer.topology import Topology, get_topology
 from pymooncake.transfer.transports import local as local_transport
 from pymooncake.transfer.transports import tcp
-from pymooncake.transfer.transports.base import PathError, Slice
+from pymooncake.transfer.transports.base import Slice
 
 logger = init_logger(__name__)
 T = TypeVar("T")
-
-TRANSFER_BYTES = "pymooncake_transfer_bytes_total"
-TRANSFER_SLICES = "pymooncake_transfer_slices_total"
-TRANSFER_RETRIES = "pymooncake_transfer_retries_total"
-TRANSFER_RECONNECTS = "pymooncake_transfer_stale_reconnects_total"
-TRANSFER_FAILURES = "pymooncake_transfer_failed_requests_total"
-TRANSFER_LATENCY = "pymooncake_transfer_request_latency_seconds"
-
-_bytes = metrics.counter(TRANSFER_BYTES, "Bytes moved by the Transfer Engine",
-                         ("transport", "path"))
-_slices = metrics.counter(TRANSFER_SLICES, "Slices completed", ("transport", "path"))
-_retries = metrics.counter(TRANSFER_RETRIES, "Slices re-sent after a path error",
-                           ("transport", "path"))
-_reconnects = metrics.counter(TRANSFER_RECONNECTS,
-                              "Pooled connections found closed by the peer and reopened",
-                              ("path",))
-_failures = metrics.counter(TRANSFER_FAILURES, "Requests that ended failed",
-                            ("transport", "code"))
-_latency = metrics.histogram(TRANSFER_LATENCY, "Submit-to-completion time of a request",
-                             ("transport",))
-
 
 @dataclass(slots=True, eq=False)
 class _Req:
@@ -115,29 +93,6 @@ class _Batch:
     num_pending: int = 0
     waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = field(
         default_factory=list)
-
-
-@dataclass(slots=True, eq=False)
-class _Lane:
-    index: int
-    device: str
-    down_until: float = 0.0
-    seq: int = 0
-    thread: threading.Thread | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.device}#{self.index}"
-
-
-@dataclass(slots=True, eq=False)
-class _PeerChannel:
-    name: str
-    host: str
-    port: int
-    lanes: list[_Lane]
-    queue: deque[Slice] = field(default_factory=deque)
-    cond: threading.Condition = field(default_factory=threading.Condition)
 
 
 class TransferEngine:
@@ -165,11 +120,10 @@ class TransferEngine:
         self._batches: dict[int, _Batch] = {}
         self._batch_ids = itertools.count(1)
         self._peers: dict[str, SegmentDescriptor] = {}
-        self._channels: dict[str, _PeerChannel] = {}
         self._mappings: dict[str, PeerMapping] = {}
         self._owned_shm: dict[int, SharedBuffer] = {}
-        self._pool: EndpointPool[tuple[str, int], Any] = EndpointPool(
-            self.config.max_endpoints, _close_connection)
+        self._paths = TcpPaths(self.config, self.topology, self._finish_slice,
+                               lambda name: self._resolve(name, refresh=True))
         self._version = 0
         self._started = False
         self._closed = False
@@ -260,10 +214,7 @@ class TransferEngine:
         except ValueError:
             return
         self._peers[name] = desc
-        ch = self._channels.get(name)
-        if ch is not None:
-            with ch.cond:
-                ch.host, ch.port = desc.host, desc.tcp_port
+        self._paths.update_address(name, desc.host, desc.tcp_port)
 
     def close(self) -> None:
         """Stop paths and the server, withdraw the descriptor, free owned shared memory."""
@@ -271,7 +222,6 @@ class TransferEngine:
             return
         self._closed = True
         with self._lock:
-            channels = list(self._channels.values())
             for b in self._batches.values():
                 for r in b.reqs:
                     if r.status.state is TransferState.PENDING:
@@ -279,16 +229,9 @@ class TransferEngine:
                 b.num_pending = 0
                 self._wake_async(b)
             self._done.notify_all()
-        for ch in channels:
-            with ch.cond:
-                ch.cond.notify_all()
-        for ch in channels:
-            for lane in ch.lanes:
-                if lane.thread is not None:
-                    lane.thread.join(timeout=2 * self.config.slice_timeout_s)
+        self._paths.close()
         if self._watch_future is not None:
             self._watch_future.cancel()
-        self._pool.close_all()
         if self.server is not None:
             self.server.close()
         if self._started and self._loop is not None:
@@ -300,8 +243,8 @@ class TransferEngine:
             if self._loop_thread is not None:
                 self._loop_thread.join(timeout=5)
             self._loop.close()
-        for m in self._mappings.values():
-            m.close()
+        for mapping in self._mappings.values():
+            mapping.close()
         for shm in self._owned_shm.values():
             shm.close()
 
@@ -463,10 +406,10 @@ class TransferEngine:
         for idx, req, target_addr in copies:
             transport = "local" if req.target_segment == self.name else "shm"
             local_transport.copy(req.op, req.local_addr, target_addr, req.length)
-            _bytes.labels(transport, "-").inc(req.length)
+            m.bytes_total.labels(transport, "-").inc(req.length)
             self._finish_request(batch_id, idx, TransferStatus.completed(req.length), transport)
         for segment, slices in tcp_work.items():
-            self._enqueue(segment, slices)
+            self._paths.enqueue(self._peers[segment], slices)
 
     def _route(self, req: TransferRequest) -> TransferStatus | tuple[str, int]:
         """A final status (refused, or a no-op) or ``(transport, mapped target address)``."""
@@ -515,13 +458,12 @@ class TransferEngine:
     def _map(self, buf: BufferDesc) -> PeerMapping:
         assert buf.shm_name is not None
         with self._lock:
-            m = self._mappings.get(buf.shm_name)
-        if m is None:
-            m = PeerMapping(buf.shm_name, buf.length)
+            mapping = self._mappings.get(buf.shm_name)
+        if mapping is None:
+            mapping = PeerMapping(buf.shm_name, buf.length)
             with self._lock:
-                self._mappings.setdefault(buf.shm_name, m)
-                m = self._mappings[buf.shm_name]
-        return m
+                mapping = self._mappings.setdefault(buf.shm_name, mapping)
+        return mapping
 
     def _slices(self, batch_id: BatchId, idx: int, req: TransferRequest) -> list[Slice]:
         cfg = self.config
@@ -548,9 +490,9 @@ class TransferEngine:
             r.status = status
             batch.num_pending -= 1
             if status.state is TransferState.FAILED:
-                _failures.labels(transport, status.code.value).inc()
+                m.failures_total.labels(transport, status.code.value).inc()
             else:
-                _latency.labels(transport).observe(time.monotonic() - r.t0)
+                m.latency_seconds.labels(transport).observe(time.monotonic() - r.t0)
             if batch.num_pending == 0:
                 self._done.notify_all()
                 self._wake_async(batch)
@@ -635,136 +577,6 @@ class TransferEngine:
             with contextlib.suppress(TransferError):
                 self.free_batch(bid)
 
-    # ------------------------------------------------------------------ tcp paths
-    def _channel(self, segment: str) -> _PeerChannel:
-        with self._lock:
-            ch = self._channels.get(segment)
-            if ch is not None:
-                return ch
-            desc = self._peers[segment]
-            location = "cpu:0"
-            loopback = desc.host.startswith("127.") or desc.host in ("localhost", "::1")
-            lanes = [_Lane(k, "lo" if loopback else self.topology.path_device(location, k))
-                     for k in range(self.config.num_paths)]
-            ch = self._channels[segment] = _PeerChannel(segment, desc.host, desc.tcp_port,
-                                                        lanes)
-            for lane in lanes:
-                lane.thread = threading.Thread(target=self._lane_loop, args=(ch, lane),
-                                               daemon=True,
-                                               name=f"transfer-path-{segment}-{lane.index}")
-                lane.thread.start()
-            return ch
-
-    def _enqueue(self, segment: str, slices: list[Slice]) -> None:
-        ch = self._channel(segment)
-        with ch.cond:
-            ch.queue.extend(slices)
-            ch.cond.notify_all()
-
-    def _lane_loop(self, ch: _PeerChannel, lane: _Lane) -> None:
-        cfg = self.config
-        while not self._closed:
-            with ch.cond:
-                if not ch.queue:
-                    ch.cond.wait(timeout=1.0)
-                    continue
-                wait_s = lane.down_until - time.monotonic()
-                if wait_s > 0:
-                    ch.cond.wait(timeout=wait_s)
-                    continue
-                # Take a fair share of the queue so that every path gets slices.
-                share = -(-len(ch.queue) // len(ch.lanes))
-                max_slices = min(cfg.window_slices, share)
-                window: list[Slice] = []
-                nbytes = 0
-                while (ch.queue and len(window) < max_slices
-                       and nbytes + ch.queue[0].length <= cfg.window_bytes):
-                    s = ch.queue.popleft()
-                    window.append(s)
-                    nbytes += s.length
-                if not window:  # a single slice larger than the window
-                    window.append(ch.queue.popleft())
-                host, port = ch.host, ch.port
-            self._run_window(ch, lane, window, host, port)
-
-    def _run_window(self, ch: _PeerChannel, lane: _Lane, window: list[Slice], host: str,
-                    port: int) -> None:
-        cfg = self.config
-        key = (ch.name, lane.index)
-
-        def opener() -> Any:
-            return tcp.open_connection(host, port, cfg.connect_timeout_s, cfg.slice_timeout_s)
-
-        try:
-            conn, reused = self._pool.acquire(key, opener)
-            if reused and tcp.is_stale(conn):  # closed by the peer while idle (BUG-36)
-                logger.info("path %s to %s: pooled connection is stale; reopening",
-                            lane.label, ch.name)
-                self._pool.discard(key, conn)
-                _reconnects.labels(lane.label).inc()
-                conn, reused = self._pool.acquire(key, opener)
-        except OSError as e:
-            self._path_failed(ch, lane, window, [], StatusCode.CONNECTION_ERROR,
-                              f"connect to {ch.name} at {host}:{port} failed: {e!r}",
-                              mark_down=True)
-            self._refresh_channel(ch)
-            return
-        seq = lane.seq
-        lane.seq += len(window)
-        try:
-            results = tcp.run_window(conn, window, cfg.checksum, seq)
-        except PathError as e:
-            self._pool.discard(key, conn)
-            # A reused connection may have died just now (peer restart): retry at once on
-            # a fresh one; a fresh connection that fails marks the path down.
-            if reused:
-                _reconnects.labels(lane.label).inc()
-            self._path_failed(ch, lane, window, e.results, e.code,
-                              f"path {lane.label} to {ch.name}: {e}", mark_down=not reused)
-            return
-        self._pool.release(key, conn)
-        self._account(window, results, lane)
-
-    def _account(self, window: Sequence[Slice], results: Sequence[tuple[StatusCode, str]],
-                 lane: _Lane) -> None:
-        for s, (code, msg) in zip(window, results, strict=False):
-            if code is StatusCode.OK:
-                _bytes.labels("tcp", lane.label).inc(s.length)
-                _slices.labels("tcp", lane.label).inc()
-            elif code is StatusCode.INVALID_ARGUMENT:
-                msg = f"refused by target: {msg}"
-            self._finish_slice(s, code, msg)
-
-    def _path_failed(self, ch: _PeerChannel, lane: _Lane, window: list[Slice],
-                     results: list[tuple[StatusCode, str]], code: StatusCode, reason: str,
-                     mark_down: bool) -> None:
-        self._account(window[:len(results)], results, lane)
-        retry: list[Slice] = []
-        for s in window[len(results):]:
-            s.retries += 1
-            s.last_error = reason
-            if s.retries > self.config.max_retries:
-                self._finish_slice(s, code, f"{reason} (after {s.retries} tries)")
-            else:
-                _retries.labels("tcp", lane.label).inc()
-                retry.append(s)
-        with ch.cond:
-            if mark_down:
-                lane.down_until = time.monotonic() + self.config.path_retry_interval_s
-            ch.queue.extendleft(reversed(retry))
-            ch.cond.notify_all()
-
-    def _refresh_channel(self, ch: _PeerChannel) -> None:
-        """After a failed connect, pick up a peer that restarted on another port."""
-        try:
-            desc = self._resolve(ch.name, refresh=True)
-        except Exception:  # noqa: BLE001 - metadata down: keep the old address
-            return
-        if desc is not None:
-            with ch.cond:
-                ch.host, ch.port = desc.host, desc.tcp_port
-
-
 def _bad_target(req: TransferRequest) -> TransferStatus:
     return TransferStatus.failed(
         StatusCode.INVALID_ARGUMENT,
@@ -777,6 +589,3 @@ def _set_done(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def _close_connection(conn: Any) -> None:
-    with contextlib.suppress(OSError):
-        conn.close()

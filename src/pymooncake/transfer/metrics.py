@@ -1,0 +1,24 @@
+"""Transfer Engine metrics (Prometheus, through the one registry of ``pymooncake.obs``)."""
+
+from __future__ import annotations
+
+from pymooncake.obs import metrics
+
+TRANSFER_BYTES = "pymooncake_transfer_bytes_total"
+TRANSFER_SLICES = "pymooncake_transfer_slices_total"
+TRANSFER_RETRIES = "pymooncake_transfer_retries_total"
+TRANSFER_RECONNECTS = "pymooncake_transfer_stale_reconnects_total"
+TRANSFER_FAILURES = "pymooncake_transfer_failed_requests_total"
+TRANSFER_LATENCY = "pymooncake_transfer_request_latency_seconds"
+
+bytes_total = metrics.counter(TRANSFER_BYTES, "Bytes moved by the Transfer Engine",
+                              ("transport", "path"))
+slices_total = metrics.counter(TRANSFER_SLICES, "Slices completed", ("transport", "path"))
+retries_total = metrics.counter(TRANSFER_RETRIES, "Slices re-sent after a path error",
+                                ("transport", "path"))
+reconnects_total = metrics.counter(
+    TRANSFER_RECONNECTS, "Pooled connections found closed by the peer and reopened", ("path",))
+failures_total = metrics.counter(TRANSFER_FAILURES, "Requests that ended failed",
+                                 ("transport", "code"))
+latency_seconds = metrics.histogram(TRANSFER_LATENCY, "Submit-to-completion time of a request",
+                                    ("transport",))

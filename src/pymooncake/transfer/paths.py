@@ -1,0 +1,227 @@
+"""TCP paths to peers: per-peer slice queues, one thread and pooled connection per path.
+
+Each peer gets a :class:`_PeerChannel` with ``num_paths`` paths. A path's thread takes a
+fair share of the peer's queue as a window, sends it over its pooled connection
+(``transports/tcp.py``) and reports each slice's outcome. On a link error the unfinished
+slices go back to the front of the queue with their retry count raised, so another path
+takes them (BUG-36); see ``engine.py`` for the rules this implements.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pymooncake.obs.logging import init_logger
+from pymooncake.transfer import metrics as m
+from pymooncake.transfer.batch import StatusCode
+from pymooncake.transfer.config import TransferConfig
+from pymooncake.transfer.endpoint_pool import EndpointPool
+from pymooncake.transfer.segment import SegmentDescriptor
+from pymooncake.transfer.topology import Topology
+from pymooncake.transfer.transports import tcp
+from pymooncake.transfer.transports.base import PathError, Slice
+
+logger = init_logger(__name__)
+
+FinishSlice = Callable[[Slice, StatusCode, str], None]
+Resolve = Callable[[str], SegmentDescriptor | None]
+
+
+@dataclass(slots=True, eq=False)
+class _Lane:
+    index: int
+    device: str
+    down_until: float = 0.0
+    seq: int = 0
+    thread: threading.Thread | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.device}#{self.index}"
+
+
+@dataclass(slots=True, eq=False)
+class _PeerChannel:
+    name: str
+    host: str
+    port: int
+    lanes: list[_Lane]
+    queue: deque[Slice] = field(default_factory=deque)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+
+class TcpPaths:
+    """The tcp paths of one engine to all its peers.
+
+    ``finish_slice(slice, code, message)`` is called once per slice outcome (OK, refused,
+    or failed after its retries); ``refresh(name)`` re-reads a peer's descriptor after a
+    failed connect (a peer restarted on another port).
+    """
+
+    def __init__(self, config: TransferConfig, topology: Topology, finish_slice: FinishSlice,
+                 refresh: Resolve) -> None:
+        self.config = config
+        self.topology = topology
+        self._finish_slice = finish_slice
+        self._refresh = refresh
+        self._lock = threading.Lock()
+        self._channels: dict[str, _PeerChannel] = {}
+        self._closed = False
+        self.pool: EndpointPool[tuple[str, int], Any] = EndpointPool(
+            config.max_endpoints, _close_connection)
+
+    def enqueue(self, desc: SegmentDescriptor, slices: list[Slice]) -> None:
+        ch = self._channel(desc)
+        with ch.cond:
+            ch.queue.extend(slices)
+            ch.cond.notify_all()
+
+    def update_address(self, name: str, host: str, port: int) -> None:
+        with self._lock:
+            ch = self._channels.get(name)
+        if ch is not None:
+            with ch.cond:
+                ch.host, ch.port = host, port
+
+    def close(self) -> None:
+        """Stop every path thread (each finishes its current window) and close the pool."""
+        self._closed = True
+        with self._lock:
+            channels = list(self._channels.values())
+        for ch in channels:
+            with ch.cond:
+                ch.cond.notify_all()
+        for ch in channels:
+            for lane in ch.lanes:
+                if lane.thread is not None:
+                    lane.thread.join(timeout=2 * self.config.slice_timeout_s)
+        self.pool.close_all()
+
+    def _channel(self, desc: SegmentDescriptor) -> _PeerChannel:
+        with self._lock:
+            ch = self._channels.get(desc.name)
+            if ch is not None:
+                return ch
+            location = "cpu:0"
+            loopback = desc.host.startswith("127.") or desc.host in ("localhost", "::1")
+            lanes = [_Lane(k, "lo" if loopback else self.topology.path_device(location, k))
+                     for k in range(self.config.num_paths)]
+            ch = self._channels[desc.name] = _PeerChannel(desc.name, desc.host, desc.tcp_port,
+                                                          lanes)
+            for lane in lanes:
+                lane.thread = threading.Thread(target=self._lane_loop, args=(ch, lane),
+                                               daemon=True,
+                                               name=f"transfer-path-{desc.name}-{lane.index}")
+                lane.thread.start()
+            return ch
+
+    def _lane_loop(self, ch: _PeerChannel, lane: _Lane) -> None:
+        cfg = self.config
+        while not self._closed:
+            with ch.cond:
+                if not ch.queue:
+                    ch.cond.wait(timeout=1.0)
+                    continue
+                wait_s = lane.down_until - time.monotonic()
+                if wait_s > 0:
+                    ch.cond.wait(timeout=wait_s)
+                    continue
+                # Take a fair share of the queue so that every path gets slices.
+                share = -(-len(ch.queue) // len(ch.lanes))
+                max_slices = min(cfg.window_slices, share)
+                window: list[Slice] = []
+                nbytes = 0
+                while (ch.queue and len(window) < max_slices
+                       and nbytes + ch.queue[0].length <= cfg.window_bytes):
+                    s = ch.queue.popleft()
+                    window.append(s)
+                    nbytes += s.length
+                if not window:  # a single slice larger than the window
+                    window.append(ch.queue.popleft())
+                host, port = ch.host, ch.port
+            self._run_window(ch, lane, window, host, port)
+
+    def _run_window(self, ch: _PeerChannel, lane: _Lane, window: list[Slice], host: str,
+                    port: int) -> None:
+        cfg = self.config
+        key = (ch.name, lane.index)
+
+        def opener() -> Any:
+            return tcp.open_connection(host, port, cfg.connect_timeout_s, cfg.slice_timeout_s)
+
+        try:
+            conn, reused = self.pool.acquire(key, opener)
+            if reused and tcp.is_stale(conn):  # closed by the peer while idle (BUG-36)
+                logger.info("path %s to %s: pooled connection is stale; reopening",
+                            lane.label, ch.name)
+                self.pool.discard(key, conn)
+                m.reconnects_total.labels(lane.label).inc()
+                conn, reused = self.pool.acquire(key, opener)
+        except OSError as e:
+            self._path_failed(ch, lane, window, [], StatusCode.CONNECTION_ERROR,
+                              f"connect to {ch.name} at {host}:{port} failed: {e!r}",
+                              mark_down=True)
+            self._refresh_address(ch)
+            return
+        seq = lane.seq
+        lane.seq += len(window)
+        try:
+            results = tcp.run_window(conn, window, cfg.checksum, seq)
+        except PathError as e:
+            self.pool.discard(key, conn)
+            # A reused connection may have died just now (peer restart): retry at once on
+            # a fresh one; a fresh connection that fails marks the path down.
+            if reused:
+                m.reconnects_total.labels(lane.label).inc()
+            self._path_failed(ch, lane, window, e.results, e.code,
+                              f"path {lane.label} to {ch.name}: {e}", mark_down=not reused)
+            return
+        self.pool.release(key, conn)
+        self._account(window, results, lane)
+
+    def _account(self, window: Sequence[Slice], results: Sequence[tuple[StatusCode, str]],
+                 lane: _Lane) -> None:
+        for s, (code, msg) in zip(window, results, strict=False):
+            if code is StatusCode.OK:
+                m.bytes_total.labels("tcp", lane.label).inc(s.length)
+                m.slices_total.labels("tcp", lane.label).inc()
+            elif code is StatusCode.INVALID_ARGUMENT:
+                msg = f"refused by target: {msg}"
+            self._finish_slice(s, code, msg)
+
+    def _path_failed(self, ch: _PeerChannel, lane: _Lane, window: list[Slice],
+                     results: list[tuple[StatusCode, str]], code: StatusCode, reason: str,
+                     mark_down: bool) -> None:
+        self._account(window[:len(results)], results, lane)
+        retry: list[Slice] = []
+        for s in window[len(results):]:
+            s.retries += 1
+            s.last_error = reason
+            if s.retries > self.config.max_retries:
+                self._finish_slice(s, code, f"{reason} (after {s.retries} tries)")
+            else:
+                m.retries_total.labels("tcp", lane.label).inc()
+                retry.append(s)
+        with ch.cond:
+            if mark_down:
+                lane.down_until = time.monotonic() + self.config.path_retry_interval_s
+            ch.queue.extendleft(reversed(retry))
+            ch.cond.notify_all()
+
+    def _refresh_address(self, ch: _PeerChannel) -> None:
+        try:
+            desc = self._refresh(ch.name)
+        except Exception:  # noqa: BLE001 - metadata down: keep the old address
+            return
+        if desc is not None:
+            with ch.cond:
+                ch.host, ch.port = desc.host, desc.tcp_port
+
+
+def _close_connection(conn: Any) -> None:
+    conn.close()
