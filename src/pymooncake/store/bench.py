@@ -263,7 +263,12 @@ def _meta_worker(addr: str, n: int, start: Any, q: Any) -> None:
         await c.close()
         return done
 
-    q.put(asyncio.run(main()))
+    try:
+        import uvloop
+
+        q.put(uvloop.run(main()))
+    except ImportError:
+        q.put(asyncio.run(main()))
 
 
 def _mc_meta_worker(addr: str, md: str, n: int, start: Any, q: Any) -> None:
