@@ -54,9 +54,14 @@ SERVER_MAX_SLICE_BYTES = 64 * 1024 * 1024
 
 
 def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` from ``sock``; ``ConnectionError`` when the peer closes first."""
+    """Fill ``view`` from ``sock``; ``ConnectionError`` when the peer closes first.
+
+    On a blocking socket (the target side) ``MSG_WAITALL`` lets the kernel fill the whole
+    view in one call, without the GIL; with a timeout set Python polls, so it loops.
+    """
+    flags = socket.MSG_WAITALL if sock.gettimeout() is None else 0
     while view.nbytes:
-        n = sock.recv_into(view)
+        n = sock.recv_into(view, 0, flags)
         if n == 0:
             raise ConnectionError("peer closed the connection")
         view = view[n:]
