@@ -195,3 +195,24 @@ def test_bug_38_bad_source_addresses_refused_at_submit(metadata_url: str,
         assert peer.digest(peer.addr + 4 * KiB, 4 * KiB) == digest(r[4 * KiB:8 * KiB])
     finally:
         eng.close()
+
+
+def test_bug_36_peer_restarted_on_the_same_port(metadata_url: str, spawn_peer) -> None:  # noqa: ANN001
+    peer = spawn_peer("bug36-restart", size=8 * MiB)
+    eng = make_engine(metadata_url)
+    try:
+        buf = np.random.default_rng(361).integers(0, 256, 8 * MiB, dtype=np.uint8)
+        addr = eng.register_memory(buf)
+        assert eng.transfer_sync(TransferOp.WRITE, addr, peer.name, peer.addr, 8 * MiB).ok
+        port = peer.port
+        peer.kill()
+        # B restarts with the same name on the same port, with new memory.
+        peer2 = spawn_peer("bug36-restart", size=8 * MiB, seed=9, port=port)
+        assert peer2.port == port
+        reconnects0 = metric("pymooncake_transfer_stale_reconnects_total")
+        st = eng.transfer_sync(TransferOp.WRITE, addr, peer2.name, peer2.addr, 8 * MiB)
+        assert st.ok, st.reason
+        assert peer2.digest(peer2.addr, 8 * MiB) == digest(buf)
+        assert metric("pymooncake_transfer_stale_reconnects_total") >= reconnects0 + 1
+    finally:
+        eng.close()
