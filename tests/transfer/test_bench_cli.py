@@ -28,3 +28,20 @@ def test_bench_transfer_json(transport: str) -> None:
     assert r["verified"] is True
     assert r["mooncake_bytes_per_s"] is None
     assert r["throughput_bytes_per_s"] > 0 and r["socket_bytes_per_s"] > 0
+
+
+def test_bench_says_so_when_mooncake_is_absent(tmp_path) -> None:  # noqa: ANN001
+    # Shadow any installed wheel with a package that fails to import.
+    (tmp_path / "mooncake").mkdir()
+    (tmp_path / "mooncake" / "__init__.py").write_text("raise ImportError('absent')\n")
+    import os
+
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = subprocess.run(
+        [sys.executable, "-m", "pymooncake", "bench", "transfer", "--transport", "tcp",
+         "--size", "65536", "--batch", "2", "--min-time-s", "0.05", "--repeat", "1", "--json"],
+        capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["mooncake_bytes_per_s"] is None and r["verified"] is True
+    assert "not importable" in r["mooncake_note"]
