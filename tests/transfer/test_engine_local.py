@@ -116,3 +116,17 @@ def test_wait_async_and_batch_misuse(pair) -> None:  # noqa: ANN001
     a.free_batch(bid)
     with pytest.raises(TransferError, match="unknown batch"):
         a.status(bid, 0)
+
+
+def test_data_server_survives_a_malformed_client(pair) -> None:  # noqa: ANN001
+    import socket
+
+    a, b = pair
+    with socket.create_connection(("127.0.0.1", b.tcp_port), timeout=5) as s:
+        s.sendall(b"GET / HTTP/1.1\r\n\r\n" + b"\x00" * 64)
+        assert s.recv(1) == b""  # the server hung up on the garbage
+    src = np.arange(256, dtype=np.uint8)
+    dst = np.zeros(256, dtype=np.uint8)
+    st = a.transfer_sync(TransferOp.WRITE, a.register_memory(src), "b",
+                         b.register_memory(dst), 256)
+    assert st.ok and np.array_equal(dst, src)
