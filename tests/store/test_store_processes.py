@@ -48,9 +48,12 @@ def test_put_get_two_phase_and_distinct_replicas(cluster_factory) -> None:
     writer.put("loc", v, ReplicateConfig(replica_num=2, preferred_segment=local.segment_name))
     assert local.segment_name in {r.segment for r in local.replica_list("loc").replicas}
     counter = CountingPath(local)
+    copies = []
+    inner = local._copy_out
+    local._copy_out = lambda views: copies.extend(views) or inner(views)
     for _ in range(4):
         assert local.get("loc") == v
-    assert counter.by_segment == {local.segment_name: 4}
+    assert counter.by_segment == {} and len(copies) == 4  # all four served locally
 
 
 def wait_until(pred, timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:
@@ -287,6 +290,14 @@ def test_bug_15_every_read_path_checks_the_lease_after_the_copy(cluster_factory)
         return out
 
     c._dp.run = slow_copy
+    inner_local = c._copy_out
+
+    def slow_local_copy(views):  # the same for replicas read from the own segment
+        out = inner_local(views)
+        clock.t += delay["s"]
+        return out
+
+    c._copy_out = slow_local_copy
     buf = np.zeros(2 * 8192, dtype=np.uint8)
     base = c.register_buffer(buf)
     for d, expect in ((0.6, "LEASE_EXPIRED"), (0.4, "OK")):

@@ -68,6 +68,8 @@ M_OP_LATENCY = metrics.histogram("pymooncake_store_client_op_seconds",
 M_GETS = metrics.counter("pymooncake_store_client_gets_total",
                          "Store client gets, by result (hit/miss/error)", ["result"])
 
+_LOCAL_DONE = StoreError(ErrorCode.OK, "served from the local segment")
+"""Marks a read already served by a memcpy from this client's own segment."""
 _PUT_LATENCY = M_OP_LATENCY.labels("put")
 _GET_LATENCY = M_OP_LATENCY.labels("get")
 _GET_RESULT = {r: M_GETS.labels(r) for r in ("hit", "miss", "error")}
@@ -419,19 +421,8 @@ class StoreClient:
             except StoreError as e:
                 out[i] = e
                 views.append(None)
-        staged: list[tuple[int, Callable[[], None]] | None] = [None] * len(keys)
-        try:
-            for i, mv in enumerate(views):
-                if mv is not None:
-                    addr, arr, release = self._stage(mv.nbytes)
-                    arr[:] = np.frombuffer(mv, dtype=np.uint8)
-                    staged[i] = (addr, release)
-            self._put_staged(list(keys), [(s[0] if s else 0) for s in staged],
-                             [(v.nbytes if v is not None else 0) for v in views], config, out)
-        finally:
-            for s in staged:
-                if s is not None:
-                    s[1]()
+        self._put(list(keys), views, [(v.nbytes if v is not None else 0) for v in views],
+                  config, out)
         _PUT_LATENCY.observe(time.perf_counter() - t0)
         return out
 
@@ -457,16 +448,27 @@ class StoreClient:
                                      f"[{a:#x}, +{s}) is not inside a registered buffer")
             except StoreError as e:
                 out[i] = e
-        self._put_staged(list(keys), list(addrs),
-                         [s if out[i] is None else 0 for i, s in enumerate(sizes)], config, out)
+        self._put(list(keys), list(addrs),
+                  [s if out[i] is None else 0 for i, s in enumerate(sizes)], config, out)
         return out
 
     def _in_registered(self, addr: int, size: int) -> bool:
         return any(base <= addr and addr + size <= base + n
                    for base, (n, _) in self._registered.items())
 
-    def _put_staged(self, keys: list[str], addrs: list[int], sizes: list[int],
-                    config: ReplicateConfig | None, out: list[StoreError | None]) -> None:
+    def _local_view(self, addr: int, length: int) -> np.ndarray | None:
+        """A view of ``[addr, addr+length)`` when it lies in this client's own segment."""
+        off = addr - self.segment_base
+        if self._segment_arr is None or off < 0 or off + length > self.global_segment_size:
+            return None
+        return self._segment_arr[off:off + length]
+
+    def _put(self, keys: list[str], sources: list[Any], sizes: list[int],
+             config: ReplicateConfig | None, out: list[StoreError | None]) -> None:
+        """Two-phase put of ``sources[i]``: a registered address (``put_from``) or a
+        bytes view (``put``). Replicas in this process's own segment are filled by one
+        memcpy (as Mooncake does for local replicas); every other replica is written by the
+        Transfer Engine, from a staging copy for bytes views."""
         idx = [i for i in range(len(keys)) if out[i] is None]
         if not idx:
             return
@@ -483,13 +485,30 @@ class StoreClient:
             else:
                 handles[i] = r
         moves, owners = [], []
-        for i, h in handles.items():
-            for rep in h["replicas"]:  # [replica_id, segment, addr, length, ...]
-                moves.append(Move(True, addrs[i], rep[1], rep[2], sizes[i]))
-                owners.append(i)
-        assert self._dp is not None
+        staged: list[Callable[[], None]] = []
+        try:
+            for i, h in handles.items():
+                src = sources[i]
+                src_addr = src if isinstance(src, int) else None
+                for rep in h["replicas"]:  # [replica_id, segment, addr, length, ...]
+                    local = (self._local_view(rep[2], sizes[i])
+                             if rep[1] == self.segment_name else None)
+                    if local is not None and src_addr is None:
+                        local[:] = np.frombuffer(src, dtype=np.uint8)
+                        continue
+                    if src_addr is None:
+                        src_addr, arr, release = self._stage(sizes[i])
+                        arr[:] = np.frombuffer(src, dtype=np.uint8)
+                        staged.append(release)
+                    moves.append(Move(True, src_addr, rep[1], rep[2], sizes[i]))
+                    owners.append(i)
+            assert self._dp is not None
+            results = self._dp.run(moves)
+        finally:
+            for release in staged:
+                release()
         failed: dict[int, str] = {}
-        for i, r in zip(owners, self._dp.run(moves), strict=True):
+        for i, r in zip(owners, results, strict=True):
             if not r.ok:
                 failed.setdefault(i, r.reason)
         ok = [i for i in handles if i not in failed]
@@ -588,8 +607,15 @@ class StoreClient:
         for p in plans:
             self._finish_read(p)
 
+    @staticmethod
+    def _copy_out(views: list[np.ndarray]) -> list[bytes]:
+        """Local-replica reads of one batch: a memcpy each out of this client's segment."""
+        return [v.tobytes() for v in views]
+
     def _finish_read(self, p: _ReadPlan) -> None:
         """The one lease check of every read path, after the copy (case BUG-15)."""
+        if p.error is _LOCAL_DONE:
+            return  # checked by the caller once the local copy is done
         if p.error is None and self._clock() >= p.lease_expiry:
             p.error = StoreError(ErrorCode.LEASE_EXPIRED,
                                  f"{p.key!r}: read lease lapsed before the copy completed")
@@ -609,14 +635,28 @@ class StoreClient:
                   ) -> list[bytes | StoreError]:
         t0 = time.perf_counter()
         plans = self._plan(keys, prefer_local)
+        views: dict[int, np.ndarray] = {}
+        for i, p in enumerate(plans):  # a replica in our own segment: one memcpy out
+            if p.error is None and p.replicas and p.replicas[0].segment == self.segment_name:
+                view = self._local_view(p.replicas[0].addr, p.size)
+                if view is not None:
+                    views[i] = view
+                    p.error = _LOCAL_DONE
+        local = dict(zip(views, self._copy_out(list(views.values())), strict=True)) \
+            if views else {}
         stages: list[tuple[int, np.ndarray, Callable[[], None]] | None] = []
         try:
             for p in plans:
                 stages.append(self._stage(p.size) if p.error is None and p.size else None)
             self._read(plans, [(s[0], s[1].nbytes) if s else None for s in stages])
             out: list[bytes | StoreError] = []
-            for p, s in zip(plans, stages, strict=True):
-                out.append(p.error if p.error is not None else s[1].tobytes())  # type: ignore
+            for i, (p, s) in enumerate(zip(plans, stages, strict=True)):
+                if i in local:
+                    p.error = None
+                    self._finish_read(p)
+                    out.append(p.error if p.error is not None else local[i])
+                else:
+                    out.append(p.error if p.error is not None else s[1].tobytes())  # type: ignore
         finally:
             for s in stages:
                 if s is not None:
