@@ -124,11 +124,18 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.T
         g = gather_blocks(kv_cache, meta.decode_block_table, bd)
         ws[:, :, :bd, :g.shape[3]] = g
     else:
-        rows = torch.arange(bd)
+        rows = _arange(bd)
         ws[0][:, rows, meta.decode_positions] = k.transpose(0, 1)
         ws[1][:, rows, meta.decode_positions] = v.transpose(0, 1)
     ctx = meta.decode_bias.shape[-1]
     return _attend(q, ws[0, :, :bd, :ctx], ws[1, :, :bd, :ctx], meta.decode_bias, scale)
+
+
+_ARANGE = torch.arange(1024)
+
+
+def _arange(n: int) -> torch.Tensor:
+    return _ARANGE[:n] if n <= _ARANGE.shape[0] else torch.arange(n)
 
 
 def _attend(q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, bias: torch.Tensor,

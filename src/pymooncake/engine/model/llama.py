@@ -190,7 +190,7 @@ class LlamaForCausalLM(nn.Module):
                 kv_caches: list[torch.Tensor], before_layer: LayerCallback | None = None,
                 after_layer: LayerCallback | None = None) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        cos, sin = self._cos_sin(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
             if before_layer is not None:
                 before_layer(i)
@@ -198,6 +198,19 @@ class LlamaForCausalLM(nn.Module):
             if after_layer is not None:
                 after_layer(i)
         return self.model.norm(x)
+
+    def _cos_sin(self, positions: torch.Tensor,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE ``cos, sin`` rows for ``positions`` from a table computed once per 4096
+        positions (the same elementwise values as computing them per step)."""
+        need = int(positions.max()) + 1 if positions.numel() else 1
+        table = getattr(self, "_rope_table", None)
+        if table is None or table[0].shape[0] < need or table[0].dtype != dtype:
+            size = -(-need // 4096) * 4096
+            cos, sin = rope_cos_sin(torch.arange(size), self.inv_freq, dtype)
+            table = (cos, sin)
+            self._rope_table = table
+        return table[0][positions], table[1][positions]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

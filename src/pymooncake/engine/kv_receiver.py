@@ -1,0 +1,119 @@
+"""P→D KV transfer, receiving side: per-request receive buffers in a registered arena, and
+the ``KVLoadSource`` that moves arrived blocks into the decode engine's paged cache.
+
+The arena is one shared-memory buffer registered with the Transfer Engine (same-host
+prefill workers write it with one ``memmove`` over ``shm``; others over ``tcp``). A request
+admitted by the Conductor gets ``num_blocks × block_nbytes`` bytes of it (``reserve``); the
+prefill worker writes its prompt blocks there; ``mark_ready`` says they have all arrived.
+When the request is scheduled, the engine asks ``get_num_matched_tokens`` and loads the
+blocks into fresh paged blocks in ``before_layer`` (CASES BUG-39: a layer's KV is in place
+before its attention runs; a request not ready is never loaded — the load would raise
+``KVLoadError``). Mooncake FAST'25 §3.1 step 4.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from pymooncake.engine.hooks import KVLoadError, NullHooks, StepContext
+from pymooncake.rpc.messages import KVTarget
+from pymooncake.store.tiers.dram_segment import OffsetAllocator
+
+if TYPE_CHECKING:
+    from pymooncake.engine.kv.kv_tensors import KVTensors
+    from pymooncake.engine.request import Request
+    from pymooncake.transfer import TransferEngine
+
+
+@dataclass(slots=True)
+class _Slot:
+    offset: int
+    num_blocks: int
+    ready: bool = False
+
+
+class KVReceiver(NullHooks):
+    """Receive buffers for ``engine`` (a started Transfer Engine) sized ``arena_bytes``."""
+
+    def __init__(self, engine: TransferEngine, kv: KVTensors, arena_bytes: int) -> None:
+        self.engine = engine
+        self.kv = kv
+        self.block_nbytes = kv.block_nbytes
+        self._shm = engine.allocate_shared(arena_bytes)
+        self._arena = np.frombuffer(self._shm.view(), dtype=np.uint8)
+        self._alloc = OffsetAllocator(arena_bytes)
+        self._slots: dict[str, _Slot] = {}
+        self._lock = threading.Lock()
+        self.num_loaded_blocks = 0
+
+    @property
+    def free_bytes(self) -> int:
+        return self._alloc.free_bytes()
+
+    def reserve(self, request_id: str, num_blocks: int) -> KVTarget | None:
+        """A receive buffer for ``num_blocks`` blocks, or ``None`` when the arena is full."""
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        with self._lock:
+            if request_id in self._slots:
+                raise ValueError(f"request {request_id!r} already has a receive buffer")
+            off = self._alloc.allocate(num_blocks * self.block_nbytes)
+            if off is None:
+                return None
+            self._slots[request_id] = _Slot(off, num_blocks)
+        return KVTarget(self.engine.segment_name, self._shm.addr + off, num_blocks,
+                        self.block_nbytes)
+
+    def mark_ready(self, request_id: str, num_blocks: int) -> None:
+        """The first ``num_blocks`` blocks are in the request's buffer (the prefill may
+        send fewer than reserved; the rest is recomputed). Raises ``KeyError`` if unknown."""
+        with self._lock:
+            slot = self._slots[request_id]
+            slot.num_blocks = max(0, min(slot.num_blocks, num_blocks))
+            slot.ready = True
+
+    def release(self, request_id: str) -> None:
+        """Free the request's buffer (finished, aborted or failed); unknown ids are ignored."""
+        with self._lock:
+            slot = self._slots.pop(request_id, None)
+            if slot is not None:
+                self._alloc.free(slot.offset)
+
+    # -- KVLoadSource -------------------------------------------------------------------
+    def get_num_matched_tokens(self, req: Request, num_local_computed_tokens: int) -> int:
+        slot = self._slots.get(req.request_id)
+        if slot is None or not slot.ready:
+            return 0
+        bs = self.kv.block_size
+        return max(0, slot.num_blocks * bs - num_local_computed_tokens)
+
+    def _blocks(self, slot: _Slot, first_block: int, n: int) -> torch.Tensor:
+        k = self.kv
+        raw = self._arena[slot.offset + first_block * k.block_nbytes:
+                          slot.offset + (first_block + n) * k.block_nbytes]
+        t = torch.from_numpy(raw).view(k.dtype)
+        return t.view(n, k.num_layers, 2, k.num_kv_heads, k.block_size, k.head_dim)
+
+    def before_layer(self, layer: int, ctx: StepContext, kv: KVTensors) -> None:
+        for ld in ctx.loads:
+            slot = self._slots.get(ld.request_id)
+            if slot is None or not slot.ready:
+                raise KVLoadError(f"request {ld.request_id}: KV not in the receive buffer",
+                                  (ld.request_id,))
+            n = len(ld.block_ids)
+            blocks = self._blocks(slot, ld.first_token // kv.block_size, n)
+            # [n, L, 2, H, bs, d] → layer → [2, H, n, bs, d]
+            data = blocks[:, layer].permute(1, 2, 0, 3, 4).contiguous()
+            kv.import_layer(layer, ld.block_ids, data)
+            if layer == 0:
+                self.num_loaded_blocks += n
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # the engine may be closed already
+            self.engine.unregister_memory(self._shm.addr)

@@ -1,0 +1,279 @@
+"""What every engine worker process shares: the engine thread, the RPC server, and the
+registration, load reports and KV events it sends to the Conductor.
+
+The ``Engine`` is not thread-safe, so one thread owns it: it runs queued commands (closures
+from the RPC handlers) and ``engine.step()`` in a loop. The asyncio side awaits commands
+through ``on_engine``. After each step the subclass's ``after_step`` sees the finished
+outputs (still on the engine thread). DESIGN.md §2: the worker is the I/O shell, the engine
+and its scheduler the pure-ish core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+from pymooncake.obs import metrics
+from pymooncake.obs.logging import init_logger
+from pymooncake.rpc import RpcClient, RpcError, RpcServer
+from pymooncake.rpc.messages import KVEvents, SamplingOptions, WorkerInfo, WorkerLoad
+
+logger = init_logger(__name__)
+T = TypeVar("T")
+
+PREFILL_TOKENS = metrics.counter("pymooncake_worker_prefill_tokens_total",
+                                 "prompt tokens computed (not reused) by this worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """One worker process (flags of ``pymooncake prefill`` / ``pymooncake decode``)."""
+
+    instance_id: str
+    role: str
+    """``prefill``, ``decode`` or ``colocated``."""
+    conductor: str
+    """``host:port`` of the Conductor's worker RPC endpoint."""
+    metadata_url: str = "http://127.0.0.1:8080/metadata"
+    """Transfer Engine metadata service (segments are published there)."""
+    master: str | None = None
+    """``host:port`` of the Store master (prefill workers; None = no global Store)."""
+    host: str = "127.0.0.1"
+    port: int = 0
+    """RPC port (0 = any free port)."""
+    model: str = "tiny"
+    num_kv_blocks: int = 1024
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_model_len: int = 8192
+    enable_prefix_caching: bool = True
+    dtype: str = "float32"
+    global_segment_size_bytes: int = 64 << 20
+    """DRAM a prefill worker contributes to the Store."""
+    recv_buffer_bytes: int = 64 << 20
+    """Receive arena of a decode worker (P→D KV lands here)."""
+    load_report_interval_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.role not in ("prefill", "decode", "colocated"):
+            raise ValueError(f"role must be prefill, decode or colocated, got {self.role!r}")
+        if not self.instance_id or "/" in self.instance_id:
+            raise ValueError(f"instance_id must be non-empty without '/', got "
+                             f"{self.instance_id!r}")
+        if ":" not in self.conductor:
+            raise ValueError(f"conductor must be host:port, got {self.conductor!r}")
+        if self.load_report_interval_s <= 0:
+            raise ValueError("load_report_interval_s must be > 0")
+
+
+def to_sampling_params(s: SamplingOptions, max_tokens: int | None = None) -> Any:
+    """The engine's ``SamplingParams`` for a request's ``SamplingOptions``."""
+    from pymooncake.engine.sampling import SamplingParams
+    return SamplingParams(max_tokens=max_tokens if max_tokens is not None else s.max_tokens,
+                          temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                          seed=s.seed, stop_token_ids=tuple(s.stop_token_ids), stop=tuple(s.stop),
+                          ignore_eos=s.ignore_eos, logprobs=s.logprobs)
+
+
+class EngineWorker:
+    """Base of the prefill and decode workers (see module docstring)."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.engine: Any = None
+        self.server = RpcServer(config.host, config.port)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._cmds: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._events_lock = threading.Lock()
+        self._stored: list[str] = []
+        self._removed: list[str] = []
+        self._store_stored: list[str] = []
+        self.num_prefill_tokens_total = 0
+        self._conductor: RpcClient | None = None
+        self._registered = False
+
+    # -- engine ---------------------------------------------------------------------------
+    def build_engine(self, role: str, hooks: tuple = (), kv_source: Any = None) -> Any:
+        from pymooncake.engine import Engine, EngineConfig
+        c = self.config
+        cfg = EngineConfig(block_size=c.block_size, num_kv_blocks=c.num_kv_blocks,
+                           max_num_seqs=c.max_num_seqs, max_model_len=c.max_model_len,
+                           enable_prefix_caching=c.enable_prefix_caching, role=role,
+                           dtype=c.dtype)
+        return Engine.from_model_name(c.model, cfg, hooks=hooks, kv_source=kv_source)
+
+    def _engine_main(self) -> None:
+        while not self._stop.is_set():
+            busy = self.engine.has_unfinished()
+            try:
+                cmd = self._cmds.get(timeout=0 if busy else 0.02)
+            except queue.Empty:
+                cmd = None
+            while cmd is not None:
+                cmd()
+                try:
+                    cmd = self._cmds.get_nowait()
+                except queue.Empty:
+                    cmd = None
+            if self.engine.has_unfinished():
+                try:
+                    outs = self.engine.step()
+                except Exception:  # noqa: BLE001 - keep serving; fail what was running
+                    logger.exception("engine step failed")
+                    outs = []
+                    for rid in list(self.engine.requests):
+                        self.engine.abort(rid)
+                        self.on_failed(rid, "engine step failed")
+                self.after_step(outs)
+            self._collect_kv_events()
+
+    def on_engine(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """Run ``fn`` on the engine thread; the future has its result or exception."""
+        assert self.loop is not None
+        loop = self.loop
+        fut: asyncio.Future[T] = loop.create_future()
+
+        def run() -> None:
+            try:
+                r = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+                loop.call_soon_threadsafe(_set_exc, fut, e)
+            else:
+                loop.call_soon_threadsafe(_set_res, fut, r)
+
+        self._cmds.put(run)
+        return fut
+
+    def post(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the event loop (from the engine thread)."""
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(fn)
+
+    def after_step(self, outputs: list[Any]) -> None:  # engine thread
+        raise NotImplementedError
+
+    def on_failed(self, request_id: str, reason: str) -> None:  # engine thread
+        return None
+
+    def _collect_kv_events(self) -> None:
+        from pymooncake.engine.kv.block_pool import BlockStored
+        events = self.engine.pool.take_events()
+        if not events or self.config.role != "prefill":
+            return
+        with self._events_lock:
+            for ev in events:
+                (self._stored if isinstance(ev, BlockStored) else self._removed).extend(
+                    ev.block_keys)
+
+    def add_store_keys(self, keys: list[str]) -> None:
+        with self._events_lock:
+            self._store_stored.extend(keys)
+
+    # -- conductor link -------------------------------------------------------------------
+    def worker_info(self) -> WorkerInfo:
+        ns = asdict(self.engine.namespace)
+        return WorkerInfo(instance_id=self.config.instance_id, role=self.config.role,
+                          host=self.config.host, rpc_port=self.server.port,
+                          namespace_json=json.dumps(ns), block_size=self.config.block_size,
+                          kv_capacity_tokens=self.engine.config.kv_capacity_tokens,
+                          max_batch_size=self.engine.config.max_num_seqs, pid=os.getpid())
+
+    def load(self) -> WorkerLoad:
+        e = self.engine
+        return WorkerLoad(self.config.instance_id, len(e.scheduler.running),
+                          len(e.scheduler.waiting), e.pool.num_free_blocks,
+                          e.config.num_kv_blocks, self.num_prefill_tokens_total)
+
+    async def _report_loop(self) -> None:
+        host, port = self.config.conductor.rsplit(":", 1)
+        self._conductor = RpcClient(host, int(port), timeout_s=5.0, connect_timeout_s=2.0)
+        c = self._conductor
+        info = self.worker_info()
+        while True:
+            try:
+                if not self._registered:
+                    await c.call("register_worker", info)
+                    self._registered = True
+                    # a (re)registered worker reports its whole prefix cache again
+                    keys = await self.on_engine(lambda: list(self.engine.pool.cached_keys()))
+                    if self.config.role == "prefill":
+                        with self._events_lock:
+                            self._stored = keys + self._stored
+                with self._events_lock:
+                    stored, removed, sstored = self._stored, self._removed, self._store_stored
+                    self._stored, self._removed, self._store_stored = [], [], []
+                if stored or removed:
+                    await c.notify("kv_events", KVEvents(self.config.instance_id,
+                                                         tuple(stored), tuple(removed)))
+                if sstored:
+                    await c.notify("kv_events", KVEvents("store", tuple(sstored)))
+                known = await c.call("worker_load", self.load())
+                if not known:
+                    self._registered = False
+            except RpcError as e:
+                if self._registered:
+                    logger.warning("conductor unreachable: %s", e)
+                self._registered = False
+            await asyncio.sleep(self.config.load_report_interval_s)
+
+    def register_methods(self) -> None:
+        raise NotImplementedError
+
+    def start_resources(self) -> None:
+        """Build the engine and data-path resources (called before serving)."""
+        raise NotImplementedError
+
+    def close_resources(self) -> None:
+        return None
+
+    async def serve(self, ready: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Start everything, print readiness through ``ready``, serve until cancelled."""
+        self.loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self.start_resources)
+        self.register_methods()
+        self.server.register("ping", lambda _p: "pong")
+        await self.server.start()
+        self._thread = threading.Thread(target=self._engine_main, daemon=True,
+                                        name=f"engine-{self.config.instance_id}")
+        self._thread.start()
+        reporter = asyncio.ensure_future(self._report_loop())
+        if ready is not None:
+            ready({"event": "ready", "instance_id": self.config.instance_id,
+                   "role": self.config.role, "rpc_port": self.server.port, "pid": os.getpid()})
+        try:
+            await asyncio.Event().wait()
+        finally:
+            reporter.cancel()
+            with contextlib.suppress(BaseException):
+                await reporter
+            self._stop.set()
+            if self._conductor is not None:
+                await self._conductor.close()
+            await self.server.stop()
+            if self._thread is not None:
+                await asyncio.to_thread(self._thread.join, 5.0)
+            self.close_resources()
+
+
+def _set_res(fut: asyncio.Future[Any], r: Any) -> None:
+    if not fut.done():
+        fut.set_result(r)
+
+
+def _set_exc(fut: asyncio.Future[Any], e: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(e)
+
+
+def monotonic() -> float:
+    return time.monotonic()

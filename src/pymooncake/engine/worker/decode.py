@@ -1,0 +1,224 @@
+"""Decode worker (``pymooncake decode``): engine in decode (or colocated) role + KV receiver.
+
+``prepare_decode(DecodeTask)`` re-checks admission locally (free KV blocks, batch size) and
+reserves a receive buffer registered with the Transfer Engine; the prefill worker writes the
+prompt's full blocks there; ``start_decode(StartDecode)`` (the KV-ready notice) adds the
+request — prompt plus the prefill's first token — whose arrived blocks the engine loads into
+its paged cache layer by layer (``kv_receiver.KVReceiver``) before joining the continuous
+batch. Tokens are fetched by the Conductor with ``poll`` (long-poll). Colocated role: no
+receive buffer, the engine computes the prompt itself. Mooncake FAST'25 §3.1 step 4.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from pymooncake.engine.kv_receiver import KVReceiver
+from pymooncake.engine.worker.base import PREFILL_TOKENS, EngineWorker, to_sampling_params
+from pymooncake.obs.logging import init_logger
+from pymooncake.rpc import RpcError
+from pymooncake.rpc.messages import DecodeTask, KVTarget, StartDecode, TokenPoll
+
+logger = init_logger(__name__)
+
+
+@dataclass(slots=True)
+class _Stream:
+    task: DecodeTask
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    cached_tokens: int | None = None
+    error: str | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    started: bool = False
+    first_token_id: int | None = None
+
+
+class DecodeWorker(EngineWorker):
+    """See module docstring."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.receiver: KVReceiver | None = None
+        self.transfer: Any = None
+        self._streams: dict[str, _Stream] = {}
+        self._sent: dict[str, int] = {}
+        """Engine thread: output tokens already posted, per running request."""
+
+    def start_resources(self) -> None:
+        from pymooncake.transfer import TransferEngine
+        c = self.config
+        self.engine = self.build_engine(c.role)
+        if c.role == "decode":
+            self.transfer = TransferEngine(f"{c.instance_id}-kv", c.metadata_url).start()
+            self.receiver = KVReceiver(self.transfer, self.engine.kv, c.recv_buffer_bytes)
+            self.engine.scheduler.kv_source = self.receiver
+            self.engine.runner.hooks.append(self.receiver)
+
+    def close_resources(self) -> None:
+        if self.transfer is not None:
+            try:
+                self.transfer.close()
+            except Exception:  # noqa: BLE001
+                logger.exception("close failed")
+
+    def register_methods(self) -> None:
+        self.server.register("prepare_decode", self._prepare, DecodeTask)
+        self.server.register("start_decode", self._start, StartDecode)
+        self.server.register("poll", self._poll, TokenPoll)
+        self.server.register("abort", self._abort)
+
+    # -- RPC handlers (event loop) -------------------------------------------------------
+    async def _prepare(self, task: DecodeTask) -> KVTarget | None:
+        rid = task.request_id
+        if rid in self._streams:
+            raise RpcError("DUPLICATE", f"request {rid} is already admitted here")
+        need = -(-(len(task.prompt_token_ids) + task.sampling.max_tokens)
+                 // self.config.block_size)
+
+        def admit() -> KVTarget | None:
+            e = self.engine
+            if need > e.pool.num_free_blocks:
+                raise RpcError("NO_KV_SPACE", f"{need} KV blocks needed, "
+                               f"{e.pool.num_free_blocks} free")
+            if len(e.scheduler.running) + len(e.scheduler.waiting) >= e.config.max_num_seqs:
+                raise RpcError("BATCH_FULL", f"{e.config.max_num_seqs} requests running")
+            if task.num_kv_blocks and self.receiver is not None:
+                target = self.receiver.reserve(rid, task.num_kv_blocks)
+                if target is None:
+                    raise RpcError("NO_RECV_SPACE", "receive buffer arena is full")
+                return target
+            return None
+
+        target = await self.on_engine(admit)
+        self._streams[rid] = _Stream(task)
+        return target
+
+    async def _start(self, msg: StartDecode) -> bool:
+        st = self._streams.get(msg.request_id)
+        if st is None:
+            raise RpcError("UNKNOWN_REQUEST", f"request {msg.request_id} was not prepared")
+        task = st.task
+        prompt = list(task.prompt_token_ids)
+        max_tokens = task.sampling.max_tokens
+        if msg.first_token_id is not None:
+            prompt.append(msg.first_token_id)
+            max_tokens -= 1
+            st.first_token_id = msg.first_token_id
+        if max_tokens < 1:
+            self._finish_stream(msg.request_id, "length")
+            return True
+        params = to_sampling_params(task.sampling, max_tokens)
+
+        def add() -> None:
+            if (self.receiver is not None and msg.first_token_id is not None
+                    and msg.num_ready_blocks > 0):
+                self.receiver.mark_ready(msg.request_id, msg.num_ready_blocks)
+            self.engine.add_request(prompt, params, msg.request_id)
+            self._sent[msg.request_id] = 0
+
+        try:
+            await self.on_engine(add)
+        except ValueError as e:
+            self._release(msg.request_id)
+            raise RpcError("INVALID_REQUEST", str(e)) from None
+        st.started = True
+        return True
+
+    async def _poll(self, p: TokenPoll) -> dict[str, Any]:
+        st = self._streams.get(p.request_id)
+        if st is None:
+            raise RpcError("UNKNOWN_REQUEST", f"request {p.request_id} is not here")
+        if len(st.tokens) <= p.start and st.finish_reason is None and st.error is None:
+            st.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(st.changed.wait(), max(0.01, p.timeout_s))
+        out = {"token_ids": st.tokens[p.start:], "finish_reason": st.finish_reason,
+               "cached_tokens": st.cached_tokens, "error": st.error}
+        if st.finish_reason is not None or st.error is not None:
+            self._streams.pop(p.request_id, None)
+        return out
+
+    async def _abort(self, request_id: Any) -> bool:
+        rid = str(request_id)
+        self._streams.pop(rid, None)
+        await self.on_engine(lambda: self._abort_engine(rid))
+        return True
+
+    def _abort_engine(self, rid: str) -> None:
+        self.engine.abort(rid)
+        self._sent.pop(rid, None)
+        if self.receiver is not None:
+            self.receiver.release(rid)
+
+    def _release(self, rid: str) -> None:
+        self._streams.pop(rid, None)
+        if self.receiver is not None:
+            self.receiver.release(rid)
+
+    def _finish_stream(self, rid: str, reason: str) -> None:
+        st = self._streams.get(rid)
+        if st is not None:
+            st.finish_reason = reason
+            st.changed.set()
+
+    # -- engine thread --------------------------------------------------------------------
+    def after_step(self, outputs: list[Any]) -> None:
+        updates: list[tuple[str, list[int], str | None, int | None]] = []
+        finished = {o.request_id: o for o in outputs}
+        for rid, n in list(self._sent.items()):
+            out = finished.get(rid)
+            if out is not None:
+                toks = list(out.output_token_ids)
+                reason = out.finish_reason.value
+                cached = out.num_cached_tokens
+                del self._sent[rid]
+                if self.receiver is not None:
+                    self.receiver.release(rid)
+                if self.config.role == "colocated":
+                    computed = len(out.prompt_token_ids) - cached
+                    self.num_prefill_tokens_total += computed
+                    PREFILL_TOKENS.inc(computed)
+            else:
+                req = self.engine.requests.get(rid)
+                if req is None:
+                    continue
+                toks = req.output_token_ids
+                reason = None
+                cached = req.num_cached_tokens if req.num_cached_tokens >= 0 else None
+            if len(toks) > n or reason is not None:
+                self._sent[rid] = len(toks) if reason is None else 0
+                if reason is not None:
+                    self._sent.pop(rid, None)
+                updates.append((rid, list(toks[n:]), reason, cached))
+        if updates:
+            self.post(lambda: self._apply(updates))
+
+    def on_failed(self, request_id: str, reason: str) -> None:
+        self._sent.pop(request_id, None)
+        if self.receiver is not None:
+            self.receiver.release(request_id)
+
+        def fail() -> None:
+            st = self._streams.get(request_id)
+            if st is not None:
+                st.error = reason
+                st.changed.set()
+        self.post(fail)
+
+    def _apply(self, updates: list[tuple[str, list[int], str | None, int | None]]) -> None:
+        for rid, toks, reason, cached in updates:
+            st = self._streams.get(rid)
+            if st is None:
+                continue
+            st.tokens.extend(toks)
+            if cached is not None and st.first_token_id is None:
+                st.cached_tokens = cached  # colocated: this engine's own prefix hit
+            if reason is not None:
+                st.finish_reason = "abort" if reason == "error" else reason
+                if reason == "error":
+                    st.error = "generation failed (KV load)"
+            st.changed.set()

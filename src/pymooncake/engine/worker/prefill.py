@@ -1,0 +1,186 @@
+"""Prefill worker (``pymooncake prefill``): engine in prefill role + Store client + KV sender.
+
+For a ``PrefillTask``: reuse the prompt's prefix blocks (the engine's local prefix cache
+first, then the global Store through ``kv_loader.StoreKVLoader``), compute the rest in
+chunks, sample the first token, write the prompt's full blocks into the decode worker's
+receive buffer (``kv_sender.KVSender``, Transfer Engine WRITEs straight from the paged KV
+memory) and put the new full blocks into the Store. Mooncake FAST'25 §3.1, DESIGN.md §1.
+
+Today the P→D write happens once the prompt's prefill has finished (all layers in one
+batch transfer), not layer by layer during it; docs/serving.md says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pymooncake.engine.kv_loader import StoreKVLoader
+from pymooncake.engine.kv_sender import KVSender, KVTransferError
+from pymooncake.engine.worker.base import PREFILL_TOKENS, EngineWorker, to_sampling_params
+from pymooncake.obs.logging import init_logger
+from pymooncake.obs.tracing import span
+from pymooncake.rpc import RpcError
+from pymooncake.rpc.messages import PrefillResult, PrefillTask
+
+logger = init_logger(__name__)
+
+
+@dataclass(slots=True)
+class _Pending:
+    task: PrefillTask
+    future: asyncio.Future[PrefillResult]
+    start_s: float = field(default_factory=time.monotonic)
+
+
+class PrefillWorker(EngineWorker):
+    """See module docstring."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.store: Any = None
+        self.loader: StoreKVLoader | None = None
+        self.sender: KVSender | None = None
+        self.transfer: Any = None
+        self._pending: dict[str, _Pending] = {}
+
+    def start_resources(self) -> None:
+        from pymooncake.transfer import TransferEngine
+        c = self.config
+        self.engine = self.build_engine("prefill")
+        if c.master:
+            from pymooncake.store.client import StoreClient
+            self.store = StoreClient(c.master, c.metadata_url,
+                                     global_segment_size=c.global_segment_size_bytes,
+                                     name=f"{c.instance_id}-store").start()
+            self.loader = StoreKVLoader(self.store, self.engine.kv,
+                                        self.engine.namespace.digest())
+            self.engine.scheduler.kv_source = self.loader
+            self.engine.runner.hooks.append(self.loader)
+        self.transfer = TransferEngine(f"{c.instance_id}-kv", c.metadata_url).start()
+        self.sender = KVSender(self.transfer, self.engine.kv)
+
+    def close_resources(self) -> None:
+        for closer in (self.transfer, self.store):
+            if closer is not None:
+                try:
+                    closer.close()
+                except Exception:  # noqa: BLE001 - best effort at shutdown
+                    logger.exception("close failed")
+
+    def register_methods(self) -> None:
+        self.server.register("prefill", self._prefill, PrefillTask)
+        self.server.register("abort", self._abort)
+
+    async def _prefill(self, task: PrefillTask) -> PrefillResult:
+        fut: asyncio.Future[PrefillResult] = asyncio.get_running_loop().create_future()
+        params = to_sampling_params(task.sampling, 1)
+
+        def add() -> None:
+            if task.request_id in self._pending:
+                raise RpcError("DUPLICATE", f"request {task.request_id} is already prefilling")
+            if self.loader is not None and not task.use_store:
+                self.loader.disable(task.request_id)
+            try:
+                self.engine.add_request(task.prompt_token_ids, params, task.request_id)
+            except ValueError as e:
+                if self.loader is not None:
+                    self.loader.forget(task.request_id)
+                raise RpcError("INVALID_REQUEST", str(e)) from None
+            self._pending[task.request_id] = _Pending(task, fut)
+
+        await self.on_engine(add)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self.on_engine(lambda: self._drop(task.request_id))
+            raise
+
+    def _drop(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)
+        self.engine.abort(request_id)
+        if self.loader is not None:
+            self.loader.forget(request_id)
+
+    async def _abort(self, request_id: Any) -> bool:
+        await self.on_engine(lambda: self._drop(str(request_id)))
+        return True
+
+    def on_failed(self, request_id: str, reason: str) -> None:
+        p = self._pending.pop(request_id, None)
+        if p is not None:
+            self.post(lambda: _fail(p.future, RpcError("PREFILL_FAILED", reason)))
+
+    def after_step(self, outputs: list[Any]) -> None:
+        for out in outputs:
+            p = self._pending.pop(out.request_id, None)
+            if self.loader is not None:
+                self.loader.forget(out.request_id)
+            if p is None:
+                continue
+            try:
+                result = self._finish(p, out)
+            except Exception as e:  # noqa: BLE001 - the one request fails, the worker serves on
+                logger.warning("prefill %s: %s", out.request_id, e)
+                err = e if isinstance(e, RpcError) else RpcError("KV_TRANSFER_FAILED", str(e))
+                self.post(lambda p=p, err=err: _fail(p.future, err))
+            else:
+                self.post(lambda p=p, r=result: _done(p.future, r))
+
+    def _finish(self, p: _Pending, out: Any) -> PrefillResult:
+        """Engine thread: ship the prompt KV, put new blocks into the Store."""
+        from pymooncake.engine.request import FinishReason
+        prefill_s = time.monotonic() - p.start_s
+        if out.finish_reason not in (FinishReason.LENGTH, FinishReason.STOP):
+            raise RpcError("PREFILL_FAILED", f"prefill ended with {out.finish_reason.value}")
+        prompt = list(p.task.prompt_token_ids)
+        cached = out.num_cached_tokens
+        computed = len(prompt) - cached
+        self.num_prefill_tokens_total += computed
+        PREFILL_TOKENS.inc(computed)
+        e = self.engine
+        bs = e.config.block_size
+        from pymooncake.identity import block_keys
+        keys = block_keys(prompt, e.namespace)
+        block_ids = []
+        for i, k in enumerate(keys):
+            b = e.pool.get_cached_block(k, tuple(prompt[i * bs:(i + 1) * bs]))
+            if b is None:
+                break
+            block_ids.append(b.block_id)
+        t0 = time.monotonic()
+        sent = 0
+        if p.task.target is not None and block_ids:
+            with span("serving.p2d_transfer", request_id=p.task.request_id,
+                      num_blocks=len(block_ids)):
+                try:
+                    self.sender.send(block_ids[:p.task.target.num_blocks], p.task.target)
+                except KVTransferError as err:
+                    raise RpcError("KV_TRANSFER_FAILED", str(err)) from None
+            sent = min(len(block_ids), p.task.target.num_blocks)
+        transfer_s = time.monotonic() - t0
+        if self.loader is not None and p.task.use_store and block_ids:
+            new_from = cached // bs
+            if new_from < len(block_ids):
+                put_keys = [str(k) for k in keys[new_from:len(block_ids)]]
+                data = [e.kv.export_block_bytes(b) for b in block_ids[new_from:]]
+                try:
+                    self.add_store_keys(self.loader.put_blocks(put_keys, data))
+                except Exception as err:  # noqa: BLE001 - a full Store only costs reuse
+                    logger.warning("store put failed: %s", err)
+        first = out.output_token_ids[0]
+        finish = "stop" if out.finish_reason == FinishReason.STOP else None
+        return PrefillResult(p.task.request_id, first, cached, sent, prefill_s, transfer_s,
+                             finish)
+
+
+def _done(fut: asyncio.Future[Any], r: Any) -> None:
+    if not fut.done():
+        fut.set_result(r)
+
+
+def _fail(fut: asyncio.Future[Any], e: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(e)
