@@ -130,3 +130,32 @@ def test_data_server_survives_a_malformed_client(pair) -> None:  # noqa: ANN001
     st = a.transfer_sync(TransferOp.WRITE, a.register_memory(src), "b",
                          b.register_memory(dst), 256)
     assert st.ok and np.array_equal(dst, src)
+
+
+def test_paths_use_the_topology_devices(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    from pymooncake.obs.metrics import REGISTRY
+    from pymooncake.transfer.topology import device_ipv4, discover
+
+    devices = [d for loc in discover().matrix.values() for group in loc for d in group]
+    dev = next((d for d in devices if d != "lo" and device_ipv4(d)), None)
+    if dev is None:
+        pytest.skip("no non-loopback device with an IPv4 address")
+    ip = device_ipv4(dev)
+    topo = tmp_path / "topo.json"
+    topo.write_text(json.dumps({"cpu:0": [[dev], []]}))
+    url = f"embedded://topology-{next(_ns)}"
+    a = TransferEngine("ta", url, config=TransferConfig(topology_file=str(topo))).start()
+    b = TransferEngine("tb", url, config=TransferConfig(host=str(ip))).start()
+    try:
+        src = np.arange(MiB, dtype=np.uint8)
+        dst = np.zeros(MiB, dtype=np.uint8)
+        st = a.transfer_sync(TransferOp.WRITE, a.register_memory(src), "tb",
+                             b.register_memory(dst), MiB)
+        assert st.ok and np.array_equal(dst, src)
+        assert REGISTRY.get_sample_value("pymooncake_transfer_slices_total",
+                                         {"transport": "tcp", "path": f"{dev}#0"}) >= 1
+    finally:
+        a.close()
+        b.close()

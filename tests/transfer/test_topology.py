@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pymooncake.transfer.topology import discover, get_topology, load
+from pymooncake.transfer.topology import device_ipv4, discover, get_topology, load
 
 
 def make_sys(root: Path) -> Path:
@@ -55,3 +55,8 @@ def test_cli_topology_json(tmp_path: Path) -> None:
                           "--file", str(tmp_path / "missing.json")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and bad.stderr.startswith("pymooncake: error: cannot read")
+
+
+def test_device_addresses_for_binding_paths() -> None:
+    assert device_ipv4("lo") == "127.0.0.1"
+    assert device_ipv4("no-such-dev0") is None

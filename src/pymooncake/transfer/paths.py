@@ -22,7 +22,7 @@ from pymooncake.transfer.batch import StatusCode
 from pymooncake.transfer.config import TransferConfig
 from pymooncake.transfer.endpoint_pool import EndpointPool
 from pymooncake.transfer.segment import SegmentDescriptor
-from pymooncake.transfer.topology import Topology
+from pymooncake.transfer.topology import Topology, device_ipv4
 from pymooncake.transfer.transports import tcp
 from pymooncake.transfer.transports.base import PathError, Slice
 
@@ -151,8 +151,11 @@ class TcpPaths:
         cfg = self.config
         key = (ch.name, lane.index)
 
+        source_ip = None if lane.device == "lo" else device_ipv4(lane.device)
+
         def opener() -> Any:
-            return tcp.open_connection(host, port, cfg.connect_timeout_s, cfg.slice_timeout_s)
+            return tcp.open_connection(host, port, cfg.connect_timeout_s, cfg.slice_timeout_s,
+                                       source_ip)
 
         try:
             conn, reused = self.pool.acquire(key, opener)

@@ -6,17 +6,24 @@ Follows Mooncake's topology matrix (Transfer Engine docs): for each memory locat
 
     {"cpu:0": [["eth0"], ["eth1"]], "cpu:1": [["eth1"], ["eth0"]]}
 
-Path selection: the tcp path ``k`` of a transfer whose local memory sits on NUMA node
-``n`` is labelled with device ``preferred[k % len(preferred)]`` (or the secondary list
-when there is no preferred device). On loopback every path uses ``lo``.
+Path selection: the tcp path ``k`` to a peer uses device ``preferred[k % len(preferred)]``
+for memory on NUMA node ``n`` (or the secondary list when there is no preferred device):
+its connection is bound to that device's IPv4 address, so it leaves through that NIC.
+To a loopback peer every path uses ``lo``.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
+import struct
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+
+_SIOCGIFADDR = 0x8915
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,3 +113,15 @@ def load(path: str | os.PathLike[str]) -> Topology:
 def get_topology(topology_file: str | None = None) -> Topology:
     """The override file when given, else discovery from /sys."""
     return load(topology_file) if topology_file else discover()
+
+
+@cache
+def device_ipv4(device: str) -> str | None:
+    """The IPv4 address of network device ``device`` (``None`` when it has none)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR,
+                                 struct.pack("256s", device.encode()[:15]))
+    except OSError:
+        return None
+    return socket.inet_ntoa(packed[20:24])

@@ -255,9 +255,11 @@ class TcpDataServer:
 
 # ------------------------------------------------------------------------- initiator side
 def open_connection(host: str, port: int, connect_timeout_s: float,
-                    io_timeout_s: float) -> TcpConnection:
-    """A connected, ``TCP_NODELAY`` connection whose every send/recv times out."""
-    sock = socket.create_connection((host, port), timeout=connect_timeout_s)
+                    io_timeout_s: float, source_ip: str | None = None) -> TcpConnection:
+    """A connected, ``TCP_NODELAY`` connection whose every send/recv times out; bound to
+    ``source_ip`` (a device's address: the path's NIC) when given."""
+    sock = socket.create_connection((host, port), timeout=connect_timeout_s,
+                                    source_address=(source_ip, 0) if source_ip else None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.settimeout(io_timeout_s)
     return TcpConnection(sock)
