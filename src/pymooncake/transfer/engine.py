@@ -75,6 +75,8 @@ from pymooncake.transfer.transports.base import Slice
 
 logger = init_logger(__name__)
 T = TypeVar("T")
+_LATENCY = {t: m.latency_seconds.labels(t) for t in ("none", "local", "shm", "tcp")}
+_BYTES_NO_PATH = {t: m.bytes_total.labels(t, "-") for t in ("local", "shm")}
 
 @dataclass(slots=True, eq=False)
 class _Req:
@@ -122,7 +124,7 @@ class TransferEngine:
         self._peers: dict[str, SegmentDescriptor] = {}
         self._mappings: dict[str, PeerMapping] = {}
         self._owned_shm: dict[int, SharedBuffer] = {}
-        self._paths = TcpPaths(self.config, self.topology, self._finish_slice,
+        self._paths = TcpPaths(self.config, self.topology, self._finish_slices,
                                lambda name: self._resolve(name, refresh=True))
         self._version = 0
         self._started = False
@@ -392,21 +394,32 @@ class TransferEngine:
                 batch.reqs.append(_Req(PENDING, t0=now))
                 batch.num_pending += 1
         copies: list[tuple[int, TransferRequest, int]] = []
+        refused: list[tuple[int, TransferStatus]] = []
         tcp_work: dict[str, list[Slice]] = {}
+        num_slices: list[tuple[int, int, int]] = []  # (index, slices, bytes)
         for i, req in enumerate(requests):
             idx = first + i
             verdict = self._route(req)
             if isinstance(verdict, TransferStatus):
-                self._finish_request(batch_id, idx, verdict, "none")
+                refused.append((idx, verdict))
             elif verdict[0] == "tcp":
-                tcp_work.setdefault(req.target_segment, []).extend(
-                    self._slices(batch_id, idx, req))
+                slices = self._slices(batch_id, idx, req)
+                tcp_work.setdefault(req.target_segment, []).extend(slices)
+                num_slices.append((idx, len(slices), req.length))
             else:
                 copies.append((idx, req, verdict[1]))
+        with self._lock:
+            batch = self._batches.get(batch_id)
+            if batch is not None:
+                for idx, n, nbytes in num_slices:
+                    r = batch.reqs[idx]
+                    r.remaining, r.transport, r.nbytes = n, "tcp", nbytes
+                for idx, status in refused:
+                    self._finish_locked(batch, idx, status, "none")
         for idx, req, target_addr in copies:
             transport = "local" if req.target_segment == self.name else "shm"
             local_transport.copy(req.op, req.local_addr, target_addr, req.length)
-            m.bytes_total.labels(transport, "-").inc(req.length)
+            _BYTES_NO_PATH[transport].inc(req.length)
             self._finish_request(batch_id, idx, TransferStatus.completed(req.length), transport)
         for segment, slices in tcp_work.items():
             self._paths.enqueue(self._peers[segment], slices)
@@ -469,50 +482,50 @@ class TransferEngine:
         cfg = self.config
         size = slicing.slice_size(req.length, cfg.num_paths, cfg.min_slice_bytes,
                                   cfg.max_slice_bytes)
-        pieces = slicing.split(req.length, size)
-        with self._lock:
-            r = self._batches[batch_id].reqs[idx]
-            r.remaining = len(pieces)
-            r.transport = "tcp"
-            r.nbytes = req.length
         return [Slice(req.op, req.local_addr + off, req.target_addr + off, n, batch_id, idx)
-                for off, n in pieces]
+                for off, n in slicing.split(req.length, size)]
+
+    def _finish_locked(self, batch: _Batch, idx: int, status: TransferStatus,
+                       transport: str) -> None:
+        """Make request ``idx`` final (the engine lock is held)."""
+        r = batch.reqs[idx]
+        if r.status.state is not TransferState.PENDING:
+            return
+        r.status = status
+        batch.num_pending -= 1
+        if status.state is TransferState.FAILED:
+            m.failures_total.labels(transport, status.code.value).inc()
+        else:
+            _LATENCY[transport].observe(time.monotonic() - r.t0)
+        if batch.num_pending == 0:
+            self._done.notify_all()
+            self._wake_async(batch)
 
     def _finish_request(self, batch_id: BatchId, idx: int, status: TransferStatus,
                         transport: str) -> None:
         with self._lock:
             batch = self._batches.get(batch_id)
-            if batch is None:
-                return
-            r = batch.reqs[idx]
-            if r.status.state is not TransferState.PENDING:
-                return
-            r.status = status
-            batch.num_pending -= 1
-            if status.state is TransferState.FAILED:
-                m.failures_total.labels(transport, status.code.value).inc()
-            else:
-                m.latency_seconds.labels(transport).observe(time.monotonic() - r.t0)
-            if batch.num_pending == 0:
-                self._done.notify_all()
-                self._wake_async(batch)
+            if batch is not None:
+                self._finish_locked(batch, idx, status, transport)
 
-    def _finish_slice(self, s: Slice, code: StatusCode, msg: str) -> None:
+    def _finish_slices(self, outcomes: Sequence[tuple[Slice, StatusCode, str]]) -> None:
+        """Record slice outcomes (one lock for a whole window)."""
         with self._lock:
-            batch = self._batches.get(s.batch_id)
-            if batch is None:
-                return
-            r = batch.reqs[s.request_index]
-            if r.status.state is not TransferState.PENDING:
-                return
-            if code is not StatusCode.OK:
-                final = TransferStatus.failed(code, msg)
-            else:
+            for s, code, msg in outcomes:
+                batch = self._batches.get(s.batch_id)
+                if batch is None:
+                    continue
+                r = batch.reqs[s.request_index]
+                if r.status.state is not TransferState.PENDING:
+                    continue
+                if code is not StatusCode.OK:
+                    self._finish_locked(batch, s.request_index,
+                                        TransferStatus.failed(code, msg), "tcp")
+                    continue
                 r.remaining -= 1
-                if r.remaining:
-                    return
-                final = TransferStatus.completed(r.nbytes)
-        self._finish_request(BatchId(s.batch_id), s.request_index, final, "tcp")
+                if not r.remaining:
+                    self._finish_locked(batch, s.request_index,
+                                        TransferStatus.completed(r.nbytes), "tcp")
 
     @staticmethod
     def _wake_async(batch: _Batch) -> None:

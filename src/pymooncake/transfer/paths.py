@@ -28,7 +28,7 @@ from pymooncake.transfer.transports.base import PathError, Slice
 
 logger = init_logger(__name__)
 
-FinishSlice = Callable[[Slice, StatusCode, str], None]
+FinishSlices = Callable[[Sequence[tuple[Slice, StatusCode, str]]], None]
 Resolve = Callable[[str], SegmentDescriptor | None]
 
 
@@ -39,6 +39,14 @@ class _Lane:
     down_until: float = 0.0
     seq: int = 0
     thread: threading.Thread | None = None
+    bytes_metric: Any = None
+    slices_metric: Any = None
+    retries_metric: Any = None
+
+    def __post_init__(self) -> None:
+        self.bytes_metric = m.bytes_total.labels("tcp", self.label)
+        self.slices_metric = m.slices_total.labels("tcp", self.label)
+        self.retries_metric = m.retries_total.labels("tcp", self.label)
 
     @property
     def label(self) -> str:
@@ -58,16 +66,16 @@ class _PeerChannel:
 class TcpPaths:
     """The tcp paths of one engine to all its peers.
 
-    ``finish_slice(slice, code, message)`` is called once per slice outcome (OK, refused,
-    or failed after its retries); ``refresh(name)`` re-reads a peer's descriptor after a
-    failed connect (a peer restarted on another port).
+    ``finish_slices([(slice, code, message), ...])`` receives every slice outcome once (OK,
+    refused, or failed after its retries), a window at a time; ``refresh(name)`` re-reads
+    a peer's descriptor after a failed connect (a peer restarted on another port).
     """
 
-    def __init__(self, config: TransferConfig, topology: Topology, finish_slice: FinishSlice,
-                 refresh: Resolve) -> None:
+    def __init__(self, config: TransferConfig, topology: Topology,
+                 finish_slices: FinishSlices, refresh: Resolve) -> None:
         self.config = config
         self.topology = topology
-        self._finish_slice = finish_slice
+        self._finish_slices = finish_slices
         self._refresh = refresh
         self._lock = threading.Lock()
         self._channels: dict[str, _PeerChannel] = {}
@@ -189,27 +197,38 @@ class TcpPaths:
 
     def _account(self, window: Sequence[Slice], results: Sequence[tuple[StatusCode, str]],
                  lane: _Lane) -> None:
+        outcomes: list[tuple[Slice, StatusCode, str]] = []
+        nbytes = num_ok = 0
         for s, (code, msg) in zip(window, results, strict=False):
             if code is StatusCode.OK:
-                m.bytes_total.labels("tcp", lane.label).inc(s.length)
-                m.slices_total.labels("tcp", lane.label).inc()
+                nbytes += s.length
+                num_ok += 1
             elif code is StatusCode.INVALID_ARGUMENT:
                 msg = f"refused by target: {msg}"
-            self._finish_slice(s, code, msg)
+            outcomes.append((s, code, msg))
+        if num_ok:
+            lane.bytes_metric.inc(nbytes)
+            lane.slices_metric.inc(num_ok)
+        if outcomes:
+            self._finish_slices(outcomes)
 
     def _path_failed(self, ch: _PeerChannel, lane: _Lane, window: list[Slice],
                      results: list[tuple[StatusCode, str]], code: StatusCode, reason: str,
                      mark_down: bool) -> None:
         self._account(window[:len(results)], results, lane)
         retry: list[Slice] = []
+        failed: list[tuple[Slice, StatusCode, str]] = []
         for s in window[len(results):]:
             s.retries += 1
             s.last_error = reason
             if s.retries > self.config.max_retries:
-                self._finish_slice(s, code, f"{reason} (after {s.retries} tries)")
+                failed.append((s, code, f"{reason} (after {s.retries} tries)"))
             else:
-                m.retries_total.labels("tcp", lane.label).inc()
                 retry.append(s)
+        if retry:
+            lane.retries_metric.inc(len(retry))
+        if failed:
+            self._finish_slices(failed)
         with ch.cond:
             if mark_down:
                 lane.down_until = time.monotonic() + self.config.path_retry_interval_s
