@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pymooncake.cli.engine",
     "pymooncake.cli.sim",
     "pymooncake.cli.replay",
+    "pymooncake.cli.serve",
     "pymooncake.cli.bench",
 )
 

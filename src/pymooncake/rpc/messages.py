@@ -91,3 +91,119 @@ class RequestRejected(Exception):
     def __init__(self, rejection: Rejection) -> None:
         super().__init__(f"{rejection.code}: {rejection.message}")
         self.rejection = rejection
+
+
+# -- conductor ↔ engine workers (disaggregated serving, DESIGN.md §1 and §7) ----------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker announcing itself to the Conductor (``register_worker``)."""
+
+    instance_id: str
+    role: str
+    """``prefill``, ``decode`` or ``colocated``."""
+    host: str
+    rpc_port: int
+    namespace_json: str
+    """The engine's ``identity.CacheNamespace`` fields as JSON: the Conductor computes the
+    same block keys from them (DESIGN.md §3)."""
+    block_size: int
+    kv_capacity_tokens: int
+    max_batch_size: int
+    pid: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """A worker's periodic load report (also its heartbeat)."""
+
+    instance_id: str
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_kv_blocks: int
+    num_prefill_tokens_total: int = 0
+    """Prompt tokens this worker has computed (not reused) since it started."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVEvents:
+    """KV events of one holder: block keys (hex) it now holds / no longer holds."""
+
+    holder: str
+    """A prefill instance id, or ``"store"`` for the global Mooncake Store."""
+    stored: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class KVTarget:
+    """Where a prefill worker writes a request's prompt KV: a decode worker's receive
+    buffer (Transfer Engine segment ``segment`` at ``addr``), ``num_blocks`` full blocks,
+    each ``block_nbytes`` bytes laid out ``[layer, K/V, kv_head, block_size, head_dim]``."""
+
+    segment: str
+    addr: int
+    num_blocks: int
+    block_nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeTask:
+    """Ask a decode worker to admit a request: it reserves and registers a receive buffer
+    for ``num_kv_blocks`` full prompt blocks (``prepare_decode``), then decodes after the
+    prefill (``start_decode``). ``num_kv_blocks = 0`` is a colocated request (no KV moves)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingOptions
+    num_kv_blocks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StartDecode:
+    """The prompt KV has arrived (KV-ready notice): decode from ``first_token_id`` (the
+    token the prefill worker sampled), ``None`` for a colocated request."""
+
+    request_id: str
+    first_token_id: int | None = None
+    num_ready_blocks: int = 0
+    """Full prompt blocks written into the receive buffer (<= the reserved count)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillTask:
+    """Prefill ``prompt_token_ids`` and ship the prompt KV to ``target``."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingOptions
+    target: KVTarget | None = None
+    use_store: bool = True
+    """Load missing prefix blocks from (and put new ones into) the global Store; off for
+    the local-cache-only policies (no cross-instance reuse)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillResult:
+    """What a prefill returns: the first token and the *prefill side's* prefix hit."""
+
+    request_id: str
+    first_token_id: int
+    cached_tokens: int
+    """Prompt tokens reused from the local cache or the Store (CASES BUG-56)."""
+    num_sent_blocks: int = 0
+    prefill_s: float = 0.0
+    transfer_s: float = 0.0
+    finish_reason: str | None = None
+    """``"stop"`` when the first token already ends the request (EOS)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPoll:
+    """Long-poll a worker for a request's tokens from index ``start``."""
+
+    request_id: str
+    start: int
+    timeout_s: float = 5.0

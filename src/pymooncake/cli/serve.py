@@ -1,0 +1,577 @@
+"""``pymooncake serve | conductor | prefill | decode | profile``: disaggregated serving.
+
+``serve`` starts a whole cluster on localhost as separate processes — the Store master
+(with its HTTP metadata server), the Conductor (with the OpenAI front door), N prefill and M
+decode workers — and stops every child on Ctrl-C/SIGTERM. The roles can also be started by
+hand (``conductor``, ``prefill``, ``decode``, ``master``) to form one cluster across hosts.
+DESIGN.md §1, docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from typing import Any
+
+from pymooncake.cli.common import add_json_flag
+
+POLICY_CHOICES = ("global-cache", "local-cache", "load", "round-robin", "random")
+
+
+def _ready(info: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps({"event": "ready", **info}) + "\n")
+    sys.stdout.flush()
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="'tiny' (embedded) or a HF model directory")
+    p.add_argument("--num-kv-blocks", type=int, default=1024, help="paged KV blocks")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="running requests at most")
+    p.add_argument("--max-model-len", type=int, default=8192,
+                   help="prompt + output tokens at most")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``serve``, ``conductor``, ``prefill``, ``decode`` and ``profile``."""
+    s = subparsers.add_parser(
+        "serve", help="start a whole P/D cluster on localhost (the main job)",
+        description="Start the Store master (+ HTTP metadata), the Conductor with the OpenAI "
+                    "API, N prefill and M decode workers as separate processes on 127.0.0.1; "
+                    "Ctrl-C stops them all. --demo sends a few requests and a short trace "
+                    "replay, prints the results and exits.")
+    s.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI API")
+    s.add_argument("--prefill", type=int, default=1, help="prefill workers (N)")
+    s.add_argument("--decode", type=int, default=1, help="decode workers (M)")
+    s.add_argument("--colocated", action="store_true",
+                   help="baseline: --prefill N workers that prefill and decode together")
+    s.add_argument("--no-prefix-cache", action="store_true",
+                   help="colocated baseline without the local prefix cache")
+    s.add_argument("--policy", default="global-cache", choices=POLICY_CHOICES,
+                   help="prefill placement (Algorithm 1 = global-cache)")
+    s.add_argument("--ttft-slo", type=float, default=10.0, help="TTFT objective (s)")
+    s.add_argument("--tbt-slo", type=float, default=1.0, help="TBT objective (s)")
+    s.add_argument("--profile", default=None, help="prefill profile JSON (pymooncake profile)")
+    s.add_argument("--max-concurrency", type=int, default=64,
+                   help="front-door admission: requests in flight at once")
+    s.add_argument("--demo", action="store_true",
+                   help="send a few chat requests and a short trace replay, print, stop")
+    _add_engine_flags(s)
+    add_json_flag(s)
+    s.set_defaults(handler=_cmd_serve)
+
+    c = subparsers.add_parser(
+        "conductor", help="run the Conductor and the OpenAI API front door",
+        description="The Conductor (placement, early rejection, dispatch) and the OpenAI "
+                    "HTTP API in one process; workers register on --worker-port.")
+    c.add_argument("--host", default="127.0.0.1")
+    c.add_argument("--port", type=int, default=8000, help="HTTP port (0 = any free port)")
+    c.add_argument("--worker-port", type=int, default=50060,
+                   help="RPC port workers register on (0 = any free port)")
+    c.add_argument("--policy", default="global-cache", choices=POLICY_CHOICES)
+    c.add_argument("--colocated", action="store_true",
+                   help="workers prefill and decode together (baseline)")
+    c.add_argument("--ttft-slo", type=float, default=10.0, help="TTFT objective (s)")
+    c.add_argument("--tbt-slo", type=float, default=1.0, help="TBT objective (s)")
+    c.add_argument("--no-early-rejection", action="store_true", help="admit everything")
+    c.add_argument("--prefill-concurrency-limit", type=int, default=None,
+                   help="requests per prefill instance before sheddable ones are refused")
+    c.add_argument("--profile", default=None, help="prefill profile JSON (pymooncake profile)")
+    c.add_argument("--model", default="tiny", help="model whose tokenizer the API uses")
+    c.add_argument("--context-length", type=int, default=8192)
+    c.add_argument("--max-concurrency", type=int, default=64)
+    c.add_argument("--queue-capacity", type=int, default=256)
+    c.add_argument("--queue-timeout", type=float, default=30.0, metavar="S")
+    c.set_defaults(handler=_cmd_conductor)
+
+    for role in ("prefill", "decode"):
+        w = subparsers.add_parser(
+            role, help=f"run a {role} worker",
+            description=f"An engine worker in the {role} role; registers with the Conductor.")
+        w.add_argument("--id", required=True, help="instance id (unique in the cluster)")
+        w.add_argument("--conductor", required=True, help="host:port of the Conductor's "
+                       "worker endpoint")
+        w.add_argument("--metadata", default="http://127.0.0.1:8080/metadata",
+                       help="Transfer Engine metadata URL (http://…, etcd://…)")
+        w.add_argument("--host", default="127.0.0.1")
+        w.add_argument("--port", type=int, default=0, help="RPC port (0 = any free port)")
+        if role == "prefill":
+            w.add_argument("--master", default=None,
+                           help="host:port of the Store master (omit: no global Store)")
+            w.add_argument("--global-segment-size", type=int, default=64 << 20,
+                           help="DRAM contributed to the Store (bytes)")
+        else:
+            w.add_argument("--colocated", action="store_true",
+                           help="prefill and decode here (baseline; no KV is received)")
+            w.add_argument("--recv-buffer-size", type=int, default=64 << 20,
+                           help="receive arena for P→D KV (bytes)")
+        w.add_argument("--no-prefix-cache", action="store_true",
+                       help="disable the local prefix cache")
+        _add_engine_flags(w)
+        w.set_defaults(handler=_cmd_worker, role=role)
+
+    pr = subparsers.add_parser(
+        "profile", help="measure prefill time over (input length, prefix length)",
+        description="Run the engine's prefill at several prompt and cached-prefix lengths and "
+                    "write the (tokens, prefix tokens, seconds) samples and the fitted "
+                    "estimator as JSON (the Conductor's --profile).")
+    pr.add_argument("--model", default="tiny")
+    pr.add_argument("--lengths", default="128,256,512,1024,2048",
+                    help="comma-separated prompt lengths (tokens)")
+    pr.add_argument("--prefix-fractions", default="0,0.5", help="cached prefix fractions")
+    pr.add_argument("--repeats", type=int, default=3, help="runs per point (median)")
+    pr.add_argument("--out", default=None, help="write the profile JSON here")
+    add_json_flag(pr)
+    pr.set_defaults(handler=_cmd_profile)
+
+
+# -- workers --------------------------------------------------------------------------------
+def _run_until_signal(coro_factory: Any) -> int:
+    import asyncio
+    import signal
+
+    async def main() -> None:
+        task = asyncio.ensure_future(coro_factory())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from pymooncake.cli.main import UsageError
+    from pymooncake.engine.worker.base import WorkerConfig
+    role = "colocated" if getattr(args, "colocated", False) else args.role
+    try:
+        cfg = WorkerConfig(
+            instance_id=args.id, role=role, conductor=args.conductor,
+            metadata_url=args.metadata, master=getattr(args, "master", None), host=args.host,
+            port=args.port, model=args.model, num_kv_blocks=args.num_kv_blocks,
+            block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_cache,
+            global_segment_size_bytes=getattr(args, "global_segment_size", 64 << 20),
+            recv_buffer_bytes=getattr(args, "recv_buffer_size", 64 << 20))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if role == "prefill":
+        from pymooncake.engine.worker.prefill import PrefillWorker
+        worker: Any = PrefillWorker(cfg)
+    else:
+        from pymooncake.engine.worker.decode import DecodeWorker
+        worker = DecodeWorker(cfg)
+    return _run_until_signal(lambda: worker.serve(_ready))
+
+
+# -- conductor ------------------------------------------------------------------------------
+def load_codec(model: str) -> Any:
+    """The model's tokenizer + chat template for the front door."""
+    from pymooncake.engine.model.tokenizer import ByteTokenizer, HFTokenizer
+    if model == "tiny":
+        return ByteTokenizer()
+    return HFTokenizer(model)
+
+
+def load_profile(path: str) -> Any:
+    """A ``PrefillEstimator`` fitted from a ``pymooncake profile`` JSON."""
+    from pymooncake.cli.main import CommandError
+    from pymooncake.conductor.policy import fit_prefill_estimator
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        samples = [(int(s["num_tokens"]), int(s["num_prefix_tokens"]), float(s["seconds"]))
+                   for s in doc["samples"]]
+        return fit_prefill_estimator(samples, with_overhead=True)
+    except (OSError, KeyError, ValueError, TypeError) as e:
+        raise CommandError(f"--profile {path}: {e}") from None
+
+
+def _cmd_conductor(args: argparse.Namespace) -> int:
+    import asyncio
+    import socket
+
+    from pymooncake.api.admission import AdmissionConfig
+    from pymooncake.api.server import ApiConfig, create_app
+    from pymooncake.cli.main import UsageError
+    from pymooncake.conductor.config import ConductorConfig
+    from pymooncake.conductor.service import Conductor
+    try:
+        cfg = ConductorConfig(policy=args.policy, colocated=args.colocated,
+                              ttft_slo_s=args.ttft_slo, tbt_slo_s=args.tbt_slo,
+                              early_rejection=not args.no_early_rejection,
+                              prefill_concurrency_limit=args.prefill_concurrency_limit)
+        api_cfg = ApiConfig(model_name=args.model if args.model == "tiny" else args.model,
+                            context_length=args.context_length,
+                            admission=AdmissionConfig(max_concurrency=args.max_concurrency,
+                                                      queue_capacity=args.queue_capacity,
+                                                      queue_timeout_s=args.queue_timeout))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    est = load_profile(args.profile) if args.profile else None
+    codec = load_codec(args.model)
+
+    async def main() -> None:
+        import uvicorn
+        cond = Conductor(cfg, args.host, args.worker_port, est)
+        await cond.start()
+        app = create_app(cond, codec, api_cfg, health=cond.health)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((args.host, args.port))
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                               timeout_graceful_shutdown=2))
+        task = asyncio.ensure_future(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if not task.done():
+            _ready({"port": sock.getsockname()[1], "worker_port": cond.port,
+                    "url": f"http://{args.host}:{sock.getsockname()[1]}"})
+        try:
+            await task
+        finally:
+            await cond.stop()
+            sock.close()
+
+    asyncio.run(main())
+    return 0
+
+
+# -- serve (all in one) ---------------------------------------------------------------------
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from pymooncake.cli.main import CommandError, UsageError
+    if args.prefill < 1 or (not args.colocated and args.decode < 1):
+        raise UsageError("need --prefill >= 1 and --decode >= 1 (or --colocated)")
+    spec = ClusterSpec(num_prefill=args.prefill, num_decode=0 if args.colocated else args.decode,
+                       colocated=args.colocated, prefix_cache=not args.no_prefix_cache,
+                       policy=args.policy, model=args.model, port=args.port,
+                       num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
+                       max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                       ttft_slo_s=args.ttft_slo, tbt_slo_s=args.tbt_slo, profile=args.profile,
+                       max_concurrency=args.max_concurrency, quiet=args.demo)
+    import signal
+    cluster = LocalCluster(spec)
+
+    def _stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        try:
+            cluster.start()
+        except (RuntimeError, TimeoutError) as e:
+            raise CommandError(f"cluster did not start: {e}") from None
+        if args.demo:
+            return run_demo(cluster.url, args.json)
+        _ready({"url": cluster.url, "pids": cluster.pids()})
+        sys.stderr.write(f"pymooncake: serving the OpenAI API on {cluster.url} "
+                         "(Ctrl-C stops the cluster)\n")
+        cluster.wait()
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        cluster.stop()
+
+
+# -- profile --------------------------------------------------------------------------------
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from pymooncake.cli.common import emit
+    from pymooncake.cli.main import UsageError
+    from pymooncake.engine.worker.profile import measure_profile
+    try:
+        lengths = [int(x) for x in args.lengths.split(",") if x]
+        fracs = [float(x) for x in args.prefix_fractions.split(",") if x]
+    except ValueError:
+        raise UsageError("--lengths and --prefix-fractions are comma-separated numbers") from None
+    if not lengths or min(lengths) < 2 or not all(0 <= f < 1 for f in fracs):
+        raise UsageError("--lengths must be >= 2 tokens and --prefix-fractions in [0, 1)")
+    doc = measure_profile(args.model, lengths, fracs, max(1, args.repeats))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=2)
+
+    def human(d: dict[str, Any]) -> str:
+        lines = [f"{'tokens':>7} {'prefix':>7} {'seconds':>9}"]
+        lines += [f"{s['num_tokens']:>7} {s['num_prefix_tokens']:>7} {s['seconds']:>9.4f}"
+                  for s in d["samples"]]
+        e = d["estimator"]
+        lines.append(f"fit: t = {e['quadratic_s']:.3e}·(n²−p²) + {e['linear_s']:.3e}·(n−p) "
+                     f"+ {e['overhead_s']:.3e} s")
+        return "\n".join(lines)
+
+    emit(doc, args.json, human)
+    return 0
+
+
+class ClusterSpec:
+    """What ``serve`` starts (flags of ``pymooncake serve``)."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.num_prefill: int = kw.pop("num_prefill", 1)
+        self.num_decode: int = kw.pop("num_decode", 1)
+        self.colocated: bool = kw.pop("colocated", False)
+        self.prefix_cache: bool = kw.pop("prefix_cache", True)
+        self.policy: str = kw.pop("policy", "global-cache")
+        self.model: str = kw.pop("model", "tiny")
+        self.port: int = kw.pop("port", 0)
+        self.num_kv_blocks: int = kw.pop("num_kv_blocks", 1024)
+        self.block_size: int = kw.pop("block_size", 16)
+        self.max_num_seqs: int = kw.pop("max_num_seqs", 64)
+        self.max_model_len: int = kw.pop("max_model_len", 8192)
+        self.ttft_slo_s: float = kw.pop("ttft_slo_s", 10.0)
+        self.tbt_slo_s: float = kw.pop("tbt_slo_s", 1.0)
+        self.profile: str | None = kw.pop("profile", None)
+        self.max_concurrency: int = kw.pop("max_concurrency", 64)
+        self.queue_capacity: int = kw.pop("queue_capacity", 256)
+        self.prefill_concurrency_limit: int | None = kw.pop("prefill_concurrency_limit", None)
+        self.quiet: bool = kw.pop("quiet", False)
+        self.extra_conductor_flags: list[str] = kw.pop("extra_conductor_flags", [])
+        if kw:
+            raise TypeError(f"unknown ClusterSpec fields {sorted(kw)}")
+
+
+def _set_pdeathsig() -> None:  # runs in the child before exec (Linux): die with the parent
+    import ctypes
+    import signal
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class LocalCluster:
+    """Master, Conductor and workers as child processes on 127.0.0.1.
+
+    ``start()`` returns when every worker has registered with the Conductor; ``stop()``
+    sends SIGTERM to every child (workers first), waits, and kills what is left — always
+    call it (``finally``). Raises ``RuntimeError``/``TimeoutError`` from ``start()`` when a
+    process exits or is not ready in time (what was started is stopped).
+    """
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.procs: dict[str, Any] = {}
+        self.url = ""
+        self.master_addr = ""
+        self.metadata_url = ""
+        self.worker_addr = ""
+
+    def _spawn(self, name: str, argv: list[str], timeout_s: float = 60.0) -> dict[str, Any]:
+        import os
+        import selectors
+        import subprocess
+        import threading
+        import time
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+        stderr = subprocess.DEVNULL if self.spec.quiet else None
+        p = subprocess.Popen([sys.executable, "-m", "pymooncake", *argv],
+                             stdout=subprocess.PIPE, stderr=stderr, env=env,
+                             preexec_fn=_set_pdeathsig)
+        self.procs[name] = p
+        sel = selectors.DefaultSelector()
+        sel.register(p.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if sel.select(0.1):
+                    line = p.stdout.readline()
+                    if not line and p.poll() is not None:
+                        break
+                    if line.startswith(b"{"):
+                        info = json.loads(line)
+                        if info.get("event") == "ready":
+                            threading.Thread(target=_drain, args=(p.stdout,),
+                                             daemon=True).start()
+                            return info
+                elif p.poll() is not None:
+                    break
+        finally:
+            sel.close()
+        if p.poll() is not None:
+            raise RuntimeError(f"{name} exited with status {p.returncode}")
+        raise TimeoutError(f"{name} not ready in {timeout_s:.0f} s")
+
+    def start(self) -> None:
+        import time
+
+        import httpx
+        s = self.spec
+        try:
+            m = self._spawn("master", ["master", "--port", "0", "--enable-http-metadata-server",
+                                       "--http-metadata-server-port", "0"])
+            self.master_addr = f"127.0.0.1:{m['port']}"
+            self.metadata_url = m["metadata_url"]
+            cflags = ["conductor", "--port", str(s.port), "--worker-port", "0", "--policy",
+                      s.policy, "--model", s.model, "--context-length", str(s.max_model_len),
+                      "--ttft-slo", str(s.ttft_slo_s), "--tbt-slo", str(s.tbt_slo_s),
+                      "--max-concurrency", str(s.max_concurrency),
+                      "--queue-capacity", str(s.queue_capacity), *s.extra_conductor_flags]
+            if s.colocated:
+                cflags.append("--colocated")
+            if s.profile:
+                cflags += ["--profile", s.profile]
+            if s.prefill_concurrency_limit:
+                cflags += ["--prefill-concurrency-limit", str(s.prefill_concurrency_limit)]
+            c = self._spawn("conductor", cflags)
+            self.url = c["url"]
+            self.worker_addr = f"127.0.0.1:{c['worker_port']}"
+            common = ["--conductor", self.worker_addr, "--metadata", self.metadata_url,
+                      "--model", s.model, "--num-kv-blocks", str(s.num_kv_blocks),
+                      "--block-size", str(s.block_size), "--max-num-seqs", str(s.max_num_seqs),
+                      "--max-model-len", str(s.max_model_len)]
+            if not s.prefix_cache:
+                common.append("--no-prefix-cache")
+            names = []
+            for i in range(s.num_prefill):
+                name = f"colocated-{i}" if s.colocated else f"prefill-{i}"
+                if s.colocated:
+                    argv = ["decode", "--colocated", "--id", name, *common]
+                else:
+                    argv = ["prefill", "--id", name, "--master", self.master_addr, *common]
+                self._spawn(name, argv)
+                names.append(name)
+            for i in range(s.num_decode):
+                self._spawn(f"decode-{i}", ["decode", "--id", f"decode-{i}", *common])
+                names.append(f"decode-{i}")
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                h = httpx.get(self.url + "/health", timeout=5).json()
+                if {w["instance_id"] for w in h.get("workers", [])} >= set(names):
+                    return
+                time.sleep(0.1)
+            raise TimeoutError("workers did not register with the Conductor in 30 s")
+        except BaseException:
+            self.stop()
+            raise
+
+    def pids(self) -> dict[str, int]:
+        return {n: p.pid for n, p in self.procs.items()}
+
+    def wait(self) -> None:
+        """Block until a child exits (then the cluster is broken: return)."""
+        import time
+        while all(p.poll() is None for p in self.procs.values()):
+            time.sleep(0.5)
+        dead = [n for n, p in self.procs.items() if p.poll() is not None]
+        sys.stderr.write(f"pymooncake: {', '.join(dead)} exited; stopping the cluster\n")
+
+    def stop(self) -> None:
+        """SIGTERM every child (workers, then conductor, then master), then kill leftovers."""
+        import signal
+        import subprocess
+        order = list(reversed(list(self.procs.items())))
+        for _, p in order:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGTERM)
+        for _, p in order:
+            try:
+                p.wait(8)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+
+def _drain(stream: Any) -> None:
+    try:
+        while stream.read(65536):
+            pass
+    except (OSError, ValueError):
+        pass
+
+
+# -- demo -----------------------------------------------------------------------------------
+DEMO_PROMPTS = (
+    "What is Mooncake?",
+    "Explain prefill and decode disaggregation in one sentence.",
+    "What is Mooncake?",
+)
+
+
+def run_demo(url: str, as_json: bool) -> int:
+    """Chat requests (the third repeats the first: a prefix hit), then a short replay of the
+    bundled conversation trace through the HTTP API; prints answers, TTFT/TBT, hits."""
+    import time
+
+    import httpx
+
+    from pymooncake.cli.common import emit
+    chats = []
+    with httpx.Client(base_url=url, timeout=120) as client:
+        for prompt in DEMO_PROMPTS:
+            t0 = time.monotonic()
+            ttft = None
+            tokens = 0
+            text = []
+            usage: dict[str, Any] = {}
+            with client.stream("POST", "/v1/chat/completions", json={
+                    "model": "tiny", "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": 24, "temperature": 0, "stream": True,
+                    "stream_options": {"include_usage": True}}) as r:
+                r.raise_for_status()
+                for line in r.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                    for ch in chunk.get("choices", []):
+                        piece = ch.get("delta", {}).get("content")
+                        if piece:
+                            if ttft is None:
+                                ttft = time.monotonic() - t0
+                            text.append(piece)
+                            tokens += 1
+            total = time.monotonic() - t0
+            chats.append({"prompt": prompt, "answer": "".join(text),
+                          "ttft_s": round(ttft or total, 4),
+                          "tbt_mean_s": round((total - (ttft or total)) / max(tokens - 1, 1), 4),
+                          "prompt_tokens": usage.get("prompt_tokens"),
+                          "cached_tokens": (usage.get("prompt_tokens_details") or {})
+                          .get("cached_tokens")})
+        health = client.get("/health").json()
+    replay = _demo_replay(url)
+    doc = {"url": url, "chats": chats, "replay": replay,
+           "workers": [{k: w[k] for k in ("instance_id", "role", "pid")}
+                       for w in health.get("workers", [])]}
+
+    def human(d: dict[str, Any]) -> str:
+        out = [f"cluster at {d['url']}: " + ", ".join(f"{w['instance_id']} (pid {w['pid']})"
+                                                       for w in d["workers"])]
+        for c in d["chats"]:
+            out.append(f"> {c['prompt']}\n  {c['answer']!r}\n  TTFT {c['ttft_s'] * 1e3:.0f} ms, "
+                       f"TBT {c['tbt_mean_s'] * 1e3:.1f} ms, prompt {c['prompt_tokens']} "
+                       f"tokens, cached {c['cached_tokens']}")
+        r = d["replay"]
+        if "error" in r:
+            out.append(f"replay: {r['error']}")
+        else:
+            out.append(f"replay of {r['num_requests']} trace requests: TTFT mean "
+                       f"{r['ttft_mean_s'] * 1e3:.0f} ms (P99 {r['ttft_p99_s'] * 1e3:.0f} ms), "
+                       f"TBT mean {r['tbt_mean_s'] * 1e3:.1f} ms, token hit ratio "
+                       f"{r['token_hit_ratio']:.2f}, rejected {r['num_rejected']}")
+        return "\n".join(out)
+
+    emit(doc, as_json, human)
+    return 0
+
+
+def _demo_replay(url: str) -> dict[str, Any]:
+    import subprocess
+    argv = [sys.executable, "-m", "pymooncake", "replay", "--url", url, "--limit", "12",
+            "--time-scale", "4", "--length-scale", "32", "--json"]
+    try:
+        r = subprocess.run(argv, capture_output=True, timeout=90, text=True)
+    except subprocess.TimeoutExpired:
+        return {"error": "replay did not finish in 90 s"}
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or ["replay failed"])[-1]}
+    doc = json.loads(r.stdout)
+    return {k: doc.get(k) for k in ("num_requests", "num_rejected", "ttft_mean_s", "ttft_p99_s",
+                                    "tbt_mean_s", "tbt_p99_s", "token_hit_ratio",
+                                    "request_hit_ratio")}

@@ -1,0 +1,127 @@
+"""The live Conductor's picture of the cluster: registered workers, their load reports, the
+requests it has placed on them, and the prefix index — turned into a fresh
+``policy.ClusterView`` for every decision (CASES BUG-51: never a stale snapshot).
+
+State holder only, no I/O: the service feeds it worker messages and its own dispatch
+bookkeeping, and passes the clock in (``now_s``, ``time.monotonic`` seconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pymooncake.conductor.config import ConductorConfig
+from pymooncake.conductor.kv_events import apply_kv_events
+from pymooncake.conductor.policy import (
+    ClusterView,
+    DecodeInstanceState,
+    InstanceId,
+    PrefillInstanceState,
+    PrefixIndex,
+)
+from pymooncake.rpc.messages import KVEvents, WorkerInfo, WorkerLoad
+
+
+@dataclass(slots=True)
+class WorkerEntry:
+    """One registered worker."""
+
+    info: WorkerInfo
+    last_seen_s: float
+    load: WorkerLoad | None = None
+    client: Any = None
+    """The service's RPC client to it."""
+    prefills: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Placed prefills: request id → (dispatch time, predicted prefill seconds)."""
+    decodes: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Placed decodes: request id → (context tokens, predicted finish time)."""
+    held_keys: set[str] = field(default_factory=set)
+    """Block keys its local prefix cache holds (from its KV events)."""
+
+
+class ClusterState:
+    """Workers, placements and the prefix index (see module docstring)."""
+
+    def __init__(self, config: ConductorConfig) -> None:
+        self.config = config
+        self.workers: dict[str, WorkerEntry] = {}
+        self.index = PrefixIndex()
+
+    # -- worker messages ------------------------------------------------------------------
+    def register(self, info: WorkerInfo, now_s: float) -> WorkerEntry:
+        old = self.workers.get(info.instance_id)
+        if old is not None:
+            self.index.evict(InstanceId(info.instance_id), old.held_keys)
+        entry = WorkerEntry(info, now_s)
+        self.workers[info.instance_id] = entry
+        return entry
+
+    def report(self, load: WorkerLoad, now_s: float) -> bool:
+        """A load report; ``False`` when the worker is unknown (it must register again)."""
+        w = self.workers.get(load.instance_id)
+        if w is None:
+            return False
+        w.load = load
+        w.last_seen_s = now_s
+        return True
+
+    def kv_events(self, ev: KVEvents) -> None:
+        w = self.workers.get(ev.holder)
+        if w is not None:
+            w.held_keys.difference_update(ev.removed)
+            w.held_keys.update(ev.stored)
+        elif ev.holder != "store":
+            return  # an unregistered worker's events would never be dropped again
+        apply_kv_events(self.index, ev)
+
+    def expire(self, now_s: float) -> list[WorkerEntry]:
+        """Drop workers silent for ``worker_timeout_s``; returns them."""
+        gone = [w for w in self.workers.values()
+                if now_s - w.last_seen_s > self.config.worker_timeout_s]
+        for w in gone:
+            self.remove(w.info.instance_id)
+        return gone
+
+    def remove(self, instance_id: str) -> WorkerEntry | None:
+        w = self.workers.pop(instance_id, None)
+        if w is not None:
+            self.index.evict(InstanceId(instance_id), w.held_keys)
+        return w
+
+    # -- views ----------------------------------------------------------------------------
+    def prefill_pool(self) -> list[WorkerEntry]:
+        role = "colocated" if self.config.colocated else "prefill"
+        return sorted((w for w in self.workers.values() if w.info.role == role),
+                      key=lambda w: w.info.instance_id)
+
+    def decode_pool(self) -> list[WorkerEntry]:
+        if self.config.colocated:
+            return []
+        return sorted((w for w in self.workers.values() if w.info.role == "decode"),
+                      key=lambda w: w.info.instance_id)
+
+    def view(self, now_s: float) -> ClusterView:
+        """A fresh ``ClusterView`` of the live workers at ``now_s``."""
+        prefill = []
+        for w in self.prefill_pool():
+            # The requests placed on it run one after another: the earliest has been
+            # running since its dispatch, the others wait.
+            items = sorted(w.prefills.values())
+            busy_until = now_s
+            queued = 0.0
+            if items:
+                start, pred = items[0]
+                busy_until = max(now_s, start + pred)
+                queued = sum(p for _, p in items[1:])
+            prefill.append(PrefillInstanceState(
+                InstanceId(w.info.instance_id), busy_until, queued, len(w.prefills),
+                self.config.prefill_concurrency_limit))
+        decode = []
+        for w in self.decode_pool():
+            ctx = sum(c for c, _ in w.decodes.values())
+            finish = tuple(sorted(f for _, f in w.decodes.values()))
+            decode.append(DecodeInstanceState(
+                InstanceId(w.info.instance_id), len(w.decodes), ctx,
+                w.info.kv_capacity_tokens, w.info.max_batch_size, finish))
+        return ClusterView(now_s, tuple(prefill), tuple(decode))

@@ -1,0 +1,58 @@
+"""``ConductorConfig``: the live Conductor's settings (STYLE.md §2.4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICIES = ("global-cache", "local-cache", "load", "round-robin", "random")
+
+
+@dataclass(frozen=True, slots=True)
+class ConductorConfig:
+    """How the Conductor places, admits and dispatches requests (DESIGN.md §7)."""
+
+    policy: str = "global-cache"
+    """Prefill placement: ``global-cache`` (Algorithm 1 with the global Store),
+    ``local-cache`` (no cross-instance reuse), ``load``, ``round-robin``, ``random``."""
+    colocated: bool = False
+    """Workers prefill and decode together (the non-disaggregated baseline)."""
+    ttft_slo_s: float = 10.0
+    """TTFT objective (s) for early rejection."""
+    tbt_slo_s: float = 1.0
+    """TBT objective (s) for early rejection."""
+    early_rejection: bool = True
+    prefill_concurrency_limit: int | None = None
+    """Requests one prefill instance holds at once before sheddable ones are refused."""
+    worker_timeout_s: float = 3.0
+    """A worker silent this long (no load report) leaves the cluster view."""
+    rpc_timeout_s: float = 60.0
+    """Longest prefill or prepare call (s)."""
+    poll_timeout_s: float = 5.0
+    """Long-poll wait per token fetch (s)."""
+    kvcache_balancing_threshold: float = 1.0
+    kv_bytes_per_token: int = 2048
+    """Transfer estimate: KV bytes of one token (tiny model fp32: 2·4·2·32·4)."""
+    transfer_bandwidth_bytes_per_s: float = 1e9
+    """Transfer estimate: Store → prefill bandwidth on this host (bytes/s)."""
+    prefill_quadratic_s: float = 2.0e-8
+    """Prefill estimate ``a·(n²−p²) + b·(n−p) + c`` (s); replaced by ``--profile``."""
+    prefill_linear_s: float = 4.0e-4
+    prefill_overhead_s: float = 0.01
+    decode_step_s: float = 0.02
+    """Decode estimate: one continuous-batching step at small batch (s)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.ttft_slo_s <= 0 or self.tbt_slo_s <= 0:
+            raise ValueError("ttft_slo_s and tbt_slo_s must be > 0 seconds")
+        if self.prefill_concurrency_limit is not None and self.prefill_concurrency_limit < 1:
+            raise ValueError("prefill_concurrency_limit must be >= 1 or None")
+        if self.worker_timeout_s <= 0 or self.rpc_timeout_s <= 0 or self.poll_timeout_s <= 0:
+            raise ValueError("timeouts must be > 0 seconds")
+
+    @property
+    def use_store(self) -> bool:
+        """Cross-instance reuse through the global Store."""
+        return self.policy not in ("local-cache",)

@@ -1,0 +1,367 @@
+"""The live Conductor: cluster view from worker reports and KV events, the policy's placement
+and early rejection, dispatch to prefill and decode workers over RPC, tokens relayed back.
+
+``Conductor.generate`` is the front door's backend (``api.server.Backend``). One decision per
+request, on a fresh ``ClusterView`` (CASES BUG-51), with ``conductor.policy.schedule`` —
+the same function the simulator calls (DESIGN.md §2, §7; Mooncake FAST'25 Algorithm 1):
+
+1. placement (prefill instance, decode instance) or a ``Rejection`` → HTTP 429 + Retry-After;
+2. ``prepare_decode`` on the decode worker: local admission + a receive buffer;
+3. ``prefill`` on the prefill worker: reuse (local cache, Store), compute, ship the KV;
+   the first token streams back with the *prefill side's* prefix hit (CASES BUG-56);
+4. ``start_decode`` (KV ready), then long-polled tokens until the request finishes.
+
+A worker that fails mid-request (connection lost) fails that request with a 503
+``worker_failed`` and leaves the cluster when its reports stop; the others serve on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pymooncake.conductor.cluster_view import ClusterState, WorkerEntry
+from pymooncake.conductor.config import ConductorConfig
+from pymooncake.conductor.policy import (
+    PREFILL_POLICIES,
+    DecodeEstimator,
+    Estimators,
+    Placement,
+    PolicyConfig,
+    PrefillEstimator,
+    RequestInfo,
+    TransferEstimator,
+    schedule,
+)
+from pymooncake.conductor.policy import Rejection as PolicyRejection
+from pymooncake.identity import CacheNamespace, block_keys
+from pymooncake.obs import metrics
+from pymooncake.obs.logging import init_logger
+from pymooncake.obs.tracing import span
+from pymooncake.rpc import RpcClient, RpcError, RpcServer, from_wire
+from pymooncake.rpc.messages import (
+    DecodeTask,
+    GenerateRequest,
+    KVEvents,
+    KVTarget,
+    PrefillResult,
+    PrefillTask,
+    Rejection,
+    RequestRejected,
+    StartDecode,
+    TokenEvent,
+    TokenPoll,
+    WorkerInfo,
+    WorkerLoad,
+)
+
+logger = init_logger(__name__)
+
+PLACED = metrics.counter("pymooncake_conductor_placements_total",
+                         "requests placed, by prefill instance", ["prefill_instance"])
+REJECTED = metrics.counter("pymooncake_conductor_rejections_total",
+                           "requests refused by the Conductor, by reason", ["reason"])
+FAILED = metrics.counter("pymooncake_conductor_failed_requests_total",
+                         "placed requests that failed (worker lost, transfer failed)", ["stage"])
+HIT_TOKENS = metrics.counter("pymooncake_conductor_prefix_hit_tokens_total",
+                             "prompt tokens the prefill side reused (local cache or Store)")
+STAGE_S = metrics.histogram("pymooncake_conductor_stage_seconds",
+                            "time per request stage (s)", ["stage"])
+
+_REJECT_STATUS = {"saturated": 429, "ttft_slo": 429, "tbt_slo": 429, "no_instance": 503}
+
+
+def estimators_from(cfg: ConductorConfig, prefill: PrefillEstimator | None = None
+                    ) -> Estimators:
+    """The policy's predictors from the config (``prefill`` from a measured profile)."""
+    pre = prefill or PrefillEstimator(cfg.prefill_quadratic_s, cfg.prefill_linear_s,
+                                      cfg.prefill_overhead_s)
+    return Estimators(prefill=pre,
+                      transfer=TransferEstimator(cfg.kv_bytes_per_token,
+                                                 cfg.transfer_bandwidth_bytes_per_s, 0.001),
+                      decode=DecodeEstimator(overhead_s=cfg.decode_step_s * 0.5,
+                                             weight_s=cfg.decode_step_s * 0.5,
+                                             per_context_token_s=1e-8, per_sequence_s=1e-3))
+
+
+def _worker_failed(stage: str, err: BaseException) -> RequestRejected:
+    FAILED.labels(stage).inc()
+    return RequestRejected(Rejection(503, "worker_failed",
+                                     f"{stage} failed: {err}", retry_after_s=1.0))
+
+
+class Conductor:
+    """Hosts the worker-facing RPC endpoint and serves ``generate`` (module docstring)."""
+
+    def __init__(self, config: ConductorConfig | None = None, host: str = "127.0.0.1",
+                 port: int = 0, prefill_estimator: PrefillEstimator | None = None) -> None:
+        self.config = config or ConductorConfig()
+        self.state = ClusterState(self.config)
+        self.server = RpcServer(host, port)
+        self.estimators = estimators_from(self.config, prefill_estimator)
+        self.namespace: CacheNamespace | None = None
+        self.policy_config: PolicyConfig | None = None
+        self._seq = itertools.count()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.in_flight: dict[str, tuple[str, str | None]] = {}
+        """request id → (prefill instance, decode instance) while it runs."""
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.server.register("register_worker", self._register, WorkerInfo)
+        self.server.register("worker_load", self._load, WorkerLoad)
+        self.server.register("kv_events", self._kv_events, KVEvents)
+        await self.server.start()
+        self._tasks.append(asyncio.ensure_future(self._expire_loop()))
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        for w in list(self.state.workers.values()):
+            if w.client is not None:
+                await w.client.close()
+        await self.server.stop()
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            for w in self.state.expire(time.monotonic()):
+                logger.warning("worker %s left (no load report for %.1f s)",
+                               w.info.instance_id, self.config.worker_timeout_s)
+                if w.client is not None:
+                    await w.client.close()
+
+    # -- worker messages ------------------------------------------------------------------
+    async def _register(self, info: WorkerInfo) -> bool:
+        d = json.loads(info.namespace_json)
+        d["extra"] = tuple(tuple(x) for x in d.get("extra") or ())
+        ns = CacheNamespace(**d)
+        if self.namespace is None:
+            self.namespace = ns
+            self.policy_config = PolicyConfig(
+                ttft_slo_s=self.config.ttft_slo_s, tbt_slo_s=self.config.tbt_slo_s,
+                kvcache_balancing_threshold=self.config.kvcache_balancing_threshold,
+                early_rejection=self.config.early_rejection,
+                block_size_tokens=ns.block_size, seed=self.config.seed)
+        elif ns.digest() != self.namespace.digest():
+            raise RpcError("NAMESPACE_MISMATCH",
+                           f"worker {info.instance_id} serves cache namespace "
+                           f"{ns.digest()[:16]}…, the cluster {self.namespace.digest()[:16]}…: "
+                           "start every worker with the same --model, dtype and block size")
+        old = self.state.workers.get(info.instance_id)
+        if old is not None and old.client is not None:
+            await old.client.close()
+        entry = self.state.register(info, time.monotonic())
+        entry.client = RpcClient(info.host, info.rpc_port, timeout_s=self.config.rpc_timeout_s,
+                                 connect_timeout_s=2.0)
+        logger.info("worker %s (%s) registered at %s:%d", info.instance_id, info.role,
+                    info.host, info.rpc_port)
+        return True
+
+    def _load(self, load: WorkerLoad) -> bool:
+        return self.state.report(load, time.monotonic())
+
+    def _kv_events(self, ev: KVEvents) -> None:
+        self.state.kv_events(ev)
+
+    # -- health ---------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        workers = []
+        for w in self.state.workers.values():
+            ld = w.load
+            workers.append({"instance_id": w.info.instance_id, "role": w.info.role,
+                            "pid": w.info.pid, "rpc_port": w.info.rpc_port,
+                            "num_free_blocks": ld.num_free_blocks if ld else None,
+                            "num_kv_blocks": ld.num_kv_blocks if ld else None,
+                            "num_running": ld.num_running if ld else None,
+                            "num_prefill_tokens_total":
+                                ld.num_prefill_tokens_total if ld else None})
+        return {"policy": self.config.policy, "colocated": self.config.colocated,
+                "workers": sorted(workers, key=lambda x: x["instance_id"]),
+                "requests": {k: list(v) for k, v in self.in_flight.items()},
+                "num_indexed_blocks": len(self.state.index)}
+
+    # -- one request ----------------------------------------------------------------------
+    def place(self, req: GenerateRequest, now_s: float) -> Placement | PolicyRejection:
+        """The policy's decision for ``req`` on the cluster as it is at ``now_s``."""
+        view = self.state.view(now_s)
+        if not view.prefill or (not self.config.colocated and not view.decode):
+            return PolicyRejection("no_instance", 1.0)
+        assert self.namespace is not None and self.policy_config is not None
+        keys = [str(k) for k in block_keys(list(req.prompt_token_ids), self.namespace)]
+        match = self.state.index.match(keys, [p.instance_id for p in view.prefill],
+                                       remote=self.config.use_store)
+        info = RequestInfo(req.request_id, len(req.prompt_token_ids), tuple(keys),
+                           req.sampling.max_tokens, now_s, next(self._seq),
+                           sheddable=req.priority > 0)
+        return schedule(info, view, match, self.estimators, self.policy_config,
+                        PREFILL_POLICIES[self.config.policy], colocated=self.config.colocated)
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        t0 = time.monotonic()
+        with span("conductor.schedule", request_id=req.request_id):
+            decision = self.place(req, t0)
+        STAGE_S.labels("schedule").observe(time.monotonic() - t0)
+        if isinstance(decision, PolicyRejection):
+            REJECTED.labels(decision.reason).inc()
+            raise RequestRejected(Rejection(
+                _REJECT_STATUS.get(decision.reason, 429), decision.reason,
+                f"request refused ({decision.reason}): predicted TTFT "
+                f"{decision.predicted_ttft_s:.3f} s, TBT {decision.predicted_tbt_s:.3f} s "
+                f"against SLOs {self.config.ttft_slo_s} s / {self.config.tbt_slo_s} s",
+                retry_after_s=decision.retry_after_s))
+        PLACED.labels(decision.prefill_instance).inc()
+        if self.config.colocated:
+            stream = self._run_colocated(req, decision, t0)
+        else:
+            stream = self._run_disaggregated(req, decision, t0)
+        async for ev in stream:
+            yield ev
+
+    def _book(self, req: GenerateRequest, p: Placement, now_s: float
+              ) -> tuple[WorkerEntry, WorkerEntry | None]:
+        pw = self.state.workers[p.prefill_instance]
+        pw.prefills[req.request_id] = (now_s, p.predicted_queue_s + p.predicted_prefill_s
+                                       - p.predicted_queue_s)
+        dw = None
+        if p.decode_instance is not None:
+            dw = self.state.workers[p.decode_instance]
+            finish = (now_s + p.predicted_ttft_s
+                      + req.sampling.max_tokens * max(p.predicted_tbt_s, 1e-3))
+            dw.decodes[req.request_id] = (len(req.prompt_token_ids) + req.sampling.max_tokens,
+                                          finish)
+        self.in_flight[req.request_id] = (p.prefill_instance, p.decode_instance)
+        return pw, dw
+
+    def _unbook(self, rid: str, pw: WorkerEntry, dw: WorkerEntry | None) -> None:
+        pw.prefills.pop(rid, None)
+        if dw is not None:
+            dw.decodes.pop(rid, None)
+        self.in_flight.pop(rid, None)
+
+    async def _poll_tokens(self, w: WorkerEntry, rid: str, start: int
+                           ) -> AsyncIterator[dict[str, Any]]:
+        n = start
+        timeout = self.config.poll_timeout_s
+        while True:
+            r = await w.client.call("poll", TokenPoll(rid, n, timeout), timeout_s=timeout + 10)
+            if r.get("error"):
+                raise RpcError("DECODE_FAILED", str(r["error"]))
+            n += len(r["token_ids"])
+            yield r
+            if r.get("finish_reason") is not None:
+                return
+
+    async def _run_disaggregated(self, req: GenerateRequest, p: Placement, t0: float
+                                 ) -> AsyncIterator[TokenEvent]:
+        rid = req.request_id
+        pw, dw = self._book(req, p, t0)
+        assert dw is not None and self.namespace is not None
+        bs = self.namespace.block_size
+        max_tokens = req.sampling.max_tokens
+        num_blocks = len(req.prompt_token_ids) // bs if max_tokens > 1 else 0
+        finished = False
+        prepared = False
+        stage = "prepare_decode"
+        try:
+            target = None
+            if max_tokens > 1:
+                try:
+                    raw = await dw.client.call("prepare_decode", DecodeTask(
+                        rid, req.prompt_token_ids, req.sampling, num_blocks))
+                except RpcError as e:
+                    if e.code in ("NO_KV_SPACE", "BATCH_FULL", "NO_RECV_SPACE"):
+                        REJECTED.labels("decode_full").inc()
+                        raise RequestRejected(Rejection(
+                            503, "decode_full", f"decode instance {dw.info.instance_id} "
+                            f"cannot admit the request: {e}", 1.0)) from None
+                    raise
+                prepared = True
+                target = from_wire(KVTarget, raw) if raw is not None else None
+            stage = "prefill"
+            t1 = time.monotonic()
+            with span("conductor.prefill", request_id=rid, instance=pw.info.instance_id):
+                res = from_wire(PrefillResult, await pw.client.call("prefill", PrefillTask(
+                    rid, req.prompt_token_ids, req.sampling, target, self.config.use_store)))
+            pw.prefills.pop(rid, None)
+            STAGE_S.labels("prefill").observe(time.monotonic() - t1)
+            STAGE_S.labels("p2d_transfer").observe(res.transfer_s)
+            HIT_TOKENS.inc(res.cached_tokens)
+            done = max_tokens <= 1 or res.finish_reason == "stop"
+            reason = (res.finish_reason or "length") if done else None
+            if done:
+                finished = True
+            yield TokenEvent(rid, (res.first_token_id,), reason, cached_tokens=res.cached_tokens)
+            if done:
+                return
+            stage = "decode"
+            await dw.client.call("start_decode", StartDecode(rid, res.first_token_id,
+                                                             res.num_sent_blocks))
+            t2 = time.monotonic()
+            # no span around a yield: the consumer may resume us in another context
+            async for r in self._poll_tokens(dw, rid, 0):
+                fin = r.get("finish_reason")
+                if fin is not None:
+                    finished = True
+                    STAGE_S.labels("decode").observe(time.monotonic() - t2)
+                if r["token_ids"] or fin is not None:
+                    yield TokenEvent(rid, tuple(r["token_ids"]), fin,
+                                     cached_tokens=res.cached_tokens if fin else None)
+        except RpcError as e:
+            logger.warning("request %s failed in %s: %s", rid, stage, e)
+            raise _worker_failed(stage, e) from None
+        finally:
+            self._unbook(rid, pw, dw)
+            if not finished:
+                await self._abort(pw, rid)
+                if prepared:
+                    await self._abort(dw, rid)
+
+    async def _run_colocated(self, req: GenerateRequest, p: Placement, t0: float
+                             ) -> AsyncIterator[TokenEvent]:
+        rid = req.request_id
+        w, _ = self._book(req, p, t0)
+        finished = False
+        stage = "prepare"
+        try:
+            await w.client.call("prepare_decode", DecodeTask(rid, req.prompt_token_ids,
+                                                             req.sampling, 0))
+            await w.client.call("start_decode", StartDecode(rid, None))
+            stage = "generate"
+            cached = None
+            async for r in self._poll_tokens(w, rid, 0):
+                if r.get("cached_tokens") is not None and cached is None:
+                    cached = int(r["cached_tokens"])
+                    HIT_TOKENS.inc(cached)
+                if r["token_ids"]:
+                    w.prefills.pop(rid, None)
+                fin = r.get("finish_reason")
+                if fin is not None:
+                    finished = True
+                if r["token_ids"] or fin is not None:
+                    yield TokenEvent(rid, tuple(r["token_ids"]), fin, cached_tokens=cached)
+        except RpcError as e:
+            logger.warning("request %s failed in %s: %s", rid, stage, e)
+            raise _worker_failed(stage, e) from None
+        finally:
+            self._unbook(rid, w, None)
+            if not finished:
+                await self._abort(w, rid)
+
+    async def _abort(self, w: WorkerEntry, rid: str) -> None:
+        if w.client is None or w.info.instance_id not in self.state.workers:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(w.client.call("abort", rid, timeout_s=2.0), 2.5)
