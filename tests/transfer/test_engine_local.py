@@ -159,3 +159,33 @@ def test_paths_use_the_topology_devices(tmp_path) -> None:  # noqa: ANN001
     finally:
         a.close()
         b.close()
+
+
+def test_mixed_read_and_write_batch_of_large_requests() -> None:
+    # READ payloads flowing back while WRITE payloads flow out must not deadlock a path
+    # (windows far larger than the socket buffers make it certain if windows mixed ops).
+    url = f"embedded://mixed-{next(_ns)}"
+    cfg = TransferConfig(num_paths=1, max_slice_bytes=4 * MiB, window_bytes=64 * MiB,
+                         slice_timeout_s=3.0, max_retries=0)
+    a = TransferEngine("a", url, config=cfg).start()
+    b = TransferEngine("b", url, config=cfg).start()
+    try:
+        rng = np.random.default_rng(5)
+        mine = rng.integers(0, 256, 64 * MiB, dtype=np.uint8)
+        theirs = rng.integers(0, 256, 64 * MiB, dtype=np.uint8)
+        mine0, theirs0 = mine.copy(), theirs.copy()
+        ma, ta = a.register_memory(mine), b.register_memory(theirs)
+        half, n = 32 * MiB, 4 * MiB
+        reqs = []
+        for i in range(8):  # alternate: READ their first half, WRITE our second half
+            off = i * n
+            reqs.append(TransferRequest(TransferOp.READ, ma + off, "b", ta + off, n))
+            reqs.append(TransferRequest(TransferOp.WRITE, ma + half + off, "b",
+                                        ta + half + off, n))
+        st = a.batch_transfer_sync(reqs, timeout_s=30)
+        assert all(s.ok for s in st), [s.reason for s in st if not s.ok][:1]
+        assert np.array_equal(mine[:half], theirs0[:half])
+        assert np.array_equal(theirs[half:], mine0[half:])
+    finally:
+        a.close()
+        b.close()

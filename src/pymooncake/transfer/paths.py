@@ -139,12 +139,15 @@ class TcpPaths:
                 if wait_s > 0:
                     ch.cond.wait(timeout=wait_s)
                     continue
-                # Take a fair share of the queue so that every path gets slices.
+                # Take a fair share of the queue so that every path gets slices. A window
+                # holds one kind of op: the target's READ payloads flowing back while we
+                # still push WRITE payloads could fill both socket buffers (deadlock).
                 share = -(-len(ch.queue) // len(ch.lanes))
                 max_slices = min(cfg.window_slices, share)
+                op = ch.queue[0].op
                 window: list[Slice] = []
                 nbytes = 0
-                while (ch.queue and len(window) < max_slices
+                while (ch.queue and len(window) < max_slices and ch.queue[0].op is op
                        and nbytes + ch.queue[0].length <= cfg.window_bytes):
                     s = ch.queue.popleft()
                     window.append(s)
