@@ -81,6 +81,14 @@ def test_mooncake_idiom_p2p_handshake(target) -> None:  # noqa: ANN001
         assert ask(proc, f"read {remote} 8") == payload[:8].hex()
         bid = te.batch_transfer_async_read(segment, [local], [remote], [16])
         assert te.get_batch_transfer_status([bid]) == 0
+        # The generic opcode forms.
+        op = TransferEngine.TransferOpcode
+        assert te.transfer_sync(segment, local, remote + 200, 8, op.Write) == 0
+        assert te.batch_transfer_sync(segment, [local + 8], [remote + 300], [8], op.Read) == 0
+        assert te.read_bytes_from_buffer(local + 8, 8) == bytes(range(300 % 256, 308 % 256))
+        bid = te.batch_transfer_async(segment, [local], [remote + 400], [8], op.Write)
+        assert te.get_batch_transfer_status([bid]) == 0
+        assert ask(proc, f"read {remote + 400} 8") == payload[:8].hex()
         # Mooncake's failure conventions: -1 for out-of-range, unknown segment, bad args.
         assert te.transfer_sync_write(segment, local, remote + (1 << 20) - 4, 8) == -1
         assert te.transfer_sync_write("127.0.0.1:1", local, remote, 8) == -1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import enum
 import threading
 import time
 
@@ -40,8 +41,17 @@ SYNC_TIMEOUT_S = 30.0
 """Mooncake's sync-call timeout: 30 s plus 1 ns per byte."""
 
 
+class TransferOpcode(enum.Enum):
+    """Mooncake's ``TransferEngine.TransferOpcode``."""
+
+    Read = 0
+    Write = 1
+
+
 class TransferEngine:
     """Mooncake's Python ``TransferEngine`` over :class:`pymooncake.transfer.TransferEngine`."""
+
+    TransferOpcode = TransferOpcode
 
     def __init__(self) -> None:
         self._engine: _Engine | None = None
@@ -130,7 +140,8 @@ class TransferEngine:
             logger.error("unregister_memory failed: %s", e)
             return FAILED
 
-    def batch_register_memory(self, buffer_addresses: list[int], capacities: list[int]) -> int:
+    def batch_register_memory(self, buffer_addresses: list[int], capacities: list[int],
+                              location: str = "*") -> int:
         if len(buffer_addresses) != len(capacities):
             return FAILED
         done: list[int] = []
@@ -209,22 +220,24 @@ class TransferEngine:
         return OK if not bad else FAILED
 
     def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int,
-                            length: int) -> int:
+                            length: int, transport_hint: str = "") -> int:
         return self._sync(TransferOp.WRITE, target_hostname, [buffer], [peer_buffer_address],
                           [length])
 
     def transfer_sync_read(self, target_hostname: str, buffer: int, peer_buffer_address: int,
-                           length: int) -> int:
+                           length: int, transport_hint: str = "") -> int:
         return self._sync(TransferOp.READ, target_hostname, [buffer], [peer_buffer_address],
                           [length])
 
     def batch_transfer_sync_write(self, target_hostname: str, buffers: list[int],
-                                  peer_buffer_addresses: list[int], lengths: list[int]) -> int:
+                                  peer_buffer_addresses: list[int], lengths: list[int],
+                                  transport_hint: str = "") -> int:
         return self._sync(TransferOp.WRITE, target_hostname, buffers, peer_buffer_addresses,
                           lengths)
 
     def batch_transfer_sync_read(self, target_hostname: str, buffers: list[int],
-                                 peer_buffer_addresses: list[int], lengths: list[int]) -> int:
+                                 peer_buffer_addresses: list[int], lengths: list[int],
+                                 transport_hint: str = "") -> int:
         return self._sync(TransferOp.READ, target_hostname, buffers, peer_buffer_addresses,
                           lengths)
 
@@ -244,14 +257,39 @@ class TransferEngine:
         return int(bid)
 
     def batch_transfer_async_write(self, target_hostname: str, buffers: list[int],
-                                   peer_buffer_addresses: list[int], lengths: list[int]) -> int:
+                                   peer_buffer_addresses: list[int], lengths: list[int],
+                                   transport_hint: str = "") -> int:
         """A batch id (> 0), or 0 when the batch could not be started."""
         return self._async(TransferOp.WRITE, target_hostname, buffers, peer_buffer_addresses,
                            lengths)
 
     def batch_transfer_async_read(self, target_hostname: str, buffers: list[int],
-                                  peer_buffer_addresses: list[int], lengths: list[int]) -> int:
+                                  peer_buffer_addresses: list[int], lengths: list[int],
+                                  transport_hint: str = "") -> int:
         return self._async(TransferOp.READ, target_hostname, buffers, peer_buffer_addresses,
+                           lengths)
+
+    @staticmethod
+    def _op(opcode: TransferOpcode | int) -> TransferOp:
+        value = opcode.value if isinstance(opcode, enum.Enum) else int(opcode)
+        return TransferOp.WRITE if value == TransferOpcode.Write.value else TransferOp.READ
+
+    def transfer_sync(self, target_hostname: str, buffer: int, peer_buffer_address: int,
+                      length: int, opcode: TransferOpcode, notify: object = None) -> int:
+        """Mooncake's generic form; ``notify`` is accepted and ignored."""
+        return self._sync(self._op(opcode), target_hostname, [buffer], [peer_buffer_address],
+                          [length])
+
+    def batch_transfer_sync(self, target_hostname: str, buffers: list[int],
+                            peer_buffer_addresses: list[int], lengths: list[int],
+                            opcode: TransferOpcode, notify: object = None) -> int:
+        return self._sync(self._op(opcode), target_hostname, buffers, peer_buffer_addresses,
+                          lengths)
+
+    def batch_transfer_async(self, target_hostname: str, buffers: list[int],
+                             peer_buffer_addresses: list[int], lengths: list[int],
+                             opcode: TransferOpcode, *args: object, **kwargs: object) -> int:
+        return self._async(self._op(opcode), target_hostname, buffers, peer_buffer_addresses,
                            lengths)
 
     def _finish(self, batch_id: int) -> None:
