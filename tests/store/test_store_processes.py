@@ -388,3 +388,22 @@ def test_bug_31_master_restart_forgets_and_never_serves_wrong_bytes(cluster_fact
         c.put(k, v)
     for k, v in new.items():
         assert c.get(k) == v
+
+
+def test_one_client_many_threads(cluster_factory) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    cl = cluster_factory()
+    cl.store_server(16 * MiB)
+    c = cl.client(local_buffer_size=MiB, global_segment_size=8 * MiB)
+
+    def work(t: int) -> bool:
+        vals = {f"t{t}-{i}": pattern(t * 100 + i, 40_000 + i) for i in range(15)}
+        for k, v in vals.items():
+            c.put(k, v, ReplicateConfig(replica_num=2))
+        return all(c.get(k) == v for k, v in vals.items()) and \
+            c.batch_get(list(vals)) == list(vals.values())
+
+    with ThreadPoolExecutor(4) as ex:
+        assert all(ex.map(work, range(4)))
+    assert len(c.list_keys()) == 60

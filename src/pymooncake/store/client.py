@@ -136,7 +136,8 @@ class StoreClient:
         self._transfer_config = transfer_config
         self._ssd_path, self._ssd_capacity = ssd_path, ssd_capacity
         self.ssd: SsdTier | None = None
-        self._rpc = SyncRpcClient(self.master_host, self.master_port, rpc_timeout_s)
+        self._rpc_local = threading.local()  # one master connection per calling thread
+        self._rpcs: list[SyncRpcClient] = []
         self._rng = random.Random()
         self._lock = threading.Lock()
         self._dp: DataPath | None = None
@@ -209,7 +210,8 @@ class StoreClient:
             self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread is not None:
             self._thread.join(5.0)
-        self._rpc.close()
+        for rpc in list(self._rpcs):
+            rpc.close()
         if self._dp is not None:
             with contextlib.suppress(Exception):
                 self._dp.close()
@@ -308,6 +310,17 @@ class StoreClient:
         return n
 
     # -- master RPC --------------------------------------------------------------------
+
+    @property
+    def _rpc(self) -> SyncRpcClient:
+        """This thread's connection to the master (threads do not queue behind each other)."""
+        rpc = getattr(self._rpc_local, "rpc", None)
+        if rpc is None:
+            rpc = SyncRpcClient(self.master_host, self.master_port, self._rpc_timeout)
+            self._rpc_local.rpc = rpc
+            with self._lock:
+                self._rpcs.append(rpc)
+        return rpc
 
     def _master(self, method: str, params: Any) -> Any:
         try:
