@@ -10,6 +10,7 @@ TRANSFER_RETRIES = "pymooncake_transfer_retries_total"
 TRANSFER_RECONNECTS = "pymooncake_transfer_stale_reconnects_total"
 TRANSFER_FAILURES = "pymooncake_transfer_failed_requests_total"
 TRANSFER_LATENCY = "pymooncake_transfer_request_latency_seconds"
+TRANSFER_WINDOW_LATENCY = "pymooncake_transfer_window_latency_seconds"
 
 bytes_total = metrics.counter(TRANSFER_BYTES, "Bytes moved by the Transfer Engine",
                               ("transport", "path"))
@@ -22,3 +23,6 @@ failures_total = metrics.counter(TRANSFER_FAILURES, "Requests that ended failed"
                                  ("transport", "code"))
 latency_seconds = metrics.histogram(TRANSFER_LATENCY, "Submit-to-completion time of a request",
                                     ("transport",))
+window_latency_seconds = metrics.histogram(
+    TRANSFER_WINDOW_LATENCY, "Time one path takes to send a window of slices and get the "
+    "replies", ("transport", "path"))

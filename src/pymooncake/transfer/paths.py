@@ -42,8 +42,10 @@ class _Lane:
     bytes_metric: Any = None
     slices_metric: Any = None
     retries_metric: Any = None
+    latency_metric: Any = None
 
     def __post_init__(self) -> None:
+        self.latency_metric = m.window_latency_seconds.labels("tcp", self.label)
         self.bytes_metric = m.bytes_total.labels("tcp", self.label)
         self.slices_metric = m.slices_total.labels("tcp", self.label)
         self.retries_metric = m.retries_total.labels("tcp", self.label)
@@ -184,6 +186,7 @@ class TcpPaths:
             return
         seq = lane.seq
         lane.seq += len(window)
+        t0 = time.monotonic()
         try:
             results = tcp.run_window(conn, window, cfg.checksum, seq)
         except PathError as e:
@@ -196,6 +199,7 @@ class TcpPaths:
                               f"path {lane.label} to {ch.name}: {e}", mark_down=not reused)
             return
         self.pool.release(key, conn)
+        lane.latency_metric.observe(time.monotonic() - t0)
         self._account(window, results, lane)
 
     def _account(self, window: Sequence[Slice], results: Sequence[tuple[StatusCode, str]],
