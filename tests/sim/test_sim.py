@@ -185,3 +185,48 @@ def test_request_larger_than_decode_kv_capacity_still_finishes(make_trace, tmp_p
     assert build_cost_model(cfg).kv_capacity_tokens < 200_000
     res = simulate(make_trace([(0.0, 200_000, 3, ()), (1.0, 1000, 5, ())]), cfg)
     assert all(not math.isnan(r.finish_s) for r in res.requests)
+
+
+# --- causality: blocks are reusable only once the prefill that makes them has finished -----
+
+_PREFILL_32K_S = 7.14557361720241e-10 * 32768**2 + 1.1620464146023468e-4 * 32768  # A800 fit
+
+
+@pytest.mark.parametrize("scenario", ["pd-global", "pd-local", "colocated"])
+def test_no_reuse_of_blocks_still_being_computed(make_trace, scenario) -> None:
+    # Two 32k-token requests with the same 64 blocks 1 ms apart on two nodes (round-robin):
+    # the second cannot fetch (or reuse) what the first is still computing, so it computes
+    # them itself and its first token comes one full prefill after its arrival (~4.576 s),
+    # not 0.24 s (a fetch of blocks that did not exist yet).
+    keys = tuple(range(64))
+    trace = make_trace([(0.0, 32768, 2, keys), (1.0, 32768, 2, keys)])
+    cfg = SimConfig(scenario=scenario, scheduler="round-robin", num_prefill=2, num_decode=1,
+                    sample_interval_s=0)
+    r0, r1 = simulate(trace, cfg).requests
+    assert (r0.prefill_node, r1.prefill_node) == ("p0", "p1")
+    assert r1.hit_tokens == 0 and r1.remote_hit_tokens == 0
+    assert r0.first_token_s == pytest.approx(_PREFILL_32K_S, rel=1e-9)
+    assert r1.first_token_s == pytest.approx(0.001 + _PREFILL_32K_S, rel=1e-9)
+
+
+def test_queued_request_reuses_blocks_after_the_prefill_ends(make_trace) -> None:
+    # One node: the second request waits in the queue and starts when the first ends; the
+    # blocks are in the cache by then (KV insert events at prefill end), so all 64 are hit.
+    keys = tuple(range(64))
+    trace = make_trace([(0.0, 32768, 2, keys), (1.0, 32768, 2, keys)])
+    cfg = SimConfig(scenario="pd-local", scheduler="round-robin", num_prefill=1,
+                    num_decode=1, sample_interval_s=0)
+    r0, r1 = simulate(trace, cfg).requests
+    assert r1.prefill_start_s == pytest.approx(_PREFILL_32K_S, rel=1e-9)
+    assert r1.hit_tokens == 32768 and r1.remote_hit_tokens == 0
+
+
+def test_finished_blocks_are_fetched_across_nodes(make_trace) -> None:
+    # After r0's prefill has ended (4.575 s), r1 (at 10 s, on p1) fetches all 64 blocks.
+    keys = tuple(range(64))
+    trace = make_trace([(0.0, 32768, 2, keys), (10_000.0, 32768, 2, keys)])
+    cfg = SimConfig(scenario="pd-global", scheduler="round-robin", num_prefill=2,
+                    num_decode=1, sample_interval_s=0)
+    r0, r1 = simulate(trace, cfg).requests
+    assert r1.prefill_node == "p1"
+    assert r1.hit_tokens == 32768 and r1.remote_hit_tokens == 32768

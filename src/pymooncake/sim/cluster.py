@@ -51,6 +51,8 @@ class SimRequest:
     predicted_prefill_s: float = 0.0
     planned_transfer_source: str | None = None
     planned_prefix_blocks: int = 0
+    cache_keys: tuple[int, ...] = ()
+    """Blocks the node's cache takes (KV insert events) when this request's prefill ends."""
 
 
 @dataclass(slots=True)

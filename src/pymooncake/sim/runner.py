@@ -196,16 +196,16 @@ class Simulator:
             r.transfer_bytes += b
             self.result.bytes_cache_fetch += b
             self.result.bytes_moved += b
-        # Cache updates: reused blocks refreshed, fetched hot blocks replicated, new blocks kept.
-        cache = node.cache
+        # Cache updates happen when the prefill ENDS (causality): reused blocks refreshed,
+        # fetched hot blocks replicated, new blocks kept. Until then no request — queued on
+        # this node or placed on another — can reuse blocks this prefill is computing.
         if fetched:
             keep = set(self.blocks_to_replicate(fetched, self.access.__getitem__,
                                                 self.index.num_replicas, self.hot_cfg))
-            cache.touch(keys[:local])
-            cache.touch(k for k in fetched if k in keep)
-            cache.touch(keys[prefix:])
+            r.cache_keys = (keys[:local] + tuple(k for k in fetched if k in keep)
+                            + keys[prefix:])
         else:
-            cache.touch(keys)
+            r.cache_keys = keys
         duration = t_fetch + gpu_s
         if self.colocated:
             d = self.decode_by_name[node.name]
@@ -232,6 +232,9 @@ class Simulator:
         assert r is not None, "prefill done on an idle node"
         node.running = None
         r.first_token_s = now
+        # KV events at prefill end: the blocks this prefill made become reusable now.
+        node.cache.touch(r.cache_keys)
+        r.cache_keys = ()
         if r.output_length <= 1:
             r.finish_s = now
             if not self.colocated:
