@@ -290,7 +290,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         raise UsageError("--lengths and --prefix-fractions are comma-separated numbers") from None
     if not lengths or min(lengths) < 2 or not all(0 <= f < 1 for f in fracs):
         raise UsageError("--lengths must be >= 2 tokens and --prefix-fractions in [0, 1)")
+    from pymooncake.conductor.policy import fit_prefill_estimator
     doc = measure_profile(args.model, lengths, fracs, max(1, args.repeats))
+    est = fit_prefill_estimator([(s["num_tokens"], s["num_prefix_tokens"], s["seconds"])
+                                 for s in doc["samples"]], with_overhead=True)
+    doc["estimator"] = {"quadratic_s": est.quadratic_s, "linear_s": est.linear_s,
+                        "overhead_s": est.overhead_s}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=2)

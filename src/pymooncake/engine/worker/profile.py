@@ -1,5 +1,5 @@
 """``pymooncake profile``: measure the engine's prefill time over (prompt length, cached
-prefix length) and fit the Conductor's ``PrefillEstimator`` (Mooncake FAST'25 Algorithm 1's
+prefix length) for the Conductor's ``PrefillEstimator`` (Mooncake FAST'25 Algorithm 1's
 ``EstimatePrefillExecutionTime`` from measured profiles, DESIGN.md §7)."""
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from typing import Any
 
 def measure_profile(model: str, lengths: list[int], prefix_fractions: list[float],
                     repeats: int = 3) -> dict[str, Any]:
-    """Prefill seconds (median of ``repeats``) per (tokens, prefix tokens) point, and the
-    fitted estimator. Each point uses fresh random prompts; the prefix is put in the local
+    """Prefill seconds (median of ``repeats``) per (tokens, prefix tokens) point (the
+    Conductor fits ``conductor.policy.fit_prefill_estimator`` to them). Each point uses fresh random prompts; the prefix is put in the local
     prefix cache first by prefilling it alone."""
     import random
 
-    from pymooncake.conductor.policy import fit_prefill_estimator
     from pymooncake.engine import Engine, EngineConfig, SamplingParams
     max_len = max(lengths) + 16
     engine = Engine.from_model_name(model, EngineConfig(
@@ -42,8 +41,4 @@ def measure_profile(model: str, lengths: list[int], prefix_fractions: list[float
                 p_real = out.num_cached_tokens
             samples.append({"num_tokens": n, "num_prefix_tokens": p_real if p else 0,
                             "seconds": statistics.median(times)})
-    est = fit_prefill_estimator([(s["num_tokens"], s["num_prefix_tokens"], s["seconds"])
-                                 for s in samples], with_overhead=True)
-    return {"model": model, "block_size": bs, "samples": samples,
-            "estimator": {"quadratic_s": est.quadratic_s, "linear_s": est.linear_s,
-                          "overhead_s": est.overhead_s}}
+    return {"model": model, "block_size": bs, "samples": samples}

@@ -1,0 +1,86 @@
+"""Real clusters for the serving tests: ``pymooncake`` master, Conductor and workers as
+separate processes on 127.0.0.1 (``cli.serve.LocalCluster``), one per test module, always
+stopped (every child killed) in the fixture's finalizer."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from pymooncake.cli.serve import ClusterSpec, LocalCluster
+
+
+@pytest.fixture(scope="module")
+def make_cluster() -> Iterator[Any]:
+    clusters: list[LocalCluster] = []
+
+    def make(**kw: Any) -> LocalCluster:
+        kw.setdefault("port", 0)
+        kw.setdefault("quiet", True)
+        c = LocalCluster(ClusterSpec(**kw))
+        clusters.append(c)
+        c.start()
+        return c
+
+    try:
+        yield make
+    finally:
+        for c in clusters:
+            c.stop()
+        for c in clusters:
+            for name, p in c.procs.items():
+                assert p.poll() is not None, f"{name} still running after stop()"
+
+
+def health(url: str) -> dict[str, Any]:
+    return httpx.get(url + "/health", timeout=10).json()
+
+
+def workers(url: str) -> dict[str, dict[str, Any]]:
+    return {w["instance_id"]: w for w in health(url)["workers"]}
+
+
+def wait_for(pred: Any, timeout_s: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached in {timeout_s} s")
+
+
+def complete(url: str, prompt: Any, max_tokens: int = 8, **extra: Any) -> httpx.Response:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            **extra}
+    return httpx.post(url + "/v1/completions", json=body, timeout=60)
+
+
+def stream_token_ids(url: str, prompt: list[int], max_tokens: int, **extra: Any
+                     ) -> tuple[list[int], dict[str, Any] | None, list[dict[str, Any]]]:
+    """Stream a completion with ``return_token_ids``: (token ids, usage, error events)."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "return_token_ids": True,
+            "stream_options": {"include_usage": True}, **extra}
+    ids: list[int] = []
+    usage = None
+    errors = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                errors.append(chunk["error"])
+                continue
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for ch in chunk.get("choices", []):
+                ids.extend(ch.get("token_ids") or [])
+    return ids, usage, errors

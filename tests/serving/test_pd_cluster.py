@@ -1,0 +1,179 @@
+"""P/D serving end to end: 2 prefill + 2 decode workers, Store master, Conductor — real
+processes on 127.0.0.1 (DESIGN.md §1; issue #6 "Done when"; CASES BUG-53, BUG-55, BUG-56).
+
+The Conductor runs the round-robin prefill policy here so that consecutive requests land on
+different prefill workers (cross-instance reuse through the Store is then observable).
+Tests run in file order; the decode-kill test is last.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.serving.conftest import complete, stream_token_ids, wait_for, workers
+
+CONTEXT = 2048
+B = 16
+
+
+@pytest.fixture(scope="module")
+def cluster(make_cluster):
+    return make_cluster(num_prefill=2, num_decode=2, policy="round-robin",
+                        max_model_len=CONTEXT, num_kv_blocks=512)
+
+
+def _ids(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(256) for _ in range(n)]
+
+
+def _prefill_tokens(url: str) -> dict[str, int]:
+    return {k: w["num_prefill_tokens_total"] for k, w in workers(url).items()
+            if w["role"] == "prefill"}
+
+
+def _settled(url: str, before: dict[str, int], extra: int) -> dict[str, int]:
+    """Wait until the prefill-token counters (load reports lag ~0.1 s) grew by ``extra``."""
+    return wait_for(lambda: (lambda now: now if sum(now.values()) - sum(before.values())
+                             == extra else None)(_prefill_tokens(url)), 5.0,
+                    f"prefill token counters +{extra}")
+
+
+def test_pd_output_equals_colocated_engine_greedy(cluster):
+    """KV moved correctly: P/D greedy output == one colocated engine's greedy output."""
+    from pymooncake.engine import Engine, EngineConfig, SamplingParams
+    prompts = [_ids(1, 40), _ids(2, 48), _ids(3, 101), _ids(4, 7)]
+    max_tokens = 12
+    ref = Engine.from_model_name("tiny", EngineConfig(max_model_len=CONTEXT)).generate(
+        prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    for p, r in zip(prompts, ref, strict=True):
+        got, usage, errors = stream_token_ids(cluster.url, p, max_tokens, ignore_eos=True)
+        assert not errors
+        assert got == list(r.output_token_ids), f"prompt of {len(p)} tokens"
+        assert usage["completion_tokens"] == max_tokens
+        assert usage["prompt_tokens"] == len(p)
+
+
+def test_prefix_reused_through_store_on_another_prefill_worker(cluster):
+    url = cluster.url
+    a = _ids(10, 200)
+    b = a[:160] + _ids(11, 40)
+    before = _prefill_tokens(url)
+    ra = complete(url, a, 4)
+    assert ra.status_code == 200, ra.text
+    assert ra.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    mid = _settled(url, before, 200)
+    worker_a = next(k for k in mid if mid[k] != before[k])
+    rb = complete(url, b, 4)
+    assert rb.status_code == 200, rb.text
+    # shared prefix 160 tokens = 10 full blocks of 16, all reusable (B's length 200 > 160)
+    assert rb.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 160
+    after = _settled(url, mid, 200 - 160)
+    worker_b = next(k for k in after if after[k] != mid[k])
+    assert worker_b != worker_a, "round-robin should have used the other prefill worker"
+
+
+def test_bug_55_cached_tokens_always_present(cluster):
+    url = cluster.url
+    p = _ids(20, 24)
+    r1 = complete(url, p, 3).json()
+    r2 = complete(url, p, 3).json()
+    assert r1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == 16
+    _, usage, _ = stream_token_ids(url, p, 3)
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 16
+    for u in (r1["usage"], r2["usage"], usage):
+        assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+        assert 0 <= u["prompt_tokens_details"]["cached_tokens"] <= u["prompt_tokens"] - 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_bug_56_cached_tokens_are_the_prefill_side_hit(cluster, stream):
+    """A 77-token prompt whose first 48 tokens (3 blocks) the prefill side has cached:
+    cached_tokens = 48 — not 76 (KV moved P→D) and not 0 (decode side)."""
+    url = cluster.url
+    prefix = _ids(30 + stream, 48)
+    assert complete(url, prefix, 1).status_code == 200
+    prompt = prefix + _ids(40 + stream, 29)
+    if stream:
+        _, usage, errors = stream_token_ids(url, prompt, 5, ignore_eos=True)
+        assert not errors
+    else:
+        r = complete(url, prompt, 5, ignore_eos=True)
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+    assert usage == {"prompt_tokens": 77, "completion_tokens": 5, "total_tokens": 82,
+                     "prompt_tokens_details": {"cached_tokens": 48}}
+
+
+def _chat(url: str, content: str, max_tokens: int | None = 16) -> httpx.Response:
+    return httpx.post(url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens})
+
+
+def test_bug_53_over_long_prompts_are_400_and_workers_survive(cluster):
+    from pymooncake.engine.model.tokenizer import ByteTokenizer
+    url = cluster.url
+    tok = ByteTokenizer()
+    overhead = len(tok.apply_chat_template([{"role": "user", "content": ""}]))
+    time.sleep(0.3)  # load reports of the earlier tests' last steps arrive
+    before = wait_for(lambda: (lambda w: w if all(x["num_running"] == 0 for x in w.values())
+                               else None)(workers(url)), 5.0, "idle workers")
+    r1 = _chat(url, "a" * (2033 - overhead))          # 2033 + 16 = 2049 > 2048
+    r2 = _chat(url, "a" * (5000 - overhead))
+    r3 = httpx.post(url + "/v1/chat/completions", timeout=60,
+                    json={"model": "tiny", "messages": [], "max_tokens": 16})
+    for r in (r1, r2, r3):
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error"
+        assert err["param"] in ("messages", "max_tokens")
+    assert "2048" in r1.json()["error"]["message"] and "2033" in r1.json()["error"]["message"]
+    assert _chat(url, "hello").status_code == 200
+    after = wait_for(lambda: (lambda w: w if all(
+        w[k]["num_free_blocks"] == before[k]["num_free_blocks"] for k in before) else None)(
+        workers(url)), 5.0, f"free KV blocks back to {before}")
+    assert {k: w["pid"] for k, w in after.items()} == {k: w["pid"] for k, w in before.items()}
+
+
+def test_decode_worker_killed_mid_request_fails_cleanly_and_cluster_serves_on(cluster):
+    url = cluster.url
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["out"] = stream_token_ids(url, _ids(50, 64), 1500, ignore_eos=True)
+        except Exception as e:  # noqa: BLE001 - reported below
+            result["exc"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    placed = wait_for(lambda: next(iter(workers_requests(url).values()), None), 20.0,
+                      "the long request placed")
+    decode_id = placed[1]
+    pid = workers(url)[decode_id]["pid"]
+    time.sleep(0.3)  # some tokens have streamed
+    os.kill(pid, signal.SIGKILL)
+    t.join(30)
+    assert not t.is_alive(), "the request hung after its decode worker died"
+    assert "exc" not in result, result.get("exc")
+    ids, usage, errors = result["out"]
+    assert errors and errors[0]["code"] == "worker_failed"
+    assert 0 < len(ids) < 1500
+    wait_for(lambda: decode_id not in workers(url), 10.0, "dead worker leaves the view")
+    for i in range(4):
+        r = complete(url, _ids(60 + i, 30), 6)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] >= 1
+
+
+def workers_requests(url: str) -> dict:
+    return httpx.get(url + "/health", timeout=10).json()["requests"]
