@@ -57,6 +57,7 @@ M_FRAG = metrics.gauge("pymooncake_store_fragmentation_ratio",
                        "1 - largest free range / free bytes, per segment", ["segment"])
 M_LOOKUPS = metrics.counter("pymooncake_store_lookups_total",
                             "get_replica_list answers, by result (hit/miss)", ["result"])
+_LOOKUP = {r: M_LOOKUPS.labels(r) for r in ("hit", "miss", "error")}
 M_DROPPED_CLIENTS = metrics.counter("pymooncake_store_dropped_clients_total",
                                     "Clients dropped after missing heartbeats")
 
@@ -406,12 +407,12 @@ class MasterService:
         try:
             obj = self.core.read_object(client_id, key, now)
         except StoreError as e:
-            M_LOOKUPS.labels("miss" if e.code == ErrorCode.OBJECT_NOT_FOUND else "error").inc()
+            _LOOKUP["miss" if e.code == ErrorCode.OBJECT_NOT_FOUND else "error"].inc()
             raise
         reps = [replica_to_wire(r) for r in obj.replicas if r.complete and r.tier == TIER_DRAM]
         if not reps:
             return {"key": key, "promote": True}
-        M_LOOKUPS.labels("hit").inc()
+        _LOOKUP["hit"].inc()
         return {"key": key, "size_bytes": obj.size_bytes, "generation": obj.generation,
                 "replicas": reps, "lease_ttl_ms": self.config.default_kv_lease_ttl_ms}
 
