@@ -12,7 +12,8 @@ from typing import Any
 def measure_profile(model: str, lengths: list[int], prefix_fractions: list[float],
                     repeats: int = 3) -> dict[str, Any]:
     """Prefill seconds (median of ``repeats``) per (tokens, prefix tokens) point (the
-    Conductor fits ``conductor.policy.fit_prefill_estimator`` to them). Each point uses fresh random prompts; the prefix is put in the local
+    Conductor fits ``conductor.policy.fit_prefill_estimator`` to them). Each point uses
+    fresh random prompts; the prefix is put in the local
     prefix cache first by prefilling it alone."""
     import random
 
