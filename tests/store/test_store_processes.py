@@ -407,3 +407,28 @@ def test_one_client_many_threads(cluster_factory) -> None:
     with ThreadPoolExecutor(4) as ex:
         assert all(ex.map(work, range(4)))
     assert len(c.list_keys()) == 60
+
+
+def test_unreachable_master_fails_cleanly(cluster_factory) -> None:
+    import threading
+
+    from pymooncake.store.client import StoreClient
+    from pymooncake.store.compat import MooncakeDistributedStore
+
+    from .procs import free_port
+
+    cl = cluster_factory()
+
+    def ours() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("store-client")]
+
+    before = ours()
+    dead = f"127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(StoreError) as ei:
+        StoreClient(dead, cl.metadata_url, global_segment_size=MiB, rpc_timeout_s=1.0).start()
+    assert ei.value.status == "UNAVAILABLE" and time.monotonic() - t0 < 10
+    s = MooncakeDistributedStore()
+    assert s.setup("localhost", cl.metadata_url, MiB, MiB, "tcp", "", dead) < 0
+    assert s.health_check() == 1
+    assert wait_until(lambda: ours() == before, 5.0)  # the client's thread is gone

@@ -157,6 +157,17 @@ class StoreClient:
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> StoreClient:
+        """Start the Transfer Engine, register buffers, mount the segment. On any failure
+        everything started so far is stopped again and the error is raised
+        (``StoreError(RPC_FAIL)`` when the master cannot be reached)."""
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start(self) -> None:
         self._dp = DataPath(self.segment_name, self.metadata_url, self._transfer_config)
         if self.local_buffer_size:
             self._staging_arr = np.zeros(self.local_buffer_size, dtype=np.uint8)
@@ -179,7 +190,6 @@ class StoreClient:
         if self.global_segment_size:
             self._mount()
         self.started = True
-        return self
 
     @staticmethod
     def _alloc_segment(size: int) -> tuple[Any, np.ndarray]:
@@ -210,15 +220,18 @@ class StoreClient:
             self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread is not None:
             self._thread.join(5.0)
+            self._thread = None
         for rpc in list(self._rpcs):
             rpc.close()
         if self._dp is not None:
             with contextlib.suppress(Exception):
                 self._dp.close()
+            self._dp = None
         if self._segment_buf is not None and hasattr(self._segment_buf, "close"):
             self._segment_arr = None
             with contextlib.suppress(Exception):
                 self._segment_buf.close()
+            self._segment_buf = None
 
     def __enter__(self) -> StoreClient:
         return self.start()
