@@ -26,9 +26,11 @@ install: $(BIN)/python
 system-deps:
 	@command -v etcd >/dev/null 2>&1 || { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null) || echo "note: etcd-server could not be installed; etcd tests will skip"; }
 
-# The main job on its embedded default: statistics of the bundled conversation trace.
-demo: install-core
-	$(BIN)/pymooncake trace stats
+# The main job on its embedded default: a P/D cluster of real processes with the tiny model
+# (Store master, Conductor + OpenAI API, 1 prefill + 1 decode worker), a few chat requests
+# and a short trace replay through the HTTP API; prints the results and shuts down.
+demo: install
+	$(BIN)/pymooncake serve --demo --port 0
 
 lint: install
 	$(BIN)/ruff check src tests
