@@ -143,10 +143,11 @@ def _attend(q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, bias: torch.Ten
     """``q`` ``[Bd, heads, D]`` over ``kb, vb`` ``[kv_heads, Bd, ctx, D]`` + ``bias``."""
     bd, num_heads, head_dim = q.shape
     kv_heads = kb.shape[0]
+    # KV heads as the batch axis and sequences as the head axis: the query heads of one KV
+    # head (GQA group) are that "head"'s queries, so SDPA needs no K/V repeat
     qh = q.view(bd, kv_heads, num_heads // kv_heads, head_dim).transpose(0, 1)
-    scores = torch.matmul(qh, kb.transpose(-1, -2)).mul_(scale).add_(bias)
-    probs = torch.softmax(scores, dim=-1)  # [kv_heads, Bd, group, ctx]
-    return torch.matmul(probs, vb).transpose(0, 1).reshape(bd, num_heads, head_dim)
+    o = F.scaled_dot_product_attention(qh, kb, vb, attn_mask=bias, scale=scale)
+    return o.transpose(0, 1).reshape(bd, num_heads, head_dim)  # [Bd, heads, D]
 
 
 def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor,
