@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -85,3 +86,24 @@ def test_early_rejection_off_admits_over_slo() -> None:
     out = schedule(big, _view(0, limit=None), PrefixMatch((0,)), EST,
                    PolicyConfig(ttft_slo_s=1.0, early_rejection=True), pol)
     assert isinstance(out, Rejection) and out.retry_after_s == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(ttft_slo_s=math.nan), "ttft_slo_s must be a finite number > 0"),
+    (dict(ttft_slo_s=0.0), "ttft_slo_s must be a finite number > 0"),
+    (dict(tbt_slo_s=math.inf), "tbt_slo_s must be a finite number > 0"),
+    (dict(kvcache_balancing_threshold=math.nan), "kvcache_balancing_threshold"),
+    (dict(kvcache_balancing_threshold=-1.0), "kvcache_balancing_threshold"),
+])
+def test_policy_config_refuses_nan_and_non_positive(kwargs, match) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=match):
+        PolicyConfig(**kwargs)
+
+
+def test_concurrency_limit_zero_is_refused_none_is_unlimited() -> None:
+    with pytest.raises(ValueError, match="concurrency_limit must be >= 1"):
+        PrefillInstanceState(InstanceId("p0"), 0.0, num_in_flight=3, concurrency_limit=0)
+    unlimited = PrefillInstanceState(InstanceId("p0"), 0.0, num_in_flight=3)
+    one = PrefillInstanceState(InstanceId("p1"), 0.0, num_in_flight=3, concurrency_limit=1)
+    assert saturation(ClusterView(0.0, (unlimited,), ())) == 0.0
+    assert saturation(ClusterView(0.0, (unlimited, one), ())) == 3.0

@@ -1,5 +1,6 @@
 """``pymooncake sim ...`` on small trace files: JSON keys, and bad input rejected with one line
-(exit 1) before anything runs."""
+(exit 1 for bad input files, exit 2 naming the flag for bad argument values) before
+anything runs."""
 
 from __future__ import annotations
 
@@ -51,16 +52,73 @@ def test_capacity_curve_json(capsys, trace_file) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize(("argv", "msg"), [
-    (["--model", "gpt-9"], "unknown model 'gpt-9'"),
-    (["--gpu", "V100"], "unknown GPU 'V100'"),
-    (["--prefill", "0"], "prefill node"),
-    (["--decode", "0"], "decode node"),
-    (["--cache-capacity-tokens", "-1"], "capacity must be >= 0"),
+    (["--model", "gpt-9"], "--model: unknown model 'gpt-9'"),
+    (["--gpu", "V100"], "--gpu: unknown GPU 'V100'"),
+    (["--prefill", "0"], "--prefill must be an integer >= 1, got 0"),
+    (["--prefill", "-2"], "--prefill must be an integer >= 1, got -2"),
+    (["--decode", "0"], "--decode must be an integer >= 1, got 0"),
+    (["--cache-capacity-tokens", "-1"], "--cache-capacity-tokens must be an integer >= 0"),
+    (["--output-length", "-1"], "--output-length must be an integer >= 1, got -1"),
+    (["--output-length", "0"], "--output-length must be an integer >= 1, got 0"),
+    (["--time-scale", "0"], "--time-scale must be a finite number > 0, got 0"),
+    (["--time-scale", "inf"], "--time-scale must be a finite number > 0, got inf"),
+    (["--time-scale", "nan"], "--time-scale must be a finite number > 0, got nan"),
+    (["--time-scale", "-1"], "--time-scale must be a finite number > 0, got -1"),
+    (["--bandwidth-gbps", "0"], "--bandwidth-gbps must be a finite number > 0, got 0"),
+    (["--bandwidth-gbps", "nan"], "--bandwidth-gbps must be a finite number > 0, got nan"),
+    (["--ttft-slo-s", "0"], "--ttft-slo-s must be a finite number > 0, got 0"),
+    (["--ttft-slo-s", "nan"], "--ttft-slo-s must be a finite number > 0, got nan"),
+    (["--tbt-slo-s", "nan"], "--tbt-slo-s must be a finite number > 0, got nan"),
+    (["--limit", "-1"], "--limit must be an integer >= 1, got -1"),
+    (["--max-batch-size", "0"], "--max-batch-size must be an integer >= 1, got 0"),
+    (["--balancing-threshold", "-1"], "--balancing-threshold must be a finite number >= 0"),
+    (["--balancing-threshold", "nan"], "--balancing-threshold must be a finite number >= 0"),
+    (["--scenario", "pd", "--scheduler", "global-cache"], "--scheduler global-cache needs"),
+    (["--scenario", "pd", "--cache-capacity-tokens", "1000"], "--cache-capacity-tokens:"),
+    # 8xA800 with LLaMA3-70B: (8·80e9·0.9 − 141,107,363,840 weight bytes) / 327,680 B/token
+    # = 1,327,194 KV tokens of HBM; a colocated prefix cache must fit inside it.
+    (["--scenario", "colocated", "--cache-capacity-tokens", "3000000"], "1327194 KV tokens"),
+    (["--csv", "/nonexistent/dir/x.csv"], "--csv /nonexistent/dir/x.csv: directory"),
 ])
-def test_bad_cluster_is_one_line_exit_1(capsys, trace_file, argv, msg) -> None:  # noqa: ANN001
+def test_bad_argument_is_one_line_exit_2(capsys, trace_file, argv, msg) -> None:  # noqa: ANN001
     rc, out, err = _run(capsys, ["sim", "run", str(trace_file), *argv])
-    assert rc == 1 and out == ""
+    assert rc == 2 and out == ""
     assert err.count("\n") == 1 and msg in err
+
+
+@pytest.mark.parametrize(("argv", "msg"), [
+    (["sim", "capacity-curve", "T", "--capacities", "-5"], "--capacities must be an integer"),
+    (["sim", "capacity-curve", "T", "--limit", "0"], "--limit must be an integer >= 1"),
+    (["sim", "sweep", "T", "--over", "rate", "--values", "0"], "--values (rate factors)"),
+    (["sim", "sweep", "T", "--over", "bandwidth", "--values", "nan"], "--values (Gbps)"),
+    (["sim", "sweep", "T", "--over", "capacity", "--values", "1.5"], "--values (tokens)"),
+    (["bench", "sim", "--trace", "T", "--repeat", "0"], "--repeat must be an integer >= 1"),
+    (["bench", "sim", "--trace", "T", "--dynamo-python", "/nonexistent/python"],
+     "interpreter /nonexistent/python not found"),
+    (["sim", "calibrate", "--gpu", "H200"], "measured with LLaMA3-70B on 8xA800"),
+    (["sim", "plot", "T", "--out", "/nonexistent/x.png"], "--out /nonexistent/x.png: dir"),
+    (["sim", "plot", "T", "--out", "x.txt"], "--out must name a .png file"),
+])
+def test_bad_argument_of_other_commands_exit_2(capsys, trace_file, argv, msg) -> None:  # noqa: ANN001
+    argv = [str(trace_file) if a == "T" else a for a in argv]
+    rc, out, err = _run(capsys, argv)
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and msg in err
+
+
+def test_bad_model_file_stays_exit_1(capsys, trace_file, tmp_path) -> None:  # noqa: ANN001
+    rc, _, err = _run(capsys, ["sim", "run", str(trace_file), "--model",
+                               str(tmp_path / "missing.json")])
+    assert rc == 1 and "no such config.json" in err
+
+
+def test_capacities_accept_integral_exponent_form(capsys, trace_file) -> None:  # noqa: ANN001
+    rc, out, _ = _run(capsys, ["sim", "capacity-curve", str(trace_file), "--json",
+                               "--capacities", "1e6", "2_000"])
+    assert rc == 0 and json.loads(out)["capacities_tokens"] == [1_000_000, 2000]
+    with pytest.raises(SystemExit) as e:   # argparse's own usage error names the flag
+        main(["sim", "capacity-curve", str(trace_file), "--capacities", "1.5"])
+    assert e.value.code == 2 and "--capacities" in capsys.readouterr().err
 
 
 def test_malformed_trace_is_one_line_exit_1(capsys, tmp_path) -> None:  # noqa: ANN001
@@ -82,7 +140,7 @@ def test_sweep_pd_ratio_and_rate(capsys, trace_file) -> None:  # noqa: ANN001
     assert d["best_value"] in (1.0, 3.0)
     rc, out, err = _run(capsys, ["sim", "sweep", str(trace_file), "--over", "pd-ratio",
                                  "--values", "4", "--prefill", "2", "--decode", "2"])
-    assert rc == 1 and "prefill nodes must be in [1, 3]" in err
+    assert rc == 2 and "--values (prefill nodes) must be an integer in [1, 3]" in err
     rc, out, _ = _run(capsys, ["sim", "sweep", str(trace_file), "--over", "rate", "--values",
                                "1", "1000", "--prefill", "1", "--decode", "1", "--json",
                                "--ttft-slo-s", "1"])

@@ -162,6 +162,12 @@ def test_colocated_chunked_prefill_lengthens_running_decodes(make_trace) -> None
     (dict(scenario="pd-magic"), "unknown scenario"),
     (dict(scheduler="fastest"), "unknown scheduler"),
     (dict(output_length=0), "output_length"),
+    (dict(ttft_slo_s=math.nan), "ttft_slo_s must be a finite number > 0"),
+    (dict(tbt_slo_s=math.inf), "tbt_slo_s must be a finite number > 0"),
+    (dict(network_bandwidth_gbps=math.nan), "network_bandwidth_gbps must be a finite"),
+    (dict(kvcache_balancing_threshold=math.nan), "kvcache_balancing_threshold must be"),
+    (dict(sample_interval_s=math.nan), "sample_interval_s must be"),
+    (dict(scenario="pd", cache_capacity_tokens=1000), "scenario pd has no cross-request"),
 ])
 def test_bad_config(kwargs, match) -> None:  # noqa: ANN001
     with pytest.raises(ValueError, match=match):
@@ -230,3 +236,29 @@ def test_finished_blocks_are_fetched_across_nodes(make_trace) -> None:
     r0, r1 = simulate(trace, cfg).requests
     assert r1.prefill_node == "p1"
     assert r1.hit_tokens == 32768 and r1.remote_hit_tokens == 32768
+
+
+def test_cost_model_refuses_nan_bandwidth() -> None:
+    from dataclasses import replace
+    cm = build_cost_model(SimConfig())
+    with pytest.raises(CostModelError, match="finite number > 0"):
+        replace(cm, network_bandwidth_bytes_per_s=math.nan)
+
+
+def test_colocated_cache_is_carved_out_of_hbm(make_trace) -> None:
+    # 8xA800, LLaMA3-70B: HBM for KV = (8·80e9·0.9 − weights) / 327,680 B per token.
+    cm = build_cost_model(SimConfig())
+    hbm_kv = int((8 * 80e9 * 0.9 - cm.model.weight_bytes) // 327_680)
+    assert cm.kv_capacity_tokens == hbm_kv == 1_327_194
+    trace = make_trace([(0.0, 1000, 2, (1, 2))])
+    sim = Simulator(trace, SimConfig(scenario="colocated", num_prefill=1))
+    assert sim.cache_tokens == hbm_kv // 2                       # default: half of it
+    assert sim.decode_nodes[0].kv_capacity_tokens == hbm_kv - hbm_kv // 2
+    sim = Simulator(trace, SimConfig(scenario="colocated", num_prefill=1,
+                                     cache_capacity_tokens=1_000_000))
+    assert sim.decode_nodes[0].kv_capacity_tokens == hbm_kv - 1_000_000
+    with pytest.raises(ValueError, match="colocated prefix cache lives in HBM"):
+        Simulator(trace, SimConfig(scenario="colocated", cache_capacity_tokens=3_000_000))
+    # P/D: the 3M-token default is DRAM on the prefill nodes; decode KV keeps all of HBM.
+    sim = Simulator(trace, SimConfig(num_prefill=1, num_decode=1))
+    assert sim.cache_tokens == 3_000_000 and sim.decode_nodes[0].kv_capacity_tokens == hbm_kv

@@ -6,6 +6,7 @@ blocks, about 3M tokens of DRAM cache per node, TTFT SLO 30 s, TBT SLO 100 ms.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pymooncake.conductor.policy import PREFILL_POLICIES
@@ -16,6 +17,20 @@ chunked prefill); pd: P/D without cross-request cache; pd-local: P/D + a local c
 prefill node; pd-global: P/D + the global pool (any node's blocks reusable over the network)."""
 
 SCHEDULERS = tuple(PREFILL_POLICIES)
+
+DEFAULT_PD_CACHE_TOKENS = 3_000_000
+"""Default DRAM cache per prefill node of the P/D scenarios (~1 TB at 320 KB/token, §5.3.1)."""
+
+COLOCATED_CACHE_SHARE = 0.5
+"""Default colocated prefix cache: this share of the HBM KV space left after the weights
+(the rest holds the running requests' KV)."""
+
+
+def _finite(name: str, v: float, lo: float, *, strict: bool) -> None:
+    ok = isinstance(v, (int, float)) and math.isfinite(v) and (v > lo if strict else v >= lo)
+    if not ok:
+        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {lo:g}, "
+                         f"got {v!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +49,12 @@ class SimConfig:
     """Model preset name or a path to a Hugging Face config.json."""
     gpu: str = "A800"
     """GPU preset: A800, H800, H100, H200 (a node = 8 GPUs)."""
-    cache_capacity_tokens: int = 3_000_000
-    """KV cache per prefill node, in tokens (~1 TB DRAM at 320 KB/token, §5.3.1)."""
+    cache_capacity_tokens: int | None = None
+    """KV cache per node, in tokens. ``None``: ``DEFAULT_PD_CACHE_TOKENS`` of DRAM per prefill
+    node for ``pd-local``/``pd-global``; for ``colocated`` an HBM prefix cache of
+    ``COLOCATED_CACHE_SHARE`` of the KV space left after the weights (``resolve_cache_tokens``).
+    A colocated cache is HBM: it is deducted from the node's decode KV capacity. Ignored
+    (must be ``None`` or 0) for ``pd``."""
     block_size: int = 512
     """Tokens per trace hash id / cache block."""
     output_length: int | None = None
@@ -68,24 +87,26 @@ class SimConfig:
         if self.scenario != "colocated" and self.num_decode < 1:
             raise ValueError(f"scenario {self.scenario} needs >= 1 decode node, "
                              f"got {self.num_decode}")
-        if self.cache_capacity_tokens < 0:
+        if self.cache_capacity_tokens is not None and self.cache_capacity_tokens < 0:
             raise ValueError("cache capacity must be >= 0 tokens per node, "
                              f"got {self.cache_capacity_tokens}")
+        if self.scenario == "pd" and self.cache_capacity_tokens:
+            raise ValueError("scenario pd has no cross-request cache; leave "
+                             "cache_capacity_tokens unset (or use pd-local / pd-global)")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1 token, got {self.block_size}")
         if self.output_length is not None and self.output_length < 1:
             raise ValueError(f"output_length must be >= 1 token, got {self.output_length}")
-        if self.ttft_slo_s <= 0 or self.tbt_slo_s <= 0:
-            raise ValueError("SLOs must be > 0 seconds")
-        if self.network_bandwidth_gbps <= 0:
-            raise ValueError(f"network bandwidth must be > 0 Gbps, got "
-                             f"{self.network_bandwidth_gbps}")
+        _finite("ttft_slo_s", self.ttft_slo_s, 0, strict=True)
+        _finite("tbt_slo_s", self.tbt_slo_s, 0, strict=True)
+        _finite("network_bandwidth_gbps", self.network_bandwidth_gbps, 0, strict=True)
+        _finite("kvcache_balancing_threshold", self.kvcache_balancing_threshold, 0,
+                strict=False)
         if self.chunk_size_tokens < 1 or self.max_batch_size < 1:
             raise ValueError("chunk_size_tokens and max_batch_size must be >= 1")
         if self.hot_block_min_accesses < 1:
             raise ValueError("hot_block_min_accesses must be >= 1")
-        if self.sample_interval_s < 0:
-            raise ValueError("sample_interval_s must be >= 0")
+        _finite("sample_interval_s", self.sample_interval_s, 0, strict=False)
 
     @property
     def network_bandwidth_bytes_per_s(self) -> float:
@@ -98,5 +119,27 @@ class SimConfig:
 
     @property
     def node_cache_tokens(self) -> int:
-        """Cache per node in effect (0 for ``pd``: no cross-request cache)."""
-        return 0 if self.scenario == "pd" else self.cache_capacity_tokens
+        """Cache per node in effect for the P/D scenarios (0 for ``pd``: no cross-request
+        cache). For ``colocated`` use ``resolve_cache_tokens`` (it needs the HBM size)."""
+        if self.scenario == "pd":
+            return 0
+        if self.cache_capacity_tokens is None:
+            return DEFAULT_PD_CACHE_TOKENS
+        return self.cache_capacity_tokens
+
+    def resolve_cache_tokens(self, kv_capacity_tokens: int) -> int:
+        """Cache tokens per node given the node's HBM KV space (tokens beside the weights).
+
+        Raises ``ValueError`` when a colocated cache leaves no HBM for the running requests.
+        """
+        if self.scenario != "colocated":
+            return self.node_cache_tokens
+        if self.cache_capacity_tokens is None:
+            return int(kv_capacity_tokens * COLOCATED_CACHE_SHARE)
+        if self.cache_capacity_tokens >= kv_capacity_tokens:
+            raise ValueError(
+                f"a colocated prefix cache lives in HBM: {self.cache_capacity_tokens} tokens do "
+                f"not fit beside the weights and the running requests' KV (the node holds "
+                f"{kv_capacity_tokens} KV tokens); use a cache capacity below "
+                f"{kv_capacity_tokens}")
+        return self.cache_capacity_tokens

@@ -211,8 +211,9 @@ class CostModel:
     """Share of HBM usable for weights + KV on a decode node."""
 
     def __post_init__(self) -> None:
-        if self.network_bandwidth_bytes_per_s <= 0:
-            raise CostModelError("network bandwidth must be > 0 bytes/s, "
+        if not math.isfinite(self.network_bandwidth_bytes_per_s) \
+                or self.network_bandwidth_bytes_per_s <= 0:
+            raise CostModelError("network bandwidth must be a finite number > 0 bytes/s, "
                                  f"got {self.network_bandwidth_bytes_per_s}")
         if self.chunk_size_tokens < 1:
             raise CostModelError(f"chunk_size_tokens must be >= 1, got {self.chunk_size_tokens}")

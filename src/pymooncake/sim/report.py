@@ -75,7 +75,7 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "num_decode": 0 if cfg.scenario == "colocated" else cfg.num_decode,
         "model": cfg.model,
         "gpu": cfg.gpu,
-        "cache_capacity_tokens": cfg.node_cache_tokens,
+        "cache_capacity_tokens": res.cache_capacity_tokens,
         "early_rejection": cfg.early_rejection,
     }
     return {k: (_clean(v) if isinstance(v, float) else v) for k, v in out.items()}

@@ -50,6 +50,8 @@ class SimResult:
     bytes_moved: int = 0
     """KV bytes over the network: cache blocks fetched between nodes + P→D transfers."""
     bytes_cache_fetch: int = 0
+    cache_capacity_tokens: int = 0
+    """Cache per node in effect (``SimConfig.resolve_cache_tokens``)."""
     hot_key_replicas: list[dict[str, float | int]] = field(default_factory=list)
     """Samples ``{"t_s": ..., "rank_1": replicas, "rank_10": ...}`` (ranks by accesses)."""
 
@@ -82,13 +84,16 @@ class Simulator:
         self.blocks_to_replicate = policy.blocks_to_replicate
         self.index = PrefixIndex()
         self.colocated = cfg.scenario == "colocated"
-        cap = cfg.node_cache_tokens
+        hbm_kv = self.cm.kv_capacity_tokens
+        cap = cfg.resolve_cache_tokens(hbm_kv)
+        self.cache_tokens = cap
         self.prefill_nodes = [
             PrefillNode(f"p{i}", LruBlockCache(f"p{i}", cap, cfg.block_size, self.index))
             for i in range(cfg.num_prefill)]
         self.prefill_ids = tuple(InstanceId(p.name) for p in self.prefill_nodes)
         self.by_name = {p.name: p for p in self.prefill_nodes}
-        kv_cap = self.cm.kv_capacity_tokens
+        # A colocated prefix cache is HBM: the running requests get what it leaves.
+        kv_cap = hbm_kv - cap if self.colocated else hbm_kv
         if self.colocated:
             self.decode_nodes = [DecodeNode(p.name, self.cm, cfg.max_batch_size, kv_cap)
                                  for p in self.prefill_nodes]
@@ -103,7 +108,8 @@ class Simulator:
                        output_length=max(1, cfg.output_length or r.output_length),
                        hash_ids=r.hash_ids, request_id=f"r{i}")
             for i, r in enumerate(trace.requests)]
-        self.result = SimResult(config=cfg, requests=self.requests, cost_model=self.cm)
+        self.result = SimResult(config=cfg, requests=self.requests, cost_model=self.cm,
+                                cache_capacity_tokens=cap)
 
     # --- views ------------------------------------------------------------------------
     def _view(self, now: float) -> ClusterView:

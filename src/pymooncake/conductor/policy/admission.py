@@ -31,7 +31,7 @@ def saturation(view: ClusterView) -> float:
     >= 1.0 means every limited instance is full: a sheddable request would only wait.
     """
     ratios = [p.num_in_flight / p.concurrency_limit for p in view.prefill
-              if p.concurrency_limit is not None and p.concurrency_limit > 0]
+              if p.concurrency_limit is not None]
     return min(ratios) if ratios else 0.0
 
 

@@ -8,6 +8,7 @@ policy never reads a clock itself.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import NewType
@@ -59,6 +60,11 @@ class PrefillInstanceState:
     """Requests running or queued on it (the saturation signal's numerator)."""
     concurrency_limit: int | None = None
     """Requests it may hold at once; ``None`` = unlimited (never saturated)."""
+
+    def __post_init__(self) -> None:
+        if self.concurrency_limit is not None and self.concurrency_limit < 1:
+            raise ValueError("concurrency_limit must be >= 1 request (None = unlimited), "
+                             f"got {self.concurrency_limit}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,11 +168,13 @@ class PolicyConfig:
     """Seed of the random policy (combined with the request's sequence number)."""
 
     def __post_init__(self) -> None:
-        if self.ttft_slo_s <= 0 or self.tbt_slo_s <= 0:
-            raise ValueError("ttft_slo_s and tbt_slo_s must be > 0 seconds, "
-                             f"got {self.ttft_slo_s}, {self.tbt_slo_s}")
-        if self.kvcache_balancing_threshold < 0:
-            raise ValueError("kvcache_balancing_threshold must be >= 0, "
-                             f"got {self.kvcache_balancing_threshold}")
+        for name in ("ttft_slo_s", "tbt_slo_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a finite number > 0 seconds, got {v!r}")
+        v = self.kvcache_balancing_threshold
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"kvcache_balancing_threshold must be a finite number >= 0, "
+                             f"got {v!r}")
         if self.block_size_tokens < 1:
             raise ValueError(f"block_size_tokens must be >= 1, got {self.block_size_tokens}")
