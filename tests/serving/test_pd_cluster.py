@@ -1,8 +1,9 @@
 """P/D serving end to end: 2 prefill + 2 decode workers, Store master, Conductor — real
 processes on 127.0.0.1 (DESIGN.md §1; issue #6 "Done when"; CASES BUG-53, BUG-55, BUG-56).
 
-The Conductor runs the round-robin prefill policy here so that consecutive requests land on
-different prefill workers (cross-instance reuse through the Store is then observable).
+The Conductor runs the round-robin prefill policy with the global Store on, so consecutive
+requests land on different prefill workers and cross-instance reuse through the Store is
+observable.
 Tests run in file order; the decode-kill test is last.
 """
 
@@ -25,7 +26,7 @@ B = 16
 
 @pytest.fixture(scope="module")
 def cluster(make_cluster):
-    return make_cluster(num_prefill=2, num_decode=2, policy="round-robin",
+    return make_cluster(num_prefill=2, num_decode=2, policy="round-robin", global_store=True,
                         max_model_len=CONTEXT, num_kv_blocks=512)
 
 

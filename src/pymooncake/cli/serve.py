@@ -51,6 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="colocated baseline without the local prefix cache")
     s.add_argument("--policy", default="global-cache", choices=POLICY_CHOICES,
                    help="prefill placement (Algorithm 1 = global-cache)")
+    s.add_argument("--global-store", action=argparse.BooleanOptionalAction, default=None,
+                   help="cross-instance reuse through the Store (default: on for "
+                        "global-cache only)")
     s.add_argument("--ttft-slo", type=float, default=10.0, help="TTFT objective (s)")
     s.add_argument("--tbt-slo", type=float, default=1.0, help="TBT objective (s)")
     s.add_argument("--profile", default=None, help="prefill profile JSON (pymooncake profile)")
@@ -76,6 +79,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--ttft-slo", type=float, default=10.0, help="TTFT objective (s)")
     c.add_argument("--tbt-slo", type=float, default=1.0, help="TBT objective (s)")
     c.add_argument("--no-early-rejection", action="store_true", help="admit everything")
+    c.add_argument("--global-store", action=argparse.BooleanOptionalAction, default=None,
+                   help="cross-instance reuse through the Store (default: on for "
+                        "global-cache only)")
     c.add_argument("--prefill-concurrency-limit", type=int, default=None,
                    help="requests per prefill instance before sheddable ones are refused")
     c.add_argument("--profile", default=None, help="prefill profile JSON (pymooncake profile)")
@@ -204,6 +210,7 @@ def _cmd_conductor(args: argparse.Namespace) -> int:
         cfg = ConductorConfig(policy=args.policy, colocated=args.colocated,
                               ttft_slo_s=args.ttft_slo, tbt_slo_s=args.tbt_slo,
                               early_rejection=not args.no_early_rejection,
+                              global_store=args.global_store,
                               prefill_concurrency_limit=args.prefill_concurrency_limit)
         api_cfg = ApiConfig(model_name=args.model if args.model == "tiny" else args.model,
                             context_length=args.context_length,
@@ -252,7 +259,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
                        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                        ttft_slo_s=args.ttft_slo, tbt_slo_s=args.tbt_slo, profile=args.profile,
-                       max_concurrency=args.max_concurrency, quiet=args.demo)
+                       max_concurrency=args.max_concurrency, quiet=args.demo,
+                       global_store=args.global_store)
     import signal
     cluster = LocalCluster(spec)
 
@@ -335,6 +343,7 @@ class ClusterSpec:
         self.queue_capacity: int = kw.pop("queue_capacity", 256)
         self.prefill_concurrency_limit: int | None = kw.pop("prefill_concurrency_limit", None)
         self.quiet: bool = kw.pop("quiet", False)
+        self.global_store: bool | None = kw.pop("global_store", None)
         self.extra_conductor_flags: list[str] = kw.pop("extra_conductor_flags", [])
         if kw:
             raise TypeError(f"unknown ClusterSpec fields {sorted(kw)}")
@@ -420,6 +429,8 @@ class LocalCluster:
                 cflags.append("--colocated")
             if s.profile:
                 cflags += ["--profile", s.profile]
+            if s.global_store is not None:
+                cflags.append("--global-store" if s.global_store else "--no-global-store")
             if s.prefill_concurrency_limit:
                 cflags += ["--prefill-concurrency-limit", str(s.prefill_concurrency_limit)]
             c = self._spawn("conductor", cflags)

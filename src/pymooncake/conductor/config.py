@@ -41,6 +41,10 @@ class ConductorConfig:
     decode_step_s: float = 0.02
     """Decode estimate: one continuous-batching step at small batch (s)."""
     seed: int = 0
+    global_store: bool | None = None
+    """Cross-instance reuse through the global Store (prefill workers load missing prefix
+    blocks from it and put new ones). ``None`` = on for ``global-cache`` only, as in the
+    paper's Figure 5 (the other policies run with each instance's local cache)."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -54,5 +58,7 @@ class ConductorConfig:
 
     @property
     def use_store(self) -> bool:
-        """Cross-instance reuse through the global Store."""
-        return self.policy not in ("local-cache",)
+        """Cross-instance reuse through the global Store (see ``global_store``)."""
+        if self.global_store is not None:
+            return self.global_store
+        return self.policy == "global-cache" and not self.colocated

@@ -1,0 +1,74 @@
+"""``pymooncake serve`` as a user runs it: one command starts the cluster, Ctrl-C (SIGINT)
+or SIGTERM stops every process it started — no orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT])
+def test_serve_starts_answers_and_stops_every_child(sig):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.Popen([sys.executable, "-m", "pymooncake", "serve", "--port", "0",
+                          "--num-kv-blocks", "256"], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+    pids: dict[str, int] = {}
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(p.stdout, selectors.EVENT_READ)
+        info = None
+        deadline = time.monotonic() + 90
+        while info is None and time.monotonic() < deadline and p.poll() is None:
+            if sel.select(0.2):
+                line = p.stdout.readline()
+                if line.startswith(b"{"):
+                    info = json.loads(line)
+        sel.close()
+        assert info is not None and info["event"] == "ready", "serve did not get ready"
+        pids = info["pids"]
+        assert set(pids) == {"master", "conductor", "prefill-0", "decode-0"}
+        r = httpx.post(info["url"] + "/v1/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] >= 1
+        metrics = httpx.get(info["url"] + "/metrics", timeout=10).text
+        assert "pymooncake_api_ttft_seconds_bucket" in metrics
+        assert "pymooncake_api_cached_tokens_total" in metrics
+        p.send_signal(sig)
+        assert p.wait(30) == 0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(x) for x in pids.values()):
+            time.sleep(0.1)
+        assert not [n for n, x in pids.items() if _alive(x)], "children left running"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(5)
+        for x in pids.values():
+            if _alive(x):
+                os.kill(x, signal.SIGKILL)
