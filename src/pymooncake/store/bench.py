@@ -236,13 +236,16 @@ def _bench_mooncake(sizes: list[int], count: int, mode: str) -> dict[int, tuple[
 
 # -- master metadata ops/s ---------------------------------------------------------------
 
-def _meta_worker(addr: str, n: int, start: Any, q: Any) -> None:
+def _meta_worker(addr: str, batch: int, n: int, start: Any, q: Any) -> None:
+    """``n`` metadata operations: alternating exist / get_replica_list of one key, 8 calls in
+    flight; with ``batch > 1`` each call is the batch form over ``batch`` keys."""
     import asyncio
 
     from pymooncake.rpc import RpcClient
-    from pymooncake.store.protocol import KeyRequest
 
     host, port = addr.rsplit(":", 1)
+    one = {"client_id": "bench", "key": "meta-key"}
+    many = {"client_id": "bench", "keys": ["meta-key"] * batch}
 
     async def main() -> int:
         c = RpcClient(host, int(port))
@@ -253,13 +256,13 @@ def _meta_worker(addr: str, n: int, start: Any, q: Any) -> None:
         async def lane(m: int) -> None:
             nonlocal done
             for i in range(m):
-                if i % 2:
-                    await c.call("exist", KeyRequest("bench", "meta-key"))
+                if batch > 1:
+                    await c.call("batch_exist" if i % 2 else "batch_get_replica_list", many)
                 else:
-                    await c.call("get_replica_list", KeyRequest("bench", "meta-key"))
-                done += 1
+                    await c.call("exist" if i % 2 else "get_replica_list", one)
+                done += batch
 
-        await asyncio.gather(*(lane(n // 8) for _ in range(8)))
+        await asyncio.gather(*(lane(n // batch // 8) for _ in range(8)))
         await c.close()
         return done
 
@@ -271,16 +274,20 @@ def _meta_worker(addr: str, n: int, start: Any, q: Any) -> None:
         q.put(asyncio.run(main()))
 
 
-def _mc_meta_worker(addr: str, md: str, n: int, start: Any, q: Any) -> None:
+def _mc_meta_worker(addr: str, md: str, batch: int, n: int, start: Any, q: Any) -> None:
     from mooncake.store import MooncakeDistributedStore
 
     s = MooncakeDistributedStore()
     s.setup("localhost", md, 0, 16 << 20, "tcp", "", addr)
+    keys = ["meta-key"] * batch
     start.wait()
     done = 0
-    for _ in range(n):
-        s.is_exist("meta-key")
-        done += 1
+    for _ in range(n // batch):
+        if batch > 1:
+            s.batch_is_exist(keys)
+        else:
+            s.is_exist("meta-key")
+        done += batch
     q.put(done)
     s.close()
 
@@ -302,15 +309,18 @@ def _run_workers(target: Callable, args: tuple, n_total: int, num_clients: int =
     return done / dt
 
 
-def bench_master(ops: int, with_mooncake: bool) -> dict[str, Any]:
+def bench_master(ops: int, with_mooncake: bool, batch: int = 16) -> dict[str, Any]:
+    """Metadata operations/s from 4 client processes: single-key calls, and batch calls of
+    ``batch`` keys (each key counted as one operation)."""
     from pymooncake.store.client import StoreClient
 
     with _pymooncake_cluster(16 * MiB) as (addr, md, _server):
         c = StoreClient(addr, md, local_buffer_size=MiB).start()
         c.put("meta-key", b"x" * 1024)
-        ours = _run_workers(_meta_worker, (addr,), ops)
+        ours = _run_workers(_meta_worker, (addr, 1), ops)
+        ours_b = _run_workers(_meta_worker, (addr, batch), ops * 4)
         c.close()
-    theirs = None
+    theirs = theirs_b = None
     if with_mooncake:
         with _mooncake_cluster() as (addr, md):
             from mooncake.store import MooncakeDistributedStore
@@ -318,11 +328,14 @@ def bench_master(ops: int, with_mooncake: bool) -> dict[str, Any]:
             s = MooncakeDistributedStore()
             s.setup("localhost", md, 16 * MiB, 16 * MiB, "tcp", "", addr)
             s.put("meta-key", b"x" * 1024)
-            theirs = _run_workers(_mc_meta_worker, (addr, md), ops // 4)
+            theirs = _run_workers(_mc_meta_worker, (addr, md, 1), ops // 4)
+            theirs_b = _run_workers(_mc_meta_worker, (addr, md, batch), ops)
             s.close()
     return {"op": "metadata", "num_clients": 4, "ops": ops, "ops_per_s": ours,
-            "mooncake_ops_per_s": theirs,
-            "ratio": (ours / theirs) if theirs else None}
+            "mooncake_ops_per_s": theirs, "ratio": (ours / theirs) if theirs else None,
+            "batch_keys": batch, "batched_ops_per_s": ours_b,
+            "mooncake_batched_ops_per_s": theirs_b,
+            "batched_ratio": (ours_b / theirs_b) if theirs_b else None}
 
 
 def run(sizes: list[int], count: int, modes: list[str], metadata_ops: int = 20_000,
@@ -361,7 +374,10 @@ def human(result: dict[str, Any]) -> str:
             f"{ratio:>6}")
     m = result.get("master")
     if m:
-        theirs = m["mooncake_ops_per_s"]
+        theirs, theirs_b = m["mooncake_ops_per_s"], m["mooncake_batched_ops_per_s"]
         lines.append(f"master metadata ops/s (4 clients): {m['ops_per_s']:.0f}"
                      + (f"  mooncake {theirs:.0f}" if theirs else ""))
+        lines.append(f"  batched ({m['batch_keys']} keys a call): "
+                     f"{m['batched_ops_per_s']:.0f} keys/s"
+                     + (f"  mooncake {theirs_b:.0f}" if theirs_b else ""))
     return "\n".join(lines)
