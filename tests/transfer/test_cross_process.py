@@ -138,3 +138,31 @@ def test_out_of_range_and_unregistered_refused_on_both_ends(engine: TransferEngi
     assert st.code is StatusCode.INVALID_ARGUMENT
     assert "refused by target" in st.reason and "outside every registered" in st.reason
     assert peer.digest(peer.addr, 2 * MiB) == before
+
+
+def test_transfer_through_the_metadata_server_command() -> None:
+    """`pymooncake metadata-server` in its own process; two engines find each other there."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "pymooncake", "metadata-server",
+                               "--host", "127.0.0.1", "--port", str(port)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        url = f"http://127.0.0.1:{port}/metadata"
+        assert url in line
+        with TransferEngine("cli-a", url) as a, TransferEngine("cli-b", url) as b:
+            src = np.arange(MiB, dtype=np.uint8)
+            dst = np.zeros(MiB, dtype=np.uint8)
+            st = a.transfer_sync(TransferOp.WRITE, a.register_memory(src), "cli-b",
+                                 b.register_memory(dst), MiB)
+            assert st.ok and np.array_equal(dst, src)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
