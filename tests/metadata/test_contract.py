@@ -154,7 +154,7 @@ def test_unreachable_server_raises_metadata_error() -> None:
         port = s.getsockname()[1]
 
     async def main() -> None:
-        for u in (f"http://127.0.0.1:{port}/metadata",):
+        for u in (f"http://127.0.0.1:{port}/metadata", f"etcd://127.0.0.1:{port}"):
             md = open_metadata(u)
             with pytest.raises(MetadataError):
                 await md.get("x")
