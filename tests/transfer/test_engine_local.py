@@ -64,6 +64,8 @@ def test_register_every_buffer_kind_and_reject_bad_ones(pair) -> None:  # noqa: 
         a.register_memory(arr[10:20])
     with pytest.raises(ValueError, match="contiguous"):
         a.register_memory(np.zeros((4, 4))[:, 1])
+    with pytest.raises(ValueError, match="read-only"):
+        a.register_memory(b"immutable bytes")
     with pytest.raises(TypeError, match="buffer protocol"):
         a.register_memory(object())
     a.unregister_memory(arr)

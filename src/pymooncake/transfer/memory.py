@@ -26,9 +26,9 @@ SHM_DIR = "/dev/shm"
 def buffer_address(buffer: object) -> tuple[int, int, object]:
     """``(address, nbytes, keepalive)`` of a contiguous buffer.
 
-    Raises ``ValueError`` for a non-contiguous buffer and ``TypeError`` for an object that
-    is neither a buffer nor a CPU tensor. A CUDA tensor raises ``ValueError`` saying to
-    register a host (pinned) staging buffer instead.
+    Raises ``ValueError`` for a non-contiguous or read-only buffer and ``TypeError`` for an
+    object that is neither a buffer nor a CPU tensor. A CUDA tensor raises ``ValueError``
+    saying to register a host (pinned) staging buffer instead.
     """
     if isinstance(buffer, SharedBuffer):
         return buffer.addr, buffer.length, buffer
@@ -49,6 +49,9 @@ def buffer_address(buffer: object) -> tuple[int, int, object]:
                         "protocol nor data_ptr()") from e
     if not mv.c_contiguous:
         raise ValueError("buffer must be C-contiguous to be registered")
+    if mv.readonly:
+        raise ValueError("buffer is read-only: peers may WRITE into registered memory, so "
+                         "register a writable buffer (bytearray, numpy array, mmap)")
     arr = np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv,
                         dtype=np.uint8)
     return int(arr.ctypes.data), int(arr.nbytes), (buffer, arr)
