@@ -191,3 +191,25 @@ def test_mixed_read_and_write_batch_of_large_requests() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_endpoint_cap_below_the_number_of_paths_still_transfers_exactly() -> None:
+    # 2 paths share a pool capped at 1 connection: each open evicts the other path's
+    # connection (closed once its user releases it); bytes stay exact.
+    url = f"embedded://cap-{next(_ns)}"
+    cfg = TransferConfig(num_paths=2, max_endpoints=1, max_slice_bytes=64 * KiB,
+                         checksum=True)
+    a = TransferEngine("a", url, config=cfg).start()
+    b = TransferEngine("b", url, config=cfg).start()
+    try:
+        src = np.random.default_rng(8).integers(0, 256, 8 * MiB, dtype=np.uint8)
+        dst = np.zeros(8 * MiB, dtype=np.uint8)
+        st = a.transfer_sync(TransferOp.WRITE, a.register_memory(src), "b",
+                             b.register_memory(dst), 8 * MiB)
+        assert st.ok, st.reason
+        assert np.array_equal(dst, src)
+        assert len(a._paths.pool) == 1
+        assert a._paths.pool.num_evictions >= 1
+    finally:
+        a.close()
+        b.close()
