@@ -31,6 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_metadata_server(args: argparse.Namespace) -> int:
+    import signal
+
     from pymooncake.cli.main import CommandError, UsageError
     from pymooncake.metadata.http import MetadataHttpServer
 
@@ -40,6 +42,10 @@ def _cmd_metadata_server(args: argparse.Namespace) -> int:
         server = MetadataHttpServer(args.host, args.port)
     except OSError as e:
         raise CommandError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from e
+    def on_sigterm(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     print(f"metadata server listening on {server.url}", flush=True)
     try:
         server.serve_forever()
@@ -78,7 +84,9 @@ def register_bench(bench: argparse._SubParsersAction) -> None:
                     "process's registered memory and read it back (verified), median of "
                     "rounds; also measures memcpy, a plain loopback socket stream and, when "
                     "mooncake-transfer-engine-non-cuda is importable, Mooncake's engine.")
-    p.add_argument("--transport", choices=("local", "shm", "tcp"), default="tcp")
+    p.add_argument("--transport", choices=("local", "shm", "tcp"), default="tcp",
+                   help="local: same engine; shm: target in shared memory of another "
+                        "process; tcp: sockets to another process (default)")
     p.add_argument("--size", type=int, default=1 << 20, metavar="BYTES",
                    help="bytes per request (default 1 MiB)")
     p.add_argument("--batch", type=int, default=16, metavar="N",
