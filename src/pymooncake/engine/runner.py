@@ -40,7 +40,7 @@ class ModelRunner:
         bs = self.block_size
         ids: list[int] = []
         positions: list[int] = []
-        slot_blocks: list[int] = []
+        slots: list[int] = []
         prefills: list[PrefillSeq] = []
         decode_rows: list[int] = []
         decode_tables: list[list[int]] = []
@@ -60,7 +60,7 @@ class ModelRunner:
                 ids.extend(req.output_token_ids[start - req.num_prompt_tokens:
                                                 start - req.num_prompt_tokens + n])
             positions.extend(range(start, start + n))
-            slot_blocks.extend(block_ids[p // bs] for p in range(start, start + n))
+            slots.extend(block_ids[p // bs] * bs + p % bs for p in range(start, start + n))
             if n == 1 and start > 0:
                 decode_seq_index.append(len(seqs) - 1)
                 decode_rows.append(t)
@@ -78,9 +78,7 @@ class ModelRunner:
             if s.samples:
                 sample_rows.append(t - 1)
         pos_t = torch.as_tensor(positions, dtype=torch.int64)
-        meta = AttentionMetadata(torch.as_tensor(slot_blocks, dtype=torch.int64),
-                                 torch.as_tensor([p % bs for p in positions], dtype=torch.int64),
-                                 prefills)
+        meta = AttentionMetadata(torch.as_tensor(slots, dtype=torch.int64), prefills)
         if decode_rows:
             max_ctx = max(decode_ctx)
             max_blocks = -(-max_ctx // bs)
@@ -99,6 +97,9 @@ class ModelRunner:
                 ws, rebuild = self.workspace.prepare(ids_in_order, decode_ctx,
                                                      max_blocks * bs)
                 meta.decode_workspace, meta.decode_rebuild = ws, rebuild
+                cap = ws[0].shape[3]
+                meta.decode_workspace_slots = (torch.arange(len(decode_rows)) * cap
+                                               + meta.decode_positions)
         ctx = StepContext(self.step_id, tuple(seqs), tuple(out.loads))
         return torch.as_tensor(ids, dtype=torch.int64), pos_t, meta, sample_rows, ctx
 

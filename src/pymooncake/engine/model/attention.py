@@ -38,14 +38,13 @@ class PrefillSeq:
 class AttentionMetadata:
     """Everything attention needs for one step; built once by the runner, shared by layers.
 
-    ``slot_blocks``/``slot_offsets``: ``[T]`` int64 block id and offset of each new token.
+    ``slot_mapping``: ``[T]`` int64 slot (block id * block_size + offset) of each new token.
     ``decode_index``: ``[Bd]`` int64 token indices of decode tokens (one per sequence).
     ``decode_block_table``: ``[Bd * max_blocks]`` int64 block ids, row-major, padded with 0.
     ``decode_bias``: ``[1, Bd, 1, max_blocks * block_size]`` float, 0 or -inf on padding.
     """
 
-    slot_blocks: torch.Tensor
-    slot_offsets: torch.Tensor
+    slot_mapping: torch.Tensor
     prefills: list[PrefillSeq]
     decode_index: torch.Tensor | None = None
     decode_block_table: torch.Tensor | None = None
@@ -58,14 +57,17 @@ class AttentionMetadata:
     """Refill the workspace from the paged cache (batch changed) instead of appending."""
     decode_positions: torch.Tensor | None = None
     """``[Bd]`` int64 position of each decode token (its context length - 1)."""
+    decode_workspace_slots: torch.Tensor | None = None
+    """``[Bd]`` int64 ``row * capacity + position`` of each decode token in the workspace."""
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              meta: AttentionMetadata) -> None:
     """Store new ``k, v`` ``[T, kv_heads, head_dim]`` at the step's slots of a layer's
-    ``[2, kv_heads, num_blocks, block_size, head_dim]`` cache."""
-    kv_cache[0][:, meta.slot_blocks, meta.slot_offsets] = k.transpose(0, 1)
-    kv_cache[1][:, meta.slot_blocks, meta.slot_offsets] = v.transpose(0, 1)
+    ``[2, kv_heads, num_blocks, block_size, head_dim]`` cache (one ``index_copy_``)."""
+    two, h, nb, bs, d = kv_cache.shape
+    kv_cache.view(two, h, nb * bs, d).index_copy_(
+        2, meta.slot_mapping, torch.stack((k, v)).transpose(1, 2))
 
 
 def gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor,
@@ -124,18 +126,12 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.T
         g = gather_blocks(kv_cache, meta.decode_block_table, bd)
         ws[:, :, :bd, :g.shape[3]] = g
     else:
-        rows = _arange(bd)
-        ws[0][:, rows, meta.decode_positions] = k.transpose(0, 1)
-        ws[1][:, rows, meta.decode_positions] = v.transpose(0, 1)
+        assert meta.decode_workspace_slots is not None
+        two, h, rows, cap, d = ws.shape
+        ws.view(two, h, rows * cap, d).index_copy_(
+            2, meta.decode_workspace_slots, torch.stack((k, v)).transpose(1, 2))
     ctx = meta.decode_bias.shape[-1]
     return _attend(q, ws[0, :, :bd, :ctx], ws[1, :, :bd, :ctx], meta.decode_bias, scale)
-
-
-_ARANGE = torch.arange(1024)
-
-
-def _arange(n: int) -> torch.Tensor:
-    return _ARANGE[:n] if n <= _ARANGE.shape[0] else torch.arange(n)
 
 
 def _attend(q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, bias: torch.Tensor,

@@ -97,8 +97,8 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = self.gate_up_proj.forward(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj.forward(F.silu(gate) * up)
 
 
 def use_input_major_weights(model: nn.Module) -> None:

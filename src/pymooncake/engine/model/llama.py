@@ -127,11 +127,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
-        qkv = self.qkv_proj(x)
+        qkv = self.qkv_proj.forward(x)
         v = qkv[:, self.q_size + self.kv_size:].reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q = self.q_norm(qkv[:, :self.q_size].reshape(t, self.num_heads, self.head_dim))
-            k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size]
+            q = self.q_norm.forward(qkv[:, :self.q_size].reshape(t, self.num_heads, self.head_dim))
+            k = self.k_norm.forward(qkv[:, self.q_size:self.q_size + self.kv_size]
                             .reshape(t, self.num_kv_heads, self.head_dim))
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         else:  # one rotation over the q and k heads together (elementwise: same values)
@@ -141,7 +141,7 @@ class Attention(nn.Module):
             q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         write_kv(kv_cache, k, v, meta)
         o = paged_attention(q, k, v, kv_cache, meta, self.scale, self.layer_idx)
-        return self.o_proj(o.reshape(t, self.q_size))
+        return self.o_proj.forward(o.reshape(t, self.q_size))
 
 
 class DecoderLayer(nn.Module):
@@ -154,8 +154,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, kv_cache, meta)
+        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
 
 class LlamaModel(nn.Module):
@@ -189,15 +189,15 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[torch.Tensor], before_layer: LayerCallback | None = None,
                 after_layer: LayerCallback | None = None) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
+        x = self.model.embed_tokens.forward(input_ids)
         cos, sin = self._cos_sin(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
             if before_layer is not None:
                 before_layer(i)
-            x = layer(x, cos, sin, kv_caches[i], meta)
+            x = layer.forward(x, cos, sin, kv_caches[i], meta)
             if after_layer is not None:
                 after_layer(i)
-        return self.model.norm(x)
+        return self.model.norm.forward(x)
 
     def _cos_sin(self, positions: torch.Tensor,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,5 +214,5 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden)
+        logits = self.lm_head.forward(hidden)
         return logits if logits.dtype == torch.float64 else logits.float()
