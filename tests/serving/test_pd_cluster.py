@@ -40,6 +40,16 @@ def _prefill_tokens(url: str) -> dict[str, int]:
             if w["role"] == "prefill"}
 
 
+def _quiet_counts(url: str) -> dict[str, int]:
+    """Prefill-token counters once the earlier tests' last load reports have arrived."""
+    def stable() -> dict[str, int] | None:
+        a = _prefill_tokens(url)
+        time.sleep(0.3)
+        b = _prefill_tokens(url)
+        return b if a == b else None
+    return wait_for(stable, 10.0, "stable load reports")
+
+
 def _settled(url: str, before: dict[str, int], extra: int) -> dict[str, int]:
     """Wait until the prefill-token counters (load reports lag ~0.1 s) grew by ``extra``."""
     return wait_for(lambda: (lambda now: now if sum(now.values()) - sum(before.values())
@@ -66,7 +76,7 @@ def test_prefix_reused_through_store_on_another_prefill_worker(cluster):
     url = cluster.url
     a = _ids(10, 200)
     b = a[:160] + _ids(11, 40)
-    before = _prefill_tokens(url)
+    before = _quiet_counts(url)
     ra = complete(url, a, 4)
     assert ra.status_code == 200, ra.text
     assert ra.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

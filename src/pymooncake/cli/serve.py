@@ -108,6 +108,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            help="host:port of the Store master (omit: no global Store)")
             w.add_argument("--global-segment-size", type=int, default=64 << 20,
                            help="DRAM contributed to the Store (bytes)")
+            w.add_argument("--no-layerwise-kv", action="store_true",
+                           help="ship the prompt KV in one batch after the prefill instead of "
+                                "layer by layer during it")
         else:
             w.add_argument("--colocated", action="store_true",
                            help="prefill and decode here (baseline; no KV is received)")
@@ -162,7 +165,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             block_size=args.block_size, max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_cache,
             global_segment_size_bytes=getattr(args, "global_segment_size", 64 << 20),
-            recv_buffer_bytes=getattr(args, "recv_buffer_size", 64 << 20))
+            recv_buffer_bytes=getattr(args, "recv_buffer_size", 64 << 20),
+            layerwise_kv=not getattr(args, "no_layerwise_kv", False))
     except ValueError as e:
         raise UsageError(str(e)) from None
     if role == "prefill":
@@ -591,3 +595,91 @@ def _demo_replay(url: str) -> dict[str, Any]:
     return {k: doc.get(k) for k in ("num_requests", "num_rejected", "ttft_mean_s", "ttft_p99_s",
                                     "tbt_mean_s", "tbt_p99_s", "token_hit_ratio",
                                     "request_hit_ratio")}
+
+
+# -- bench serving --------------------------------------------------------------------------
+BENCH_CONFIGS: dict[str, dict[str, Any]] = {
+    "global-cache": {"policy": "global-cache"},
+    "random": {"policy": "random"},
+    "colocated-no-cache": {"colocated": True, "prefix_cache": False},
+}
+"""The issue's comparison: P/D + global Store + cache-aware placement (Algorithm 1), P/D with
+random placement (local caches only, the paper's Figure 5 baseline), and colocated workers
+without a prefix cache. Every configuration runs the same number of engine processes."""
+
+
+def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
+    """Add ``pymooncake bench serving``."""
+    b = bench_subparsers.add_parser(
+        "serving", help="live trace replay against P/D and colocated clusters",
+        description="Start each configuration as a real local cluster, replay the first "
+                    "--limit requests of the bundled conversation trace through the OpenAI "
+                    "API (pymooncake replay), and compare TTFT/TBT, hits and rejections.")
+    b.add_argument("--configs", default=",".join(BENCH_CONFIGS),
+                   help=f"comma-separated subset of {', '.join(BENCH_CONFIGS)}")
+    b.add_argument("--limit", type=int, default=300, help="trace requests replayed")
+    b.add_argument("--time-scale", type=float, default=2.0, help="arrival speed-up")
+    b.add_argument("--length-scale", type=int, default=32, help="divide lengths by this")
+    b.add_argument("--prefill", type=int, default=2, help="prefill workers (P/D configs)")
+    b.add_argument("--decode", type=int, default=2, help="decode workers (P/D configs)")
+    b.add_argument("--ttft-slo", type=float, default=5.0, help="TTFT objective (s)")
+    b.add_argument("--tbt-slo", type=float, default=0.5, help="TBT objective (s)")
+    add_json_flag(b)
+    b.set_defaults(handler=_cmd_bench_serving)
+
+
+def _cmd_bench_serving(args: argparse.Namespace) -> int:
+    import os
+    import platform
+    import subprocess
+
+    from pymooncake.cli.common import emit
+    from pymooncake.cli.main import CommandError, UsageError
+    names = [c for c in args.configs.split(",") if c]
+    bad = [c for c in names if c not in BENCH_CONFIGS]
+    if bad or not names:
+        raise UsageError(f"--configs: unknown {bad}; choose from {', '.join(BENCH_CONFIGS)}")
+    results: dict[str, Any] = {}
+    for name in names:
+        extra = BENCH_CONFIGS[name]
+        n_engines = args.prefill + args.decode
+        spec = ClusterSpec(port=0, quiet=True, max_model_len=8192, num_kv_blocks=2048,
+                           num_prefill=n_engines if extra.get("colocated") else args.prefill,
+                           num_decode=0 if extra.get("colocated") else args.decode,
+                           ttft_slo_s=args.ttft_slo * 10, tbt_slo_s=args.tbt_slo * 10, **extra)
+        cluster = LocalCluster(spec)
+        try:
+            cluster.start()
+            argv = [sys.executable, "-m", "pymooncake", "replay", "--url", cluster.url,
+                    "--limit", str(args.limit), "--time-scale", str(args.time_scale),
+                    "--length-scale", str(args.length_scale), "--ttft-slo", str(args.ttft_slo),
+                    "--tbt-slo", str(args.tbt_slo), "--json"]
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+            if r.returncode != 0:
+                raise CommandError(f"replay against {name} failed: "
+                                   f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
+            results[name] = json.loads(r.stdout)
+        except (RuntimeError, TimeoutError) as e:
+            raise CommandError(f"{name}: cluster did not start: {e}") from None
+        finally:
+            cluster.stop()
+    doc = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+           "limit": args.limit, "time_scale": args.time_scale,
+           "length_scale": args.length_scale, "prefill": args.prefill, "decode": args.decode,
+           "results": results}
+
+    def human(d: dict[str, Any]) -> str:
+        keys = ("num_requests", "num_rejected", "ttft_mean_s", "ttft_p50_s", "ttft_p99_s",
+                "tbt_mean_s", "tbt_p99_s", "slo_attainment", "request_hit_ratio",
+                "token_hit_ratio")
+        lines = [f"{'config':<20}" + "".join(f"{k:>18}" for k in keys)]
+        for n, res in d["results"].items():
+            cells = []
+            for k in keys:
+                v = res.get(k)
+                cells.append(f"{v:>18.4f}" if isinstance(v, float) else f"{v!s:>18}")
+            lines.append(f"{n:<20}" + "".join(cells))
+        return "\n".join(lines)
+
+    emit(doc, args.json, human)
+    return 0

@@ -54,7 +54,7 @@ class KVReceiver(NullHooks):
 
     @property
     def free_bytes(self) -> int:
-        return self._alloc.free_bytes()
+        return self._alloc.free_bytes
 
     def reserve(self, request_id: str, num_blocks: int) -> KVTarget | None:
         """A receive buffer for ``num_blocks`` blocks, or ``None`` when the arena is full."""

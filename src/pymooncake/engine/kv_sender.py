@@ -7,16 +7,18 @@ request straight from it (``KVTensors.block_regions``). The receive buffer holds
 in order, each ``block_nbytes`` bytes laid out ``[layer, K/V, kv_head, block_size,
 head_dim]`` (the ``export_block_bytes`` layout), so the decode side imports it per layer.
 
-Mooncake FAST'25 §3.1 step 3 ships each layer as it finishes; ``send_layers`` takes the
-layers to send so a per-layer hook can call it after each layer (see docs/serving.md for
-what the workers do today).
+Mooncake FAST'25 §3.1 step 3 ships each layer as it finishes: ``LayerwiseKVSender`` is
+the prefill engine's per-layer hook doing that; ``KVSender.send`` moves whole blocks at
+once (all layers).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from pymooncake.engine.hooks import NullHooks, StepContext
 from pymooncake.rpc.messages import KVTarget
 
 if TYPE_CHECKING:
@@ -76,3 +78,94 @@ class KVSender:
         n = sum(r.length for r in reqs)
         self.bytes_sent += n
         return n
+
+
+class LayerwiseKVSender(NullHooks):
+    """Per-layer hook of a prefill engine: right after layer ``i`` of a step, WRITE layer
+    ``i`` of every prompt block that is full after this step and not sent yet, to the
+    request's ``KVTarget`` — so layer ``i``'s transfer overlaps layer ``i+1``'s compute
+    (Mooncake FAST'25 §3.1 step 3). Blocks reused from the local cache or loaded from the
+    Store in this step are sent too (their layer ``i`` is in place by ``after_layer(i)``).
+
+    ``end_step`` waits for the step's writes (the scheduler may free the blocks right
+    after); a failed write marks the request failed (``error``), nothing is retried.
+    """
+
+    def __init__(self, sender: KVSender, timeout_s: float = 30.0) -> None:
+        self.sender = sender
+        self.timeout_s = timeout_s
+        self._targets: dict[str, KVTarget] = {}
+        self.sent_blocks: dict[str, int] = {}
+        """Request id → leading blocks whose every layer has been written."""
+        self.errors: dict[str, str] = {}
+        self._step: dict[str, tuple[tuple[int, ...], int, int]] = {}
+        self._batches: list[tuple[int, tuple[str, ...]]] = []
+
+    def add(self, request_id: str, target: KVTarget) -> None:
+        self._targets[request_id] = target
+        self.sent_blocks[request_id] = 0
+
+    def pop(self, request_id: str) -> tuple[int, str | None]:
+        """Forget the request; returns (blocks sent, error or None)."""
+        self._targets.pop(request_id, None)
+        return self.sent_blocks.pop(request_id, 0), self.errors.pop(request_id, None)
+
+    def start_step(self, ctx: StepContext, kv: KVTensors) -> None:
+        self._step = {}
+        self._batches = []
+        bs = kv.block_size
+        for s in ctx.seqs:
+            target = self._targets.get(s.request_id)
+            if target is None or s.request_id in self.errors:
+                continue
+            full = min((s.num_computed_tokens + s.num_new_tokens) // bs, target.num_blocks)
+            first = self.sent_blocks[s.request_id]
+            if full > first:
+                self._step[s.request_id] = (s.block_ids, first, full)
+
+    def after_layer(self, layer: int, ctx: StepContext, kv: KVTensors) -> None:
+        if not self._step:
+            return
+        reqs = []
+        rids = []
+        for rid, (block_ids, first, full) in self._step.items():
+            target = self._targets[rid]
+            sub = KVTarget(target.segment, target.addr + first * target.block_nbytes,
+                           target.num_blocks - first, target.block_nbytes)
+            try:
+                reqs.extend(self.sender.requests(block_ids[first:full], sub, (layer,)))
+            except KVTransferError as e:
+                self.errors[rid] = str(e)
+                continue
+            rids.append(rid)
+        if not reqs:
+            return
+        eng = self.sender.engine
+        bid = eng.allocate_batch(len(reqs))
+        try:
+            eng.submit(bid, reqs)
+        except Exception as e:  # noqa: BLE001 - the whole batch was refused
+            eng.free_batch(bid)
+            for rid in rids:
+                self.errors[rid] = f"KV write refused: {e}"
+            return
+        self._batches.append((bid, tuple(rids)))
+        self.sender.bytes_sent += sum(r.length for r in reqs)
+
+    def end_step(self, ctx: StepContext, kv: KVTensors) -> None:
+        eng = self.sender.engine
+        for bid, rids in self._batches:
+            statuses = eng.wait(bid, self.timeout_s)
+            bad = next((st for st in statuses if not st.ok), None)
+            with contextlib.suppress(Exception):
+                eng.free_batch(bid)
+            if bad is not None:
+                for rid in rids:
+                    self.errors.setdefault(rid, f"KV write failed: "
+                                           f"{getattr(bad.code, 'value', bad.code)}: "
+                                           f"{bad.reason or bad.state}")
+        for rid, (_, _, full) in self._step.items():
+            if rid not in self.errors and rid in self.sent_blocks:
+                self.sent_blocks[rid] = full
+        self._step = {}
+        self._batches = []

@@ -61,6 +61,9 @@ class WorkerConfig:
     recv_buffer_bytes: int = 64 << 20
     """Receive arena of a decode worker (P→D KV lands here)."""
     load_report_interval_s: float = 0.1
+    layerwise_kv: bool = True
+    """Prefill: write each layer's KV to the decode worker right after the layer's compute
+    (overlapped); False = all layers in one batch after the prefill."""
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode", "colocated"):

@@ -6,8 +6,10 @@ chunks, sample the first token, write the prompt's full blocks into the decode w
 receive buffer (``kv_sender.KVSender``, Transfer Engine WRITEs straight from the paged KV
 memory) and put the new full blocks into the Store. Mooncake FAST'25 §3.1, DESIGN.md §1.
 
-Today the P→D write happens once the prompt's prefill has finished (all layers in one
-batch transfer), not layer by layer during it; docs/serving.md says so.
+The P→D write is layer-wise by default (``kv_sender.LayerwiseKVSender``: layer ``i`` of
+the step's new full blocks is submitted right after layer ``i``'s compute, the step waits
+for its writes at its end); ``WorkerConfig.layerwise_kv=False`` ships all layers in one
+batch after the prefill instead.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pymooncake.engine.kv_loader import StoreKVLoader
-from pymooncake.engine.kv_sender import KVSender, KVTransferError
+from pymooncake.engine.kv_sender import KVSender, KVTransferError, LayerwiseKVSender
 from pymooncake.engine.worker.base import PREFILL_TOKENS, EngineWorker, to_sampling_params
 from pymooncake.obs.logging import init_logger
 from pymooncake.obs.tracing import span
@@ -43,6 +45,7 @@ class PrefillWorker(EngineWorker):
         self.store: Any = None
         self.loader: StoreKVLoader | None = None
         self.sender: KVSender | None = None
+        self.layerwise: LayerwiseKVSender | None = None
         self.transfer: Any = None
         self._pending: dict[str, _Pending] = {}
 
@@ -61,6 +64,9 @@ class PrefillWorker(EngineWorker):
             self.engine.runner.hooks.append(self.loader)
         self.transfer = TransferEngine(f"{c.instance_id}-kv", c.metadata_url).start()
         self.sender = KVSender(self.transfer, self.engine.kv)
+        if c.layerwise_kv:
+            self.layerwise = LayerwiseKVSender(self.sender)
+            self.engine.runner.hooks.append(self.layerwise)
 
     def close_resources(self) -> None:
         for closer in (self.transfer, self.store):
@@ -83,11 +89,12 @@ class PrefillWorker(EngineWorker):
                 raise RpcError("DUPLICATE", f"request {task.request_id} is already prefilling")
             if self.loader is not None and not task.use_store:
                 self.loader.disable(task.request_id)
+            if self.layerwise is not None and task.target is not None:
+                self.layerwise.add(task.request_id, task.target)
             try:
                 self.engine.add_request(task.prompt_token_ids, params, task.request_id)
             except ValueError as e:
-                if self.loader is not None:
-                    self.loader.forget(task.request_id)
+                self._forget(task.request_id)
                 raise RpcError("INVALID_REQUEST", str(e)) from None
             self._pending[task.request_id] = _Pending(task, fut)
 
@@ -98,17 +105,24 @@ class PrefillWorker(EngineWorker):
             self.on_engine(lambda: self._drop(task.request_id))
             raise
 
+    def _forget(self, request_id: str) -> tuple[int, str | None]:
+        if self.loader is not None:
+            self.loader.forget(request_id)
+        if self.layerwise is not None:
+            return self.layerwise.pop(request_id)
+        return 0, None
+
     def _drop(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
         self.engine.abort(request_id)
-        if self.loader is not None:
-            self.loader.forget(request_id)
+        self._forget(request_id)
 
     async def _abort(self, request_id: Any) -> bool:
         await self.on_engine(lambda: self._drop(str(request_id)))
         return True
 
     def on_failed(self, request_id: str, reason: str) -> None:
+        self._forget(request_id)
         p = self._pending.pop(request_id, None)
         if p is not None:
             self.post(lambda: _fail(p.future, RpcError("PREFILL_FAILED", reason)))
@@ -116,12 +130,11 @@ class PrefillWorker(EngineWorker):
     def after_step(self, outputs: list[Any]) -> None:
         for out in outputs:
             p = self._pending.pop(out.request_id, None)
-            if self.loader is not None:
-                self.loader.forget(out.request_id)
+            layerwise = self._forget(out.request_id)
             if p is None:
                 continue
             try:
-                result = self._finish(p, out)
+                result = self._finish(p, out, layerwise)
             except Exception as e:  # noqa: BLE001 - the one request fails, the worker serves on
                 logger.warning("prefill %s: %s", out.request_id, e)
                 err = e if isinstance(e, RpcError) else RpcError("KV_TRANSFER_FAILED", str(e))
@@ -129,7 +142,8 @@ class PrefillWorker(EngineWorker):
             else:
                 self.post(lambda p=p, r=result: _done(p.future, r))
 
-    def _finish(self, p: _Pending, out: Any) -> PrefillResult:
+    def _finish(self, p: _Pending, out: Any, layerwise: tuple[int, str | None]
+                ) -> PrefillResult:
         """Engine thread: ship the prompt KV, put new blocks into the Store."""
         from pymooncake.engine.request import FinishReason
         prefill_s = time.monotonic() - p.start_s
@@ -152,7 +166,11 @@ class PrefillWorker(EngineWorker):
             block_ids.append(b.block_id)
         t0 = time.monotonic()
         sent = 0
-        if p.task.target is not None and block_ids:
+        if p.task.target is not None and self.layerwise is not None:
+            sent, err = layerwise  # written layer by layer during the prefill steps
+            if err is not None:
+                raise RpcError("KV_TRANSFER_FAILED", err)
+        elif p.task.target is not None and block_ids:
             with span("serving.p2d_transfer", request_id=p.task.request_id,
                       num_blocks=len(block_ids)):
                 try:
