@@ -24,6 +24,7 @@ from pymooncake.conductor.policy import (
     blocks_to_replicate,
     evaluate_instance,
     place_decode,
+    predicted_tbt_s,
     schedule,
 )
 from pymooncake.conductor.policy.prefill_placement import mix64
@@ -134,8 +135,11 @@ class TestDecodePlacement:
         out = schedule(REQ, _view((d1, d0)), _index().match(REQ.block_keys, IDS), EST,
                        PolicyConfig())
         assert isinstance(out, Placement) and out.decode_instance == "d0"
-        # step = 0.01 + 0.02 + 1e-7 · 2048
-        assert out.predicted_tbt_s == pytest.approx(0.0302048)
+        # TBT is judged conservatively over the whole decode: batch 10 + 1 = 11 stays,
+        # context 10,000 + 2,048 + 11 · 10 output tokens = 12,158:
+        # step = 0.01 + 0.02 + 1e-7 · 12,158 = 0.0312158; k = 9 intervals → the longest
+        # ceil(9/10) = 1, the first interval (up to 2 steps) → 2 · step.
+        assert out.predicted_tbt_s == pytest.approx(2 * 0.0312158)
 
     def test_kv_capacity_excludes_an_instance(self) -> None:
         d0 = DecodeInstanceState(InstanceId("d0"), 0, 0, 2000, 64)        # 2048 + 10 > 2000
@@ -147,13 +151,26 @@ class TestDecodePlacement:
 
     def test_tbt_slo_rejects_only_with_early_rejection(self) -> None:
         d0 = DecodeInstanceState(InstanceId("d0"), 4, 1_000_000, 10**7, 64, (50.0,) * 4)
-        # predicted: 0.01 + 0.02 + 1e-7 · (1_000_000 + 2048) = 0.1302 s > 0.1 s
+        # step: 0.01 + 0.02 + 1e-7 · (1_000_000 + 2048 + 5 · 10) = 0.1302098 s; TBT 2 steps
         p = PREFILL_POLICIES["load"](REQ, _view(), PrefixMatch((0, 0, 0)), EST, PolicyConfig())
         out = place_decode(REQ, _view((d0,)), p, EST, PolicyConfig(early_rejection=True))
         assert isinstance(out, Rejection) and out.reason == "tbt_slo"
-        assert out.predicted_tbt_s == pytest.approx(0.1302048)
+        assert out.predicted_tbt_s == pytest.approx(2 * 0.1302098)
         out = place_decode(REQ, _view((d0,)), p, EST, PolicyConfig(early_rejection=False))
         assert isinstance(out, Placement) and out.decode_instance == "d0"
+
+
+    def test_predicted_tbt_counts_growth_and_the_first_interval(self) -> None:
+        d = DecodeInstanceState(InstanceId("d0"), 3, 30_000, 10**7, 64, (0.1,) * 3,
+                                num_incoming=1, incoming_context_tokens=5_000)
+        # 101 output tokens -> k = 100 intervals, top ceil(100/10) = 10, one of them the
+        # first interval (2 steps): tbt = step · 11/10. Batch 3 + 1 + 1 = 5 (the three that
+        # finish at 0.1 s count: under load they are replaced); context 30,000 + 5,000 +
+        # 2,048 + 5 · 101 = 37,553 -> step 0.01 + 0.02 + 1e-7 · 37,553 = 0.0337553.
+        req = RequestInfo("r", 2048, (), 101, 0.0)
+        assert predicted_tbt_s(d, req, EST) == pytest.approx(0.0337553 * 1.1)
+        # one output token: no intervals, no TBT to predict (never a tbt_slo rejection).
+        assert predicted_tbt_s(d, RequestInfo("r", 2048, (), 1, 0.0), EST) == 0.0
 
 
 class TestHotBlocks:

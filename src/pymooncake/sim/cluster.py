@@ -49,6 +49,8 @@ class SimRequest:
     join_step: int = 0
     finish_step: int = 0
     predicted_prefill_s: float = 0.0
+    predicted_tbt_s: float = 0.0
+    """The policy's TBT prediction at admission (0 when colocated)."""
     planned_transfer_source: str | None = None
     planned_prefix_blocks: int = 0
     cache_keys: tuple[int, ...] = ()

@@ -161,6 +161,7 @@ class Simulator:
         r.decode_node = node.name if self.colocated else str(out.decode_instance)
         r.predicted_prefill_s = out.predicted_prefill_s + out.predicted_transfer_s
         r.planned_transfer_source = out.transfer_source
+        r.predicted_tbt_s = out.predicted_tbt_s
         r.planned_prefix_blocks = out.prefix_blocks
         if not self.colocated:
             d = self.decode_by_name[r.decode_node]

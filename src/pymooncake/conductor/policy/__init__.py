@@ -6,7 +6,11 @@ rejection, hot-block replication. No I/O, no asyncio, no clock reads: the live C
 """
 
 from pymooncake.conductor.policy.admission import admit_ttft, saturation, schedule
-from pymooncake.conductor.policy.decode_placement import place_decode, predicted_decode_load
+from pymooncake.conductor.policy.decode_placement import (
+    place_decode,
+    predicted_decode_load,
+    predicted_tbt_s,
+)
 from pymooncake.conductor.policy.estimators import (
     DecodeEstimator,
     Estimators,
@@ -70,6 +74,7 @@ __all__ = [
     "place_prefill_random",
     "place_prefill_round_robin",
     "predicted_decode_load",
+    "predicted_tbt_s",
     "queue_s",
     "saturation",
     "schedule",

@@ -3,6 +3,7 @@ the request, judged at the moment its prefill will finish (FAST'25 §4, DESIGN.m
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from dataclasses import replace
 
@@ -32,14 +33,41 @@ def predicted_decode_load(inst: DecodeInstanceState, at_s: float,
     return batch, ctx
 
 
+def predicted_tbt_s(inst: DecodeInstanceState, req: RequestInfo, est: Estimators) -> float:
+    """Conservative TBT of ``req`` on ``inst``, as the paper measures it: the mean of the
+    longest ``ceil(k/10)`` of its ``k`` token intervals (``obs.slo.tbt_s``).
+
+    Judged over the request's whole decode, not at the moment it joins:
+
+    * batch: every request running now or incoming stays, plus ``req`` — under load a
+      request that finishes is replaced by one admitted later, so the batch does not shrink;
+    * context: that batch's context at join time grows by one token per request per step for
+      ``max_output_tokens`` steps (``+ batch · max_output_tokens``);
+    * the first interval (first token → first decode step) waits for the step in progress
+      and then runs its own: up to two steps. It is one of the longest ``ceil(k/10)``, so
+      ``tbt = step · (top + 1) / top``.
+
+    Returns seconds; 0.0 for ``max_output_tokens <= 1`` (no token intervals, no TBT).
+    """
+    if req.max_output_tokens <= 1:
+        return 0.0
+    batch = inst.num_running + inst.num_incoming + 1
+    ctx = (inst.num_context_tokens + inst.incoming_context_tokens + req.num_prompt_tokens
+           + batch * req.max_output_tokens)
+    step = est.decode.step_s(batch, ctx)
+    top = math.ceil((req.max_output_tokens - 1) / 10)
+    return step * (top + 1) / top
+
+
 def place_decode(req: RequestInfo, view: ClusterView, placement: Placement, est: Estimators,
                  cfg: PolicyConfig) -> Placement | Rejection:
     """Choose the decode instance for ``placement`` (a prefill placement).
 
     Candidates are judged at ``now + predicted TTFT``: admissible when the batch fits
     ``max_batch_size``, context + ``max_output_tokens`` fits ``kv_capacity_tokens`` and the
-    predicted step time is within ``tbt_slo_s``. The smallest predicted batch wins (ties:
-    smaller TBT, then the earliest instance). When none is admissible: ``Rejection("tbt_slo")``
+    conservative ``predicted_tbt_s`` (whole decode, longest-10 % intervals) is within
+    ``tbt_slo_s``. The smallest predicted batch wins (ties: smaller TBT, then the earliest
+    instance). When none is admissible: ``Rejection("tbt_slo")``
     with early rejection on, else the least-loaded instance regardless.
     """
     if not view.decode:
@@ -49,7 +77,7 @@ def place_decode(req: RequestInfo, view: ClusterView, placement: Placement, est:
     any_key: tuple[int, float, int] | None = None
     for j, inst in enumerate(view.decode):
         batch, ctx = predicted_decode_load(inst, at, req)
-        tbt = est.decode.step_s(batch, ctx)
+        tbt = predicted_tbt_s(inst, req, est)
         key = (batch, tbt, j)
         if any_key is None or key < any_key:
             any_key = key
