@@ -34,10 +34,12 @@ class ConductorConfig:
     """Transfer estimate: KV bytes of one token (tiny model fp32: 2·4·2·32·4)."""
     transfer_bandwidth_bytes_per_s: float = 1e9
     """Transfer estimate: Store → prefill bandwidth on this host (bytes/s)."""
-    prefill_quadratic_s: float = 2.0e-8
-    """Prefill estimate ``a·(n²−p²) + b·(n−p) + c`` (s); replaced by ``--profile``."""
-    prefill_linear_s: float = 4.0e-4
-    prefill_overhead_s: float = 0.01
+    prefill_quadratic_s: float = 5.0e-8
+    """Prefill estimate ``a·(n²−p²) + b·(n−p) + c`` (s); replaced by ``--profile``. The
+    defaults are ``pymooncake profile`` of the tiny model on the project's 2-core machine
+    (3.3e-8, 6.6e-5, 1.8e-3) times 1.5 for cores shared with the other processes."""
+    prefill_linear_s: float = 1.0e-4
+    prefill_overhead_s: float = 3.0e-3
     decode_step_s: float = 0.02
     """Decode estimate: one continuous-batching step at small batch (s)."""
     seed: int = 0
