@@ -108,3 +108,29 @@ def test_loader_errors_name_the_fault(tmp_path) -> None:
     (empty / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="safetensors"):
         load_model(empty)
+
+
+def test_tokenizer_and_chat_template_from_the_model_directory(tmp_path, capsys) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    from pymooncake.cli.main import main
+    from pymooncake.engine.model.tokenizer import HFTokenizer
+    d, _ = _save(tmp_path, "llama")
+    words = ["<s>", "</s>", "<unk>", "hello", "world", "user", "assistant", ":"]
+    tk = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+        vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>",
+                                                eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} "
+                          "{% endfor %}{% if add_generation_prompt %}assistant : {% endif %}")
+    fast.save_pretrained(d)
+    tok = HFTokenizer(d)
+    assert tok.encode("hello world") == [3, 4]
+    assert tok.eos_token_ids == (1,)
+    assert tok.apply_chat_template([{"role": "user", "content": "hello"}]) == [5, 7, 3, 6, 7]
+    eng = Engine.from_model_name(str(d), EngineConfig())
+    assert eng.namespace.tokenizer_fingerprint == tok.fingerprint
+    assert main(["generate", "--model", str(d), "--prompt", "hello", "--chat",
+                 "--max-tokens", "3", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["prompt_token_ids"] == [5, 7, 3, 6, 7] and len(doc["token_ids"]) <= 3
