@@ -1,0 +1,76 @@
+"""The live Conductor's pure parts: ``ClusterState`` → ``policy.ClusterView`` and KV events
+→ ``PrefixIndex`` (no sockets; the clock is passed in)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pymooncake.conductor.cluster_view import ClusterState
+from pymooncake.conductor.config import ConductorConfig
+from pymooncake.rpc.messages import KVEvents, WorkerInfo, WorkerLoad
+
+
+def _info(iid: str, role: str) -> WorkerInfo:
+    return WorkerInfo(iid, role, "127.0.0.1", 1, "{}", 16, 16 * 100, 8)
+
+
+def test_view_reflects_placements_at_the_time_asked():
+    st = ClusterState(ConductorConfig(prefill_concurrency_limit=4))
+    for iid, role in (("p0", "prefill"), ("p1", "prefill"), ("d0", "decode")):
+        st.register(_info(iid, role), 0.0)
+    p0 = st.workers["p0"]
+    p0.prefills["a"] = (10.0, 2.0)      # dispatched at 10 s, predicted 2 s
+    p0.prefills["b"] = (10.5, 3.0)      # queued behind it
+    st.workers["d0"].decodes["x"] = (300, 20.0)
+    v = st.view(11.0)
+    assert [p.instance_id for p in v.prefill] == ["p0", "p1"]
+    a, b = v.prefill
+    assert (a.busy_until_s, a.queued_prefill_s, a.num_in_flight, a.concurrency_limit) == \
+        (12.0, 3.0, 2, 4)
+    assert (b.busy_until_s, b.queued_prefill_s, b.num_in_flight) == (11.0, 0.0, 0)
+    (d,) = v.decode
+    assert (d.num_running, d.num_context_tokens, d.kv_capacity_tokens, d.max_batch_size,
+            d.finish_s) == (1, 300, 1600, 8, (20.0,))
+    # the view is built fresh: a finished placement is gone from the next one (BUG-51)
+    del p0.prefills["a"], p0.prefills["b"]
+    assert st.view(11.0).prefill[0].num_in_flight == 0
+
+
+def test_colocated_pool_and_expiry():
+    st = ClusterState(ConductorConfig(colocated=True, worker_timeout_s=3.0))
+    st.register(_info("c0", "colocated"), 0.0)
+    st.register(_info("c1", "colocated"), 0.0)
+    assert st.report(WorkerLoad("c0", 0, 0, 10, 10), 2.5)
+    assert not st.report(WorkerLoad("zz", 0, 0, 10, 10), 2.5)
+    v = st.view(3.0)
+    assert [p.instance_id for p in v.prefill] == ["c0", "c1"] and v.decode == ()
+    gone = st.expire(4.0)                 # c1 silent for 4 s > 3 s
+    assert [w.info.instance_id for w in gone] == ["c1"]
+    assert [p.instance_id for p in st.view(4.0).prefill] == ["c0"]
+
+
+def test_kv_events_feed_the_prefix_index_and_leave_with_the_worker():
+    st = ClusterState(ConductorConfig())
+    st.register(_info("p0", "prefill"), 0.0)
+    st.register(_info("p1", "prefill"), 0.0)
+    st.kv_events(KVEvents("p0", ("k1", "k2", "k3")))
+    st.kv_events(KVEvents("store", ("k1", "k2")))
+    st.kv_events(KVEvents("p1", ("k1",)))
+    st.kv_events(KVEvents("p0", removed=("k3",)))
+    st.kv_events(KVEvents("ghost", ("k1",)))    # unregistered worker: ignored
+    m = st.index.match(["k1", "k2", "k3"], ["p0", "p1"])
+    assert m.local_blocks == (2, 1) and m.best_blocks == 2 and m.best_holder == "p0"
+    st.remove("p0")
+    m = st.index.match(["k1", "k2", "k3"], ["p1"])
+    assert m.local_blocks == (1,) and (m.best_blocks, m.best_holder) == (2, "store")
+    assert st.index.holders("k1") == frozenset({"p1", "store"})
+
+
+def test_config_errors_say_what_to_change():
+    with pytest.raises(ValueError, match="policy must be one of"):
+        ConductorConfig(policy="fastest")
+    with pytest.raises(ValueError, match="> 0 seconds"):
+        ConductorConfig(ttft_slo_s=0)
+    assert ConductorConfig().use_store and not ConductorConfig(policy="random").use_store
+    assert ConductorConfig(policy="random", global_store=True).use_store
+    assert not ConductorConfig(colocated=True).use_store
