@@ -570,20 +570,35 @@ class StoreClient:
         res = self._master("batch_get_replica_list",
                            {"client_id": self.client_id, "keys": [p.key for p in ask]})
         answers = [self._batch_item(item) for item in res]
+        queried = [t_query] * len(ask)  # when each lease was asked for (client clock)
         load = [i for i, r in enumerate(answers) if isinstance(r, dict) and r.get("promote")]
         if load:  # held only on SSD: the master loads them back into DRAM first
             res = self._master("load_replica_list", KeysRequest(
                 self.client_id, tuple(ask[i].key for i in load)))
+            loaded = []
             for i, item in zip(load, res, strict=True):
                 answers[i] = self._batch_item(item)
+                if not isinstance(answers[i], StoreError):
+                    loaded.append(i)
+            if loaded:  # a load may wait for room: ask again for a lease that starts now
+                t_again = self._clock()
+                res = self._master("batch_get_replica_list", {
+                    "client_id": self.client_id, "keys": [ask[i].key for i in loaded]})
+                for i, item in zip(loaded, res, strict=True):
+                    r = self._batch_item(item)
+                    if isinstance(r, dict) and r.get("promote"):
+                        r = StoreError(ErrorCode.OBJECT_NOT_FOUND,
+                                       f"{ask[i].key!r} left DRAM again before it was read")
+                    answers[i] = r
+                    queried[i] = t_again
         now = self._clock()
-        for p, r in zip(ask, answers, strict=True):
+        for p, r, t_asked in zip(ask, answers, queried, strict=True):
             if isinstance(r, StoreError):
                 p.error = r
                 continue
             rl = replica_list_from_wire(r)
             p.size = rl.size_bytes
-            p.lease_expiry = (t_query + rl.lease_ttl_ms / 1000.0 if rl.lease_ttl_ms > 0
+            p.lease_expiry = (t_asked + rl.lease_ttl_ms / 1000.0 if rl.lease_ttl_ms > 0
                               else float("inf"))
             reps = [x for x in rl.replicas if x.tier == TIER_DRAM
                     and (not self._bad or self._bad.get(x.segment, 0.0) <= now)]
