@@ -318,6 +318,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     _check_sweep_values(args)
     try:
         cfg = _config(args)
+        if args.over == "capacity" and cfg.scenario == "colocated":
+            from pymooncake.sim.runner import build_cost_model
+            hbm_kv = build_cost_model(cfg).kv_capacity_tokens
+            for v in args.values:
+                if v >= hbm_kv:
+                    _usage(f"--values (tokens): a colocated prefix cache lives in HBM; {v:g} "
+                           f"tokens leave no KV space (the node holds {hbm_kv} KV tokens)")
         trace = _trace(args)
         from pymooncake.sim.sweep import best_point, sweep
         with Progress(transient=True, disable=args.json or not sys.stderr.isatty()) as prog:
