@@ -84,3 +84,10 @@ def stream_token_ids(url: str, prompt: list[int], max_tokens: int, **extra: Any
             for ch in chunk.get("choices", []):
                 ids.extend(ch.get("token_ids") or [])
     return ids, usage, errors
+
+
+def wait_store_blocks(url: str, at_least: int, timeout_s: float = 10.0) -> int:
+    """Wait until the Conductor has seen the Store hold ``at_least`` blocks (prefill workers
+    put blocks off the TTFT path and report them as KV events)."""
+    return wait_for(lambda: (lambda n: n if n >= at_least else None)(
+        health(url)["num_store_blocks"]), timeout_s, f"{at_least} blocks in the Store")

@@ -18,7 +18,14 @@ import time
 import httpx
 import pytest
 
-from tests.serving.conftest import complete, stream_token_ids, wait_for, workers
+from tests.serving.conftest import (
+    complete,
+    health,
+    stream_token_ids,
+    wait_for,
+    wait_store_blocks,
+    workers,
+)
 
 CONTEXT = 2048
 B = 16
@@ -77,9 +84,11 @@ def test_prefix_reused_through_store_on_another_prefill_worker(cluster):
     a = _ids(10, 200)
     b = a[:160] + _ids(11, 40)
     before = _quiet_counts(url)
+    stored = health(url)["num_store_blocks"]
     ra = complete(url, a, 4)
     assert ra.status_code == 200, ra.text
     assert ra.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    wait_store_blocks(url, stored + 200 // B)
     mid = _settled(url, before, 200)
     worker_a = next(k for k in mid if mid[k] != before[k])
     rb = complete(url, b, 4)
@@ -94,7 +103,9 @@ def test_prefix_reused_through_store_on_another_prefill_worker(cluster):
 def test_bug_55_cached_tokens_always_present(cluster):
     url = cluster.url
     p = _ids(20, 24)
+    stored = health(url)["num_store_blocks"]
     r1 = complete(url, p, 3).json()
+    wait_store_blocks(url, stored + 1)
     r2 = complete(url, p, 3).json()
     assert r1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == 16
@@ -111,7 +122,9 @@ def test_bug_56_cached_tokens_are_the_prefill_side_hit(cluster, stream):
     cached_tokens = 48 — not 76 (KV moved P→D) and not 0 (decode side)."""
     url = cluster.url
     prefix = _ids(30 + stream, 48)
+    stored = health(url)["num_store_blocks"]
     assert complete(url, prefix, 1).status_code == 200
+    wait_store_blocks(url, stored + 3)
     prompt = prefix + _ids(40 + stream, 29)
     if stream:
         _, usage, errors = stream_token_ids(url, prompt, 5, ignore_eos=True)

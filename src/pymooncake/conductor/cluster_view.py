@@ -47,6 +47,8 @@ class ClusterState:
         self.config = config
         self.workers: dict[str, WorkerEntry] = {}
         self.index = PrefixIndex()
+        self.store_keys: set[str] = set()
+        """Block keys the global Store holds (from the ``store`` KV events)."""
 
     # -- worker messages ------------------------------------------------------------------
     def register(self, info: WorkerInfo, now_s: float) -> WorkerEntry:
@@ -71,7 +73,10 @@ class ClusterState:
         if w is not None:
             w.held_keys.difference_update(ev.removed)
             w.held_keys.update(ev.stored)
-        elif ev.holder != "store":
+        elif ev.holder == "store":
+            self.store_keys.difference_update(ev.removed)
+            self.store_keys.update(ev.stored)
+        else:
             return  # an unregistered worker's events would never be dropped again
         apply_kv_events(self.index, ev)
 

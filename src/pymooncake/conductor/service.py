@@ -191,7 +191,8 @@ class Conductor:
         return {"policy": self.config.policy, "colocated": self.config.colocated,
                 "workers": sorted(workers, key=lambda x: x["instance_id"]),
                 "requests": {k: list(v) for k, v in self.in_flight.items()},
-                "num_indexed_blocks": len(self.state.index)}
+                "num_indexed_blocks": len(self.state.index),
+                "num_store_blocks": len(self.state.store_keys)}
 
     # -- one request ----------------------------------------------------------------------
     def place(self, req: GenerateRequest, now_s: float) -> Placement | PolicyRejection:

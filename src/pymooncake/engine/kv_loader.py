@@ -20,6 +20,7 @@ import torch
 
 from pymooncake.engine.hooks import KVLoadError, NullHooks, StepContext
 from pymooncake.obs.logging import init_logger
+from pymooncake.obs.tracing import span
 
 if TYPE_CHECKING:
     from pymooncake.engine.kv.kv_tensors import KVTensors
@@ -78,7 +79,12 @@ class StoreKVLoader(NullHooks):
         if have is None:
             have = []
             try:
-                values = self.store.batch_get([store_key(self.ns, k) for k in keys])
+                with span("prefill.store_lookup", request_id=rid, num_blocks=len(keys)):
+                    skeys = [store_key(self.ns, k) for k in keys]
+                    # metadata first: read only the leading run of blocks the Store holds
+                    exists = self.store.batch_exist(skeys)
+                    n = next((i for i, x in enumerate(exists) if x is not True), len(exists))
+                    values = self.store.batch_get(skeys[:n]) if n else []
             except Exception as e:  # noqa: BLE001 - the Store being down only costs reuse
                 logger.warning("store lookup for %s failed: %s", rid, e)
                 values = []

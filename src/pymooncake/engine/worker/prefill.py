@@ -15,6 +15,8 @@ batch after the prefill instead.
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +50,8 @@ class PrefillWorker(EngineWorker):
         self.layerwise: LayerwiseKVSender | None = None
         self.transfer: Any = None
         self._pending: dict[str, _Pending] = {}
+        self._puts: queue.Queue[tuple[list[str], list[bytes]] | None] = queue.Queue()
+        self._put_thread: threading.Thread | None = None
 
     def start_resources(self) -> None:
         from pymooncake.transfer import TransferEngine
@@ -62,13 +66,33 @@ class PrefillWorker(EngineWorker):
                                         self.engine.namespace.digest())
             self.engine.scheduler.kv_source = self.loader
             self.engine.runner.hooks.append(self.loader)
+            self._put_thread = threading.Thread(target=self._put_main, daemon=True,
+                                                name=f"store-put-{c.instance_id}")
+            self._put_thread.start()
         self.transfer = TransferEngine(f"{c.instance_id}-kv", c.metadata_url).start()
         self.sender = KVSender(self.transfer, self.engine.kv)
         if c.layerwise_kv:
             self.layerwise = LayerwiseKVSender(self.sender)
             self.engine.runner.hooks.append(self.layerwise)
 
+    def _put_main(self) -> None:
+        """Store puts off the engine thread (not on the TTFT path); blocks are copied out of
+        the paged cache on the engine thread before they are queued here."""
+        while True:
+            item = self._puts.get()
+            if item is None:
+                return
+            keys, data = item
+            try:
+                assert self.loader is not None
+                self.add_store_keys(self.loader.put_blocks(keys, data))
+            except Exception as err:  # noqa: BLE001 - a full Store only costs reuse
+                logger.warning("store put failed: %s", err)
+
     def close_resources(self) -> None:
+        if self._put_thread is not None:
+            self._puts.put(None)
+            self._put_thread.join(5.0)
         for closer in (self.transfer, self.store):
             if closer is not None:
                 try:
@@ -184,10 +208,7 @@ class PrefillWorker(EngineWorker):
             if new_from < len(block_ids):
                 put_keys = [str(k) for k in keys[new_from:len(block_ids)]]
                 data = [e.kv.export_block_bytes(b) for b in block_ids[new_from:]]
-                try:
-                    self.add_store_keys(self.loader.put_blocks(put_keys, data))
-                except Exception as err:  # noqa: BLE001 - a full Store only costs reuse
-                    logger.warning("store put failed: %s", err)
+                self._puts.put((put_keys, data))
         first = out.output_token_ids[0]
         finish = "stop" if out.finish_reason == FinishReason.STOP else None
         return PrefillResult(p.task.request_id, first, cached, sent, prefill_s, transfer_s,
