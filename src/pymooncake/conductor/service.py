@@ -234,8 +234,7 @@ class Conductor:
     def _book(self, req: GenerateRequest, p: Placement, now_s: float
               ) -> tuple[WorkerEntry, WorkerEntry | None]:
         pw = self.state.workers[p.prefill_instance]
-        pw.prefills[req.request_id] = (now_s, p.predicted_queue_s + p.predicted_prefill_s
-                                       - p.predicted_queue_s)
+        pw.prefills[req.request_id] = (now_s, p.predicted_transfer_s + p.predicted_prefill_s)
         dw = None
         if p.decode_instance is not None:
             dw = self.state.workers[p.decode_instance]
