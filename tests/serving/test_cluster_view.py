@@ -74,3 +74,51 @@ def test_config_errors_say_what_to_change():
     assert ConductorConfig().use_store and not ConductorConfig(policy="random").use_store
     assert ConductorConfig(policy="random", global_store=True).use_store
     assert not ConductorConfig(colocated=True).use_store
+
+
+def _namespace_json() -> str:
+    import json
+    from dataclasses import asdict
+
+    from pymooncake.identity import CacheNamespace
+    ns = CacheNamespace(model_id="m", weight_revision="r", tokenizer_fingerprint="t",
+                        kv_dtype="float32", kv_layout="test", block_size=16)
+    return json.dumps(asdict(ns))
+
+
+def test_bug_51_live_conductor_sheds_sheddable_requests_only_while_saturated():
+    """One prefill instance with a concurrency limit of 4 (BUG-51 step 2 at the Conductor):
+    once 4 requests are placed on it, a sheddable (priority > 0) request is refused as
+    ``saturated`` and a high-priority one is still placed; drained, both are placed."""
+    import asyncio
+
+    from pymooncake.conductor.policy import Placement, Rejection
+    from pymooncake.conductor.service import Conductor
+    from pymooncake.rpc.messages import GenerateRequest, SamplingOptions
+
+    async def run() -> None:
+        c = Conductor(ConductorConfig(prefill_concurrency_limit=4, ttft_slo_s=1e6,
+                                      tbt_slo_s=1e6))
+        for iid, role in (("p0", "prefill"), ("d0", "decode")):
+            info = WorkerInfo(iid, role, "127.0.0.1", 1, _namespace_json(), 16, 1 << 20, 64)
+            await c._register(info)
+
+        def req(rid: str, priority: int) -> GenerateRequest:
+            return GenerateRequest(rid, tuple(range(40)), SamplingOptions(max_tokens=4),
+                                   priority=priority)
+
+        p0 = c.state.workers["p0"]
+        for i in range(4):
+            p0.prefills[f"long-{i}"] = (0.0, 5.0)
+        assert c.state.view(1.0).prefill[0].num_in_flight == 4
+        shed = c.place(req("low", 1), 1.0)
+        assert isinstance(shed, Rejection) and shed.reason == "saturated"
+        high = c.place(req("high", 0), 1.0)
+        assert isinstance(high, Placement) and high.prefill_instance == "p0"
+        assert high.decode_instance == "d0"
+        p0.prefills.clear()                       # drained
+        assert isinstance(c.place(req("low2", 1), 2.0), Placement)
+        for w in c.state.workers.values():
+            await w.client.close()
+
+    asyncio.run(run())
