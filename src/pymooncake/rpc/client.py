@@ -75,23 +75,27 @@ class RpcClient:
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         reason = "connection closed by the server"
+        buf = bytearray()
         try:
             while True:
-                header = await reader.readexactly(HEADER.size)
-                (length,) = HEADER.unpack(header)
-                if length > MAX_FRAME_BYTES:
-                    reason = f"server sent a frame of {length} bytes"
+                data = await reader.read(1 << 18)
+                if not data:
                     return
-                body = await reader.readexactly(length)
-                try:
-                    msg = unpack_body(body)
-                except ValueError:
-                    continue
-                rid = msg.get("i") if isinstance(msg, dict) else None
-                fut = self._pending.pop(rid, None) if isinstance(rid, int) else None
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
-        except (asyncio.IncompleteReadError, ConnectionError) as e:
+                buf += data
+                pos = 0
+                while len(buf) - pos >= HEADER.size:
+                    (length,) = HEADER.unpack_from(buf, pos)
+                    if length > MAX_FRAME_BYTES:
+                        reason = f"server sent a frame of {length} bytes"
+                        return
+                    end = pos + HEADER.size + length
+                    if len(buf) < end:
+                        break
+                    self._deliver(bytes(buf[pos + HEADER.size:end]))
+                    pos = end
+                if pos:
+                    del buf[:pos]
+        except ConnectionError as e:
             reason = f"connection lost: {e}"
         finally:
             if self._writer is not None:
@@ -102,6 +106,16 @@ class RpcClient:
                     fut.set_exception(RpcConnectionError(
                         f"{self.host}:{self.port}: {reason}"))
             self._pending.clear()
+
+    def _deliver(self, body: bytes) -> None:
+        try:
+            msg = unpack_body(body)
+        except ValueError:
+            return
+        rid = msg.get("i") if isinstance(msg, dict) else None
+        fut = self._pending.pop(rid, None) if isinstance(rid, int) else None
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
 
     async def call(self, method: str, params: Any = None, timeout_s: float | None = None) -> Any:
         """Call ``method`` with ``params`` (plain data or a dataclass) and return the result."""
