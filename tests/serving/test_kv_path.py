@@ -42,8 +42,8 @@ def test_layerwise_sender_writes_each_layer_before_the_next_layer_runs():
         while pre.has_unfinished():
             outs += pre.step()
         assert outs[0].request_id == "r1"
-        sent, err = hook.pop("r1")
-        assert (sent, err) == (2, None)
+        sent, err, busy_s = hook.pop("r1")
+        assert (sent, err) == (2, None) and busy_s > 0
         starts = pre.runner.layer_compute_start_s
         n_layers = pre.model.config.num_layers
         assert len(submitted) == len(starts) == n_layers

@@ -15,6 +15,7 @@ once (all layers).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -98,6 +99,9 @@ class LayerwiseKVSender(NullHooks):
         self.sent_blocks: dict[str, int] = {}
         """Request id → leading blocks whose every layer has been written."""
         self.errors: dict[str, str] = {}
+        self.busy_s: dict[str, float] = {}
+        """Request id → seconds this hook spent building, submitting and waiting for its
+        writes (the part of the P→D transfer that did not overlap compute)."""
         self._step: dict[str, tuple[tuple[int, ...], int, int]] = {}
         self._batches: list[tuple[int, tuple[str, ...]]] = []
 
@@ -105,10 +109,16 @@ class LayerwiseKVSender(NullHooks):
         self._targets[request_id] = target
         self.sent_blocks[request_id] = 0
 
-    def pop(self, request_id: str) -> tuple[int, str | None]:
-        """Forget the request; returns (blocks sent, error or None)."""
+    def pop(self, request_id: str) -> tuple[int, str | None, float]:
+        """Forget the request; returns (blocks sent, error or None, busy seconds)."""
         self._targets.pop(request_id, None)
-        return self.sent_blocks.pop(request_id, 0), self.errors.pop(request_id, None)
+        return (self.sent_blocks.pop(request_id, 0), self.errors.pop(request_id, None),
+                self.busy_s.pop(request_id, 0.0))
+
+    def _charge(self, t0: float) -> None:
+        dt = time.monotonic() - t0
+        for rid in self._step:
+            self.busy_s[rid] = self.busy_s.get(rid, 0.0) + dt
 
     def start_step(self, ctx: StepContext, kv: KVTensors) -> None:
         self._step = {}
@@ -126,6 +136,13 @@ class LayerwiseKVSender(NullHooks):
     def after_layer(self, layer: int, ctx: StepContext, kv: KVTensors) -> None:
         if not self._step:
             return
+        t0 = time.monotonic()
+        try:
+            self._submit_layer(layer)
+        finally:
+            self._charge(t0)
+
+    def _submit_layer(self, layer: int) -> None:
         reqs = []
         rids = []
         for rid, (block_ids, first, full) in self._step.items():
@@ -153,6 +170,7 @@ class LayerwiseKVSender(NullHooks):
         self.sender.bytes_sent += sum(r.length for r in reqs)
 
     def end_step(self, ctx: StepContext, kv: KVTensors) -> None:
+        t0 = time.monotonic()
         eng = self.sender.engine
         for bid, rids in self._batches:
             statuses = eng.wait(bid, self.timeout_s)
@@ -167,5 +185,6 @@ class LayerwiseKVSender(NullHooks):
         for rid, (_, _, full) in self._step.items():
             if rid not in self.errors and rid in self.sent_blocks:
                 self.sent_blocks[rid] = full
+        self._charge(t0)
         self._step = {}
         self._batches = []

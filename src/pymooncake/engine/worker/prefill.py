@@ -129,12 +129,12 @@ class PrefillWorker(EngineWorker):
             self.on_engine(lambda: self._drop(task.request_id))
             raise
 
-    def _forget(self, request_id: str) -> tuple[int, str | None]:
+    def _forget(self, request_id: str) -> tuple[int, str | None, float]:
         if self.loader is not None:
             self.loader.forget(request_id)
         if self.layerwise is not None:
             return self.layerwise.pop(request_id)
-        return 0, None
+        return 0, None, 0.0
 
     def _drop(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
@@ -166,7 +166,7 @@ class PrefillWorker(EngineWorker):
             else:
                 self.post(lambda p=p, r=result: _done(p.future, r))
 
-    def _finish(self, p: _Pending, out: Any, layerwise: tuple[int, str | None]
+    def _finish(self, p: _Pending, out: Any, layerwise: tuple[int, str | None, float]
                 ) -> PrefillResult:
         """Engine thread: ship the prompt KV, put new blocks into the Store."""
         from pymooncake.engine.request import FinishReason
@@ -190,8 +190,9 @@ class PrefillWorker(EngineWorker):
             block_ids.append(b.block_id)
         t0 = time.monotonic()
         sent = 0
+        transfer_s = 0.0
         if p.task.target is not None and self.layerwise is not None:
-            sent, err = layerwise  # written layer by layer during the prefill steps
+            sent, err, transfer_s = layerwise  # written layer by layer during the prefill
             if err is not None:
                 raise RpcError("KV_TRANSFER_FAILED", err)
         elif p.task.target is not None and block_ids:
@@ -202,7 +203,7 @@ class PrefillWorker(EngineWorker):
                 except KVTransferError as err:
                     raise RpcError("KV_TRANSFER_FAILED", str(err)) from None
             sent = min(len(block_ids), p.task.target.num_blocks)
-        transfer_s = time.monotonic() - t0
+            transfer_s = time.monotonic() - t0
         if self.loader is not None and p.task.use_store and block_ids:
             new_from = cached // bs
             if new_from < len(block_ids):
