@@ -167,6 +167,51 @@ def test_open_metadata_rejects_unknown_scheme() -> None:
         open_metadata("redis://127.0.0.1:6379")
 
 
+@pytest.mark.parametrize("bad", ["etcd://nohost:notaport", "etcd://h:99999",
+                                 "http://h:xx/metadata"])
+def test_open_metadata_names_the_url_with_a_bad_port(bad: str) -> None:
+    with pytest.raises(ValueError, match="bad port") as ei:
+        open_metadata(bad)
+    assert repr(bad) in str(ei.value)
+
+
+@pytest.mark.parametrize("bad", [None, 2379, b"etcd://h:1"])
+def test_open_metadata_rejects_a_non_string_naming_the_accepted_forms(bad: object) -> None:
+    with pytest.raises(TypeError) as ei:
+        open_metadata(bad)  # type: ignore[arg-type]
+    msg = str(ei.value)
+    assert type(bad).__name__ in msg
+    for form in ("embedded://", "http://host:port/metadata", "etcd://host:port"):
+        assert form in msg
+
+
+def test_http_server_stop_closes_keep_alive_connections() -> None:
+    """A client's pooled connection must not keep talking to a stopped server's state."""
+    from pymooncake.metadata.http import MetadataHttpServer
+
+    srv = MetadataHttpServer("127.0.0.1", 0).start()
+    md = open_metadata(srv.url)
+
+    async def main() -> None:
+        await md.put("k", b"old")
+        srv.stop()
+        srv2 = MetadataHttpServer("127.0.0.1", srv.port).start()
+        try:
+            for _ in range(50):  # the first call may see the closed connection
+                try:
+                    assert await md.get("k") is None  # the new server's empty state
+                    break
+                except MetadataError:
+                    await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("client never reached the restarted server")
+        finally:
+            await md.close()
+            srv2.stop()
+
+    asyncio.run(main())
+
+
 def test_leader_election_resign_and_expiry(url: str, prefix: str) -> None:
     from pymooncake.metadata.election import LeaderElection
 

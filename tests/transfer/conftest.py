@@ -35,6 +35,7 @@ class Peer:
     shm_addr: int
     port: int
     seed: int
+    pid: int = 0
 
     def ask(self, line: str) -> str:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -75,7 +76,7 @@ def spawn_peer(metadata_url: str) -> Iterator[Callable[..., Peer]]:
             raise RuntimeError(f"peer {name} failed to start (exit {proc.wait(timeout=10)})")
         info = json.loads(line)
         peer = Peer(proc, name, info["addr"], info["length"], info["shm_addr"], info["port"],
-                    seed)
+                    seed, info.get("pid", 0))
         peers.append(peer)
         return peer
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 
@@ -32,10 +33,12 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--drop-after-slices", type=int, default=None)
     ap.add_argument("--delay-per-slice-ms", type=float, default=0.0)
+    ap.add_argument("--segment-ttl-s", type=float, default=10.0)
     args = ap.parse_args()
 
     engine = TransferEngine(args.name, args.metadata,
-                            config=TransferConfig(checksum=True, tcp_port=args.port)).start()
+                            config=TransferConfig(checksum=True, tcp_port=args.port,
+                                                  segment_ttl_s=args.segment_ttl_s)).start()
     buf = np.random.default_rng(args.seed).integers(0, 256, args.size, dtype=np.uint8)
     addr = engine.register_memory(buf)
     shm_addr = 0
@@ -50,7 +53,8 @@ def main() -> None:
         delay_s = args.delay_per_slice_ms / 1000
         engine.server.on_slice = lambda op, n: time.sleep(delay_s)
     print(json.dumps({"name": args.name, "addr": addr, "length": args.size,
-                      "shm_addr": shm_addr, "port": engine.tcp_port}), flush=True)
+                      "shm_addr": shm_addr, "port": engine.tcp_port,
+                      "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
         cmd = line.split()
         if not cmd:

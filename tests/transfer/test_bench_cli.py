@@ -45,3 +45,21 @@ def test_bench_says_so_when_mooncake_is_absent(tmp_path) -> None:  # noqa: ANN00
     r = json.loads(out.stdout)
     assert r["mooncake_bytes_per_s"] is None and r["verified"] is True
     assert "not importable" in r["mooncake_note"]
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--size", "0"], "--size must be positive, got 0"),
+    (["--batch", "-1"], "--batch must be positive, got -1"),
+    (["--paths", "0"], "--paths must be positive, got 0"),
+    (["--repeat", "0"], "--repeat must be positive, got 0"),
+    (["--min-time-s", "nan"], "--min-time-s must be positive, got nan"),
+])
+def test_bench_names_the_offending_flag_and_value(flags: list[str], named: str,
+                                                  capsys) -> None:  # noqa: ANN001
+    from pymooncake.cli.main import main
+
+    assert main(["bench", "transfer", "--no-mooncake", *flags]) == 2
+    err = capsys.readouterr().err
+    assert named in err
+    others = {"--size", "--batch", "--paths", "--repeat", "--min-time-s"} - {flags[0]}
+    assert not any(o in err for o in others)

@@ -94,8 +94,15 @@ def test_mooncake_idiom_p2p_handshake(target) -> None:  # noqa: ANN001
         assert te.transfer_sync_write("127.0.0.1:1", local, remote, 8) == -1
         assert te.batch_transfer_sync_write(segment, [local], [remote, remote], [8]) == -1
         assert te.batch_transfer_async_write(segment, [local], [], [8]) == 0
-        bid = te.batch_transfer_async_write(segment, [local], [remote + (1 << 20)], [8])
-        assert te.transfer_check_status(bid) == -1
+        # Every request refused at submit: "batch id, 0 on failure" (review finding 2).
+        assert te.batch_transfer_async_write(segment, [local], [remote + (1 << 20)], [8]) == 0
+        assert te.batch_transfer_async_read(segment, [0x1000], [remote], [16]) == 0
+        # Only some refused: the batch started, so an id; its status reports the failure.
+        bid = te.batch_transfer_async_write(segment, [local, local], [remote + (1 << 20),
+                                                                      remote + 500], [8, 8])
+        assert bid != 0
+        assert te.get_batch_transfer_status([bid]) == -1
+        assert ask(proc, f"read {remote + 500} 8") == payload[:8].hex()  # the good one ran
         assert te.unregister_memory(12345) == -1
         assert te.free_managed_buffer(local, 64 * 1024) == 0
     finally:
@@ -106,3 +113,48 @@ def test_initialize_reports_failure_as_minus_one() -> None:
     te = TransferEngine()
     assert te.initialize("127.0.0.1", "redis://127.0.0.1:1", "tcp", "") == -1
     assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_0") == -1
+
+
+def test_second_initialize_with_the_same_name_is_refused(metadata_url: str, caplog) -> None:  # noqa: ANN001
+    import ctypes
+    import logging
+
+    first, second = TransferEngine(), TransferEngine()
+    assert first.initialize("127.0.0.1", metadata_url, "tcp", "") == 0
+    try:
+        buf = ctypes.create_string_buffer(b"first!" * 10, 64)
+        addr = ctypes.addressof(buf)
+        assert first.register_memory(addr, 64) == 0
+        with caplog.at_level(logging.ERROR, logger="pymooncake.transfer.compat"):
+            assert second.initialize("127.0.0.1", metadata_url, "tcp", "") == -1
+        logged = " ".join(r.getMessage() for r in caplog.records)
+        assert "SegmentNameTaken" in logged and "'127.0.0.1'" in logged
+        assert f"tcp port {first.get_rpc_port()}" in logged
+        # The refused engine moves nothing (before the fix it wrote into its own buffer).
+        mine = ctypes.create_string_buffer(b"mine" * 16, 64)
+        assert second.transfer_sync_write("127.0.0.1", ctypes.addressof(mine), addr, 8) == -1
+        assert second.batch_transfer_async_write("127.0.0.1", [ctypes.addressof(mine)],
+                                                 [addr], [8]) == 0
+        assert buf.raw[:6] == b"first!"
+        # The first engine still owns the name and its descriptor.
+        assert first.get_first_buffer_address("127.0.0.1") == addr
+    finally:
+        first.close()
+    # Once the owner closed, the same name can be initialized again.
+    assert second.initialize("127.0.0.1", metadata_url, "tcp", "") == 0
+    second.close()
+
+
+def test_p2p_handshake_engines_on_one_host_each_get_their_own_name() -> None:
+    a, b = TransferEngine(), TransferEngine()
+    assert a.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    try:
+        assert b.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        try:
+            names = {a.get_local_segment_name(), b.get_local_segment_name()}
+            assert names == {f"127.0.0.1:{a.get_rpc_port()}", f"127.0.0.1:{b.get_rpc_port()}"}
+            assert len(names) == 2
+        finally:
+            b.close()
+    finally:
+        a.close()

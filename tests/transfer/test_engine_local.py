@@ -213,3 +213,35 @@ def test_endpoint_cap_below_the_number_of_paths_still_transfers_exactly() -> Non
     finally:
         a.close()
         b.close()
+
+
+def test_status_of_an_index_outside_the_batch_names_batch_and_index(pair) -> None:  # noqa: ANN001
+    a, b = pair
+    src = a.register_memory(bytearray(b"q" * 64))
+    dst_buf = bytearray(64)
+    dst = b.register_memory(dst_buf)
+    bid = a.allocate_batch(1)
+    with pytest.raises(IndexError, match=rf"batch {bid} has no request 0: it holds 0 "):
+        a.status(bid, 0)
+    a.submit(bid, [TransferRequest(TransferOp.WRITE, src, "b", dst, 64)])
+    a.wait(bid, timeout_s=10)
+    assert a.status(bid, 0).transferred_bytes == 64 and dst_buf == bytearray(b"q" * 64)
+    for i in (5, 1, -1):
+        with pytest.raises(IndexError, match=rf"batch {bid} has no request {i}: it holds 1 "
+                                             r"submitted requests \(indices 0\.\.0\)"):
+            a.status(bid, i)
+
+
+def test_submit_returns_the_number_refused_at_submit(pair) -> None:  # noqa: ANN001
+    a, b = pair
+    src = a.register_memory(bytearray(256))
+    dst = b.register_memory(bytearray(256))
+    bid = a.allocate_batch(4)
+    reqs = [TransferRequest(TransferOp.WRITE, src, "b", dst, 16),           # ok
+            TransferRequest(TransferOp.WRITE, src, "b", dst + 250, 16),     # target overrun
+            TransferRequest(TransferOp.WRITE, src, "b", dst, 0),            # no-op, not refused
+            TransferRequest(TransferOp.WRITE, src, "nosuch", dst, 16)]      # unknown segment
+    assert a.submit(bid, reqs) == 2
+    st = a.wait(bid, timeout_s=10)
+    assert [s.code for s in st] == [StatusCode.OK, StatusCode.INVALID_ARGUMENT, StatusCode.OK,
+                                    StatusCode.NOT_FOUND]

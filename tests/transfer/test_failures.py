@@ -33,6 +33,28 @@ def metric(name: str) -> float:
     return sum(s.value for fam in REGISTRY.collect() for s in fam.samples if s.name == name)
 
 
+def wait_until_withdrawn(metadata_url: str, segment: str, timeout_s: float) -> float:
+    """Seconds until ``segment``'s descriptor is gone from the metadata service."""
+    import asyncio
+
+    from pymooncake.metadata import open_metadata
+    from pymooncake.transfer import segment_key
+
+    md = open_metadata(metadata_url)
+    t0 = time.monotonic()
+
+    async def poll() -> None:
+        try:
+            while await md.get(segment_key(segment)) is not None:
+                assert time.monotonic() - t0 < timeout_s, f"{segment} still published"
+                await asyncio.sleep(0.05)
+        finally:
+            await md.close()
+
+    asyncio.run(poll())
+    return time.monotonic() - t0
+
+
 def make_engine(metadata_url: str, **cfg: object) -> TransferEngine:
     base: dict[str, object] = dict(checksum=True, num_paths=2, min_slice_bytes=64 * KiB,
                                    max_slice_bytes=64 * KiB, window_slices=8,
@@ -198,7 +220,8 @@ def test_bug_38_bad_source_addresses_refused_at_submit(metadata_url: str,
 
 
 def test_bug_36_peer_restarted_on_the_same_port(metadata_url: str, spawn_peer) -> None:  # noqa: ANN001
-    peer = spawn_peer("bug36-restart", size=8 * MiB)
+    # A killed engine's name frees up when its lease lapses (segment_ttl_s), not before.
+    peer = spawn_peer("bug36-restart", size=8 * MiB, segment_ttl_s=1.0)
     eng = make_engine(metadata_url)
     try:
         buf = np.random.default_rng(361).integers(0, 256, 8 * MiB, dtype=np.uint8)
@@ -206,6 +229,7 @@ def test_bug_36_peer_restarted_on_the_same_port(metadata_url: str, spawn_peer) -
         assert eng.transfer_sync(TransferOp.WRITE, addr, peer.name, peer.addr, 8 * MiB).ok
         port = peer.port
         peer.kill()
+        wait_until_withdrawn(metadata_url, peer.name, timeout_s=5.0)
         # B restarts with the same name on the same port, with new memory.
         peer2 = spawn_peer("bug36-restart", size=8 * MiB, seed=9, port=port)
         assert peer2.port == port

@@ -107,8 +107,11 @@ def _cmd_bench_transfer(args: argparse.Namespace) -> int:
     from pymooncake.cli.main import CommandError, UsageError
     from pymooncake.transfer import bench
 
-    if min(args.size, args.batch, args.paths, args.repeat) <= 0 or args.min_time_s <= 0:
-        raise UsageError("--size, --batch, --paths, --repeat and --min-time-s must be positive")
+    for flag, value in (("--size", args.size), ("--batch", args.batch),
+                        ("--paths", args.paths), ("--repeat", args.repeat),
+                        ("--min-time-s", args.min_time_s)):
+        if not value > 0:  # also catches NaN
+            raise UsageError(f"{flag} must be positive, got {value}")
     try:
         result = bench.run(args.transport, args.size, args.batch, args.paths,
                            min_time_s=args.min_time_s, compare_mooncake=not args.no_mooncake,

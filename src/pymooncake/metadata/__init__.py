@@ -34,8 +34,13 @@ def open_metadata(url: str = "embedded://") -> MetadataStore:
     """A :class:`MetadataStore` for ``url``.
 
     Accepts ``embedded://`` / ``embedded://name``, ``http://host:port/metadata`` (Mooncake's
-    form) and ``etcd://host:port``. Raises ``ValueError`` for any other scheme.
+    form) and ``etcd://host:port``. Raises ``TypeError`` when ``url`` is not a ``str``
+    and ``ValueError`` for any other scheme or a malformed URL (the message names it).
     """
+    if not isinstance(url, str):
+        raise TypeError(f"metadata url must be a str (embedded://[name], "
+                        f"http://host:port/metadata or etcd://host:port), got "
+                        f"{type(url).__name__} {url!r}")
     if url.startswith("embedded://"):
         from pymooncake.metadata.embedded import EmbeddedMetadata
 

@@ -59,11 +59,16 @@ class EtcdMetadata:
 
     def __init__(self, url: str, timeout_s: float = 5.0) -> None:
         parts = urlsplit(url.split(",")[0])
+        try:
+            port = parts.port
+        except ValueError as e:  # a port that is not a number in 0..65535
+            raise ValueError(f"etcd metadata url {url!r} has a bad port ({e}); it must look "
+                             "like etcd://host:port with a numeric port") from None
         if parts.scheme != "etcd" or not parts.hostname:
             raise ValueError(f"etcd metadata url must look like etcd://host:port, got {url!r}")
         self.url = url
         self.host = parts.hostname
-        self.port = parts.port or 2379
+        self.port = port or 2379
         self._timeout_s = timeout_s
         self._clients: dict[int, tuple[asyncio.AbstractEventLoop, object]] = {}
         self._lock = threading.Lock()

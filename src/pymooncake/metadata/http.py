@@ -16,6 +16,8 @@ HTTP 400, as Mooncake does). pymooncake adds, on the same server:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -175,6 +177,30 @@ class _Server(ThreadingHTTPServer):
         super().__init__(addr, _Handler)
         self.state = SharedState()
         self.stopping = False
+        self._conns: set[socket.socket] = set()
+        self._conns_lock = threading.Lock()
+
+    def process_request(self, request, client_address) -> None:  # noqa: ANN001
+        with self._conns_lock:
+            if self.stopping:
+                self.shutdown_request(request)
+                return
+            self._conns.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request) -> None:  # noqa: ANN001
+        with self._conns_lock:
+            self._conns.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """Shut every open (keep-alive) connection down so its handler thread ends and
+        its client reconnects — to whatever serves the port next."""
+        with self._conns_lock:
+            conns = list(self._conns)
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
 
     def handle_error(self, request: object, client_address: object) -> None:
         # A client that hangs up mid-reply is normal (cancelled long-polls); log quietly.
@@ -217,6 +243,7 @@ class MetadataHttpServer:
             self._server.state.lock.notify_all()
         self._server.shutdown()
         self._server.server_close()
+        self._server.close_connections()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -254,11 +281,16 @@ class HttpMetadata:
 
     def __init__(self, url: str, timeout_s: float = 5.0) -> None:
         parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError as e:  # a port that is not a number in 0..65535
+            raise ValueError(f"http metadata url {url!r} has a bad port ({e}); it must look "
+                             "like http://host:port/metadata with a numeric port") from None
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"http metadata url must look like http://host:port/metadata, "
                              f"got {url!r}")
         self.url = url
-        self._base = f"http://{parts.hostname}:{parts.port or 80}"
+        self._base = f"http://{parts.hostname}:{port or 80}"
         self._path = parts.path or "/metadata"
         self._timeout_s = timeout_s
         self._clients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}

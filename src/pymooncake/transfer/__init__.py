@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pymooncake.transfer.batch import (
     BatchId,
+    SegmentNameTaken,
     StatusCode,
     TransferError,
     TransferOp,
@@ -26,7 +27,8 @@ from pymooncake.transfer.memory import SharedBuffer
 from pymooncake.transfer.segment import SEGMENT_KEY_PREFIX, SegmentDescriptor, segment_key
 
 __all__ = [
-    "BatchId", "SEGMENT_KEY_PREFIX", "SegmentDescriptor", "SharedBuffer", "StatusCode",
-    "TransferConfig", "TransferEngine", "TransferError", "TransferOp", "TransferRequest",
+    "BatchId", "SEGMENT_KEY_PREFIX", "SegmentDescriptor", "SegmentNameTaken", "SharedBuffer",
+    "StatusCode", "TransferConfig", "TransferEngine", "TransferError", "TransferOp",
+    "TransferRequest",
     "TransferState", "TransferStatus", "aggregate_status", "segment_key",
 ]

@@ -48,6 +48,24 @@ class TransferError(Exception):
     """A Transfer Engine call was used wrongly (unknown batch, batch full, engine closed)."""
 
 
+class SegmentNameTaken(TransferError):
+    """Another live engine already publishes a segment under this name.
+
+    Raised by ``TransferEngine.start``; like Mooncake's metadata server refusing a second
+    PUT of an ``rpc_meta`` key. ``owner`` describes the publishing engine (host, pid, tcp
+    port). The name frees up when that engine closes or, if it crashed, when its lease
+    (``TransferConfig.segment_ttl_s``) lapses.
+    """
+
+    def __init__(self, segment: str, owner: str, metadata_url: str) -> None:
+        super().__init__(
+            f"segment name {segment!r} is already taken by {owner} in {metadata_url}; "
+            "pick another name, or wait for that engine to close (a crashed owner's name "
+            "frees up when its lease expires)")
+        self.segment = segment
+        self.owner = owner
+
+
 @dataclass(frozen=True, slots=True)
 class TransferRequest:
     """Move ``length`` bytes between ``local_addr`` (this engine) and ``target_addr`` of

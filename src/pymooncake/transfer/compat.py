@@ -84,7 +84,7 @@ class TransferEngine:
             self._engine = engine
             return OK
         except Exception as e:  # noqa: BLE001 - Mooncake reports failure as -1
-            logger.error("initialize failed: %r", e)
+            logger.error("initialize failed: %s: %s", type(e).__name__, e)
             self._shutdown_p2p()
             return FAILED
 
@@ -248,9 +248,18 @@ class TransferEngine:
             return 0
         try:
             bid = self.engine.allocate_batch(len(reqs))
-            self.engine.submit(bid, reqs)
+            num_refused = self.engine.submit(bid, reqs)
         except TransferError as e:
             logger.error("async transfer failed: %s", e)
+            return 0
+        if reqs and num_refused == len(reqs):
+            # Every request was refused at submit (nothing was started): Mooncake's
+            # "batch id, 0 on failure". A batch with some started requests keeps its id
+            # and reports the refused ones through its status.
+            logger.error("async transfer to %s refused: %s", target,
+                         self.engine.status(bid, 0).reason)
+            with contextlib.suppress(TransferError):
+                self.engine.free_batch(bid)
             return 0
         self._deadlines[bid] = (time.monotonic() + SYNC_TIMEOUT_S
                                 + sum(max(0, r.length) for r in reqs) * 1e-9)
@@ -259,7 +268,10 @@ class TransferEngine:
     def batch_transfer_async_write(self, target_hostname: str, buffers: list[int],
                                    peer_buffer_addresses: list[int], lengths: list[int],
                                    transport_hint: str = "") -> int:
-        """A batch id (> 0), or 0 when the batch could not be started."""
+        """A batch id (> 0), or 0 when the batch could not be started: bad arguments, or
+        every request refused at submit (range outside registered memory, unknown segment,
+        negative length). When only some are refused the id is returned and
+        :meth:`get_batch_transfer_status` / :meth:`transfer_check_status` report failure."""
         return self._async(TransferOp.WRITE, target_hostname, buffers, peer_buffer_addresses,
                            lengths)
 

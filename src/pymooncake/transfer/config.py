@@ -40,6 +40,10 @@ class TransferConfig:
     """CRC32 per slice, checked on the receiving side (tests turn it on)."""
     metadata_timeout_s: float = 5.0
     """Longest a metadata call (publish/resolve a segment) may take."""
+    segment_ttl_s: float = 10.0
+    """Lease TTL of the published segment descriptor. The engine keeps the lease alive
+    every ``segment_ttl_s / 3``; a crashed engine's descriptor (and so its segment name)
+    is withdrawn this long after its last keep-alive (etcd rounds up to whole seconds)."""
     topology_file: str | None = None
     """JSON topology overriding discovery from /sys (see transfer.topology)."""
 
@@ -59,7 +63,8 @@ class TransferConfig:
             raise ValueError(f"max_slice_bytes must be <= 64 MiB, got {self.max_slice_bytes}")
         if self.window_slices < 1 or self.window_bytes < self.max_slice_bytes:
             raise ValueError("window_slices must be >= 1 and window_bytes >= max_slice_bytes")
-        for name in ("slice_timeout_s", "connect_timeout_s", "metadata_timeout_s"):
+        for name in ("slice_timeout_s", "connect_timeout_s", "metadata_timeout_s",
+                     "segment_ttl_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.max_retries < 0 or self.path_retry_interval_s < 0:

@@ -38,13 +38,21 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pymooncake.metadata import EventKind, MetadataStore, WatchEvent, open_metadata
+from pymooncake.metadata import (
+    EventKind,
+    LeaseId,
+    LeaseNotFound,
+    MetadataStore,
+    WatchEvent,
+    open_metadata,
+)
 from pymooncake.obs.logging import init_logger
 from pymooncake.transfer import metrics as m
 from pymooncake.transfer import slicing
 from pymooncake.transfer.batch import (
     PENDING,
     BatchId,
+    SegmentNameTaken,
     StatusCode,
     TransferError,
     TransferOp,
@@ -133,6 +141,9 @@ class TransferEngine:
         self._loop_thread: threading.Thread | None = None
         self.server: tcp.TcpDataServer | None = None
         self._watch_future: Any = None
+        self._keepalive_future: Any = None
+        self._lease: LeaseId | None = None
+        self._publish_lock: asyncio.Lock | None = None
         self.segment_metadata: Callable[[str], MetadataStore] | None = None
         """Where to look a segment up, when not in ``metadata`` (the compat facade's
         P2P handshake mode: segment ``host:port`` publishes on its own server)."""
@@ -149,7 +160,11 @@ class TransferEngine:
     def start(self) -> TransferEngine:
         """Start the data server and publish the segment descriptor; returns ``self``.
 
-        Raises :class:`~pymooncake.metadata.MetadataError` when the metadata service is
+        The descriptor is created put-if-absent under a lease of ``config.segment_ttl_s``
+        that the engine keeps alive, so one segment name has one live owner. Raises
+        :class:`~pymooncake.transfer.SegmentNameTaken` when another engine publishes this
+        name (it frees up when that engine closes, or its lease lapses after a crash),
+        :class:`~pymooncake.metadata.MetadataError` when the metadata service is
         unreachable and ``OSError`` when the TCP port cannot be bound.
         """
         if self._started:
@@ -174,12 +189,85 @@ class TransferEngine:
                                             self.registry)
         self._started = True
         try:
-            self._publish()
-        except Exception:
+            self._run(self._claim())
+        except BaseException:
             self.close()
             raise
         self._watch_future = asyncio.run_coroutine_threadsafe(self._watch_segments(), loop)
+        self._keepalive_future = asyncio.run_coroutine_threadsafe(self._keep_alive(), loop)
         return self
+
+    async def _claim(self) -> None:
+        """Create the descriptor put-if-absent under a fresh lease (the engine loop).
+
+        Raises :class:`SegmentNameTaken` naming the current owner when the key exists.
+        """
+        if self._publish_lock is None:
+            self._publish_lock = asyncio.Lock()
+        async with self._publish_lock:
+            await self._claim_locked()
+
+    async def _claim_locked(self) -> None:
+        md, key = self.metadata, segment_key(self.name)
+        lease = await md.grant_lease(self.config.segment_ttl_s)
+        owner = "another engine"
+        try:
+            for _ in range(3):  # the owner may withdraw between create and get
+                self._version += 1
+                if await md.create(key, self.descriptor().encode(), lease_id=lease):
+                    self._lease = lease
+                    return
+                kv = await md.get(key)
+                if kv is not None:
+                    owner = _describe_owner(kv.value)
+                    break
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await md.revoke_lease(lease)
+            raise
+        with contextlib.suppress(Exception):
+            await md.revoke_lease(lease)
+        raise SegmentNameTaken(self.name, owner, md.url)
+
+    async def _publish_async(self) -> None:
+        assert self._publish_lock is not None
+        async with self._publish_lock:
+            if self._lease is None:  # lost (metadata restart, expiry): claim again
+                await self._claim_locked()
+                return
+            self._version += 1
+            try:
+                await self.metadata.put(segment_key(self.name), self.descriptor().encode(),
+                                        lease_id=self._lease)
+            except LeaseNotFound:
+                self._lease = None
+                await self._claim_locked()
+
+    async def _keep_alive(self) -> None:
+        """Keep the descriptor's lease alive; re-claim the name if the lease was lost."""
+        interval_s = self.config.segment_ttl_s / 3
+        while not self._closed:
+            await asyncio.sleep(interval_s)
+            assert self._publish_lock is not None
+            try:
+                async with self._publish_lock:
+                    if self._closed:
+                        return
+                    if self._lease is not None:
+                        try:
+                            await self.metadata.keep_alive(self._lease)
+                            continue
+                        except LeaseNotFound:
+                            logger.warning("segment %r: lease lost (metadata restarted or "
+                                           "keep-alive late); publishing again", self.name)
+                            self._lease = None
+                    await self._claim_locked()
+            except asyncio.CancelledError:
+                raise
+            except SegmentNameTaken as e:
+                logger.error("segment %r could not be published again: %s", self.name, e)
+            except Exception as e:  # noqa: BLE001 - metadata down: retry next interval
+                logger.info("segment %r: keep-alive failed: %r; retrying", self.name, e)
 
     async def _watch_segments(self) -> None:
         """Keep cached peer descriptors current: drop withdrawn ones, follow new ports."""
@@ -219,7 +307,12 @@ class TransferEngine:
         self._paths.update_address(name, desc.host, desc.tcp_port)
 
     def close(self) -> None:
-        """Stop paths and the server, withdraw the descriptor, free owned shared memory."""
+        """Stop paths and the server, withdraw the descriptor, free owned shared memory.
+
+        Every engine thread (loop, data server, accepted connections, paths) has ended
+        when this returns, unless a path is blocked in a window to an unresponsive peer
+        (bounded by ``config.slice_timeout_s``).
+        """
         if self._closed:
             return
         self._closed = True
@@ -232,13 +325,14 @@ class TransferEngine:
                 self._wake_async(b)
             self._done.notify_all()
         self._paths.close()
-        if self._watch_future is not None:
-            self._watch_future.cancel()
+        for fut in (self._watch_future, self._keepalive_future):
+            if fut is not None:
+                fut.cancel()
         if self.server is not None:
             self.server.close()
         if self._started and self._loop is not None:
             with contextlib.suppress(Exception):
-                self._run(self.metadata.delete(segment_key(self.name)))
+                self._run(self._withdraw())
             with contextlib.suppress(Exception):
                 self._run(self.metadata.close())
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -272,9 +366,15 @@ class TransferEngine:
             version=self._version)
 
     def _publish(self) -> None:
-        if self._started:
-            self._version += 1
-            self._run(self.metadata.put(segment_key(self.name), self.descriptor().encode()))
+        if self._started and not self._closed:
+            self._run(self._publish_async())
+
+    async def _withdraw(self) -> None:
+        """Revoke the lease, which deletes the descriptor (only ours: never another's)."""
+        async with self._publish_lock or contextlib.nullcontext():
+            lease, self._lease = self._lease, None
+            if lease is not None:
+                await self.metadata.revoke_lease(lease)
 
     def register_memory(self, buffer: object) -> int:
         """Register a contiguous buffer; returns its base address.
@@ -376,11 +476,13 @@ class TransferEngine:
         if not self._started:
             raise TransferError("engine not started; call start() first")
 
-    def submit(self, batch_id: BatchId, requests: Sequence[TransferRequest]) -> None:
+    def submit(self, batch_id: BatchId, requests: Sequence[TransferRequest]) -> int:
         """Validate and start ``requests`` in the batch (see the module doc for the rules).
 
-        Raises ``TransferError`` for an unknown batch or when the batch would overflow its
-        capacity; per-request problems become failed statuses, never exceptions.
+        Returns how many of ``requests`` were refused at submit (their status is already
+        ``FAILED``; nothing was written for them). Raises ``TransferError`` for an unknown
+        batch or when the batch would overflow its capacity; per-request problems become
+        failed statuses, never exceptions.
         """
         self._check_open()
         with self._lock:
@@ -423,6 +525,7 @@ class TransferEngine:
             self._finish_request(batch_id, idx, TransferStatus.completed(req.length), transport)
         for segment, slices in tcp_work.items():
             self._paths.enqueue(self._peers[segment], slices)
+        return sum(1 for _, st in refused if st.state is TransferState.FAILED)
 
     def _route(self, req: TransferRequest) -> TransferStatus | tuple[str, int]:
         """A final status (refused, or a no-op) or ``(transport, mapped target address)``."""
@@ -535,9 +638,18 @@ class TransferEngine:
         batch.waiters.clear()
 
     def status(self, batch_id: BatchId, i: int) -> TransferStatus:
-        """Status of request ``i`` of the batch (``IndexError`` when out of range)."""
+        """Status of request ``i`` (0-based) of the batch.
+
+        Raises ``TransferError`` for an unknown batch and ``IndexError`` (naming the batch,
+        the index and how many requests it holds) when ``i`` is out of range.
+        """
         with self._lock:
-            return self._get_batch(batch_id).reqs[i].status
+            reqs = self._get_batch(batch_id).reqs
+            if not 0 <= i < len(reqs):
+                held = (f"indices 0..{len(reqs) - 1}" if reqs else "none submitted yet")
+                raise IndexError(f"batch {batch_id} has no request {i}: it holds "
+                                 f"{len(reqs)} submitted requests ({held})")
+            return reqs[i].status
 
     def statuses(self, batch_id: BatchId) -> list[TransferStatus]:
         with self._lock:
@@ -589,6 +701,14 @@ class TransferEngine:
         finally:
             with contextlib.suppress(TransferError):
                 self.free_batch(bid)
+
+def _describe_owner(value: bytes) -> str:
+    try:
+        d = SegmentDescriptor.decode(value)
+    except ValueError:
+        return "an engine with an unreadable descriptor"
+    return f"pid {d.pid} on {d.host} (tcp port {d.tcp_port}, host id {d.host_id})"
+
 
 def _bad_target(req: TransferRequest) -> TransferStatus:
     return TransferStatus.failed(

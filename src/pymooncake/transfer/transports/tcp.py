@@ -27,6 +27,7 @@ import select
 import socket
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Callable, Sequence
 
@@ -154,6 +155,7 @@ class TcpDataServer:
         self.host = host
         self.port = int(self._listener.getsockname()[1])
         self._conns: set[socket.socket] = set()
+        self._conn_threads: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._closed = False
         self.fault_drop_after_slices: int | None = None
@@ -174,8 +176,10 @@ class TcpDataServer:
                     conn.close()
                     return
                 self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True,
-                             name=f"tcp-data-conn-{self.port}").start()
+                t = threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                                     name=f"tcp-data-conn-{self.port}")
+                self._conn_threads.add(t)
+            t.start()
 
     def _serve(self, conn: socket.socket) -> None:
         hdr = bytearray(REQ.size)
@@ -232,6 +236,7 @@ class TcpDataServer:
         finally:
             with self._lock:
                 self._conns.discard(conn)
+                self._conn_threads.discard(threading.current_thread())
             with contextlib.suppress(OSError):
                 conn.close()
 
@@ -246,11 +251,24 @@ class TcpDataServer:
             c.close()
         return len(conns)
 
-    def close(self) -> None:
+    def close(self, join_timeout_s: float = 2.0) -> None:
+        """Stop accepting, close every connection and join the server's threads.
+
+        ``close()`` alone does not wake a thread blocked in ``accept()`` on Linux;
+        ``shutdown`` does (the accept fails with ``EINVAL``).
+        """
         self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
         self.drop_connections()
+        deadline = time.monotonic() + join_timeout_s
+        with self._lock:
+            threads = [self._accept_thread, *self._conn_threads]
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 # ------------------------------------------------------------------------- initiator side
