@@ -70,6 +70,8 @@ def _cmd_topology(args: argparse.Namespace) -> int:
         for loc, (pref, sec) in p["matrix"].items():
             lines.append(f"  {loc}: preferred={','.join(pref) or '-'} "
                          f"secondary={','.join(sec) or '-'}")
+        if p.get("virtual"):
+            lines.append(f"  virtual (not used for paths): {','.join(p['virtual'])}")
         return "\n".join(lines)
 
     emit(topo.to_json(), args.json, human)

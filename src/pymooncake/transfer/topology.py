@@ -6,6 +6,11 @@ Follows Mooncake's topology matrix (Transfer Engine docs): for each memory locat
 
     {"cpu:0": [["eth0"], ["eth1"]], "cpu:1": [["eth1"], ["eth0"]]}
 
+Discovery skips virtual network devices (no ``device`` link under ``/sys/class/net/<dev>``:
+``lo``, ``ifb*``, ``veth*``, bridges, tunnels); they are listed as ``virtual`` instead. A
+physical device whose NUMA node is unknown (``numa_node`` missing or ``-1``, as on most VMs)
+is preferred for every node, since no node is nearer to it.
+
 Path selection: the tcp path ``k`` to a peer uses device ``preferred[k % len(preferred)]``
 for memory on NUMA node ``n`` (or the secondary list when there is no preferred device):
 its connection is bound to that device's IPv4 address, so it leaves through that NIC.
@@ -33,6 +38,8 @@ class Topology:
     matrix: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
     source: str
     """``sysfs`` or the override file's path."""
+    virtual: tuple[str, ...] = ()
+    """Virtual devices seen by discovery and left out of the matrix (``lo``, ``ifb0``…)."""
 
     def devices_for(self, location: str) -> tuple[str, ...]:
         """Devices to use for memory at ``location``, best first (``("lo",)`` if none)."""
@@ -48,7 +55,8 @@ class Topology:
 
     def to_json(self) -> dict[str, object]:
         return {"source": self.source,
-                "matrix": {loc: [list(p), list(s)] for loc, (p, s) in self.matrix.items()}}
+                "matrix": {loc: [list(p), list(s)] for loc, (p, s) in self.matrix.items()},
+                "virtual": list(self.virtual)}
 
 
 def _parse_cpulist(text: str) -> list[int]:
@@ -71,8 +79,12 @@ def discover(sys_root: str | os.PathLike[str] = "/sys") -> Topology:
     if not nodes:
         nodes = [0]
     devices: dict[str, int] = {}
+    virtual: list[str] = []
     net = root / "class/net"
     for dev in sorted(net.iterdir()) if net.is_dir() else []:
+        if not (dev / "device").exists():  # lo, ifb, veth, bridges: no hardware behind
+            virtual.append(dev.name)
+            continue
         numa = -1
         f = dev / "device/numa_node"
         if f.exists():
@@ -81,14 +93,14 @@ def discover(sys_root: str | os.PathLike[str] = "/sys") -> Topology:
             except ValueError:
                 numa = -1
         devices[dev.name] = numa
-    # Physical devices first; a virtual device (lo, veth) has no NUMA node.
-    names = sorted(devices, key=lambda d: (d == "lo", d))
+    names = sorted(devices)
     matrix: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
     for n in nodes:
-        preferred = tuple(d for d in names if devices[d] == n)
-        secondary = tuple(d for d in names if devices[d] != n)
+        # A device on an unknown node (-1) is no farther from node n than from any other.
+        preferred = tuple(d for d in names if devices[d] in (n, -1))
+        secondary = tuple(d for d in names if devices[d] not in (n, -1))
         matrix[f"cpu:{n}"] = (preferred, secondary)
-    return Topology(matrix, "sysfs")
+    return Topology(matrix, "sysfs", tuple(virtual))
 
 
 def load(path: str | os.PathLike[str]) -> Topology:
