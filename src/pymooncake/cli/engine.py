@@ -46,13 +46,54 @@ def _parse_ids(text: str) -> list[int]:
     return ids
 
 
-def _cmd_generate(args: argparse.Namespace) -> int:
-    from pymooncake.cli.main import CommandError, UsageError
+def _check_sampling_flags(args: argparse.Namespace) -> None:
+    """One-line ``UsageError`` naming the flag for a NaN/infinite or out-of-range value."""
+    import math
+
+    from pymooncake.cli.main import UsageError
     if args.max_tokens < 1:
         raise UsageError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise UsageError(f"--temperature must be a finite number >= 0 (0 = greedy), "
+                         f"got {args.temperature}")
+    if not math.isfinite(args.top_p) or not 0.0 < args.top_p <= 1.0:
+        raise UsageError(f"--top-p must be a finite number in (0, 1], got {args.top_p}")
+    if args.top_k < 0:
+        raise UsageError(f"--top-k must be >= 0 (0 = off), got {args.top_k}")
+
+
+def display_text(text: str) -> str:
+    """``text`` on one line for a terminal: printable characters as they are; newlines, tabs,
+    other control characters and U+FFFD escaped (``\\n``, ``\\x1b``, ``\\ufffd``); bytes
+    that are not UTF-8, carried as ``surrogateescape`` code points, as ``\\xNN``; backslashes
+    doubled so the escapes are unambiguous."""
+    out = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif "\udc80" <= ch <= "\udcff":
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        elif ch.isprintable() and ch != "\ufffd":
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    return "".join(out)
+
+
+def _human_generate(p: dict[str, Any]) -> str:
+    ids = " ".join(map(str, p["token_ids"]))
+    return f"{ids}\n{display_text(p['display_text'])}" if p["text"] is not None else ids
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from pymooncake.cli.main import CommandError, UsageError
+    _check_sampling_flags(args)
+    if args.prompt is not None and args.prompt == "":
+        raise UsageError("--prompt is empty; give some text (or token ids with --prompt-ids)")
     ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     from pymooncake.engine import Engine, EngineConfig, SamplingParams
     from pymooncake.engine.model.loader import ModelLoadError
+    from pymooncake.engine.model.tokenizer import ByteTokenizer
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -61,6 +102,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise CommandError(str(e)) from None
     except ValueError as e:
         raise UsageError(str(e)) from None
+    vocab = engine.model.config.vocab_size
+    if ids is not None:
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise UsageError(f"--prompt-ids: token ids {bad[:5]} outside the model's "
+                             f"vocabulary [0, {vocab})")
     tok = engine.tokenizer
     if ids is None:
         if tok is None:
@@ -70,14 +117,22 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                    if args.chat else tok.encode(args.prompt))
         except ValueError as e:
             raise CommandError(str(e)) from None
+        if not ids:
+            raise UsageError(f"--prompt {args.prompt!r} encodes to no tokens")
     try:
         (out,) = engine.generate([ids], params)
     except ValueError as e:
         raise UsageError(str(e)) from None
     payload = {"token_ids": list(out.output_token_ids), "text": out.text,
                "prompt_token_ids": list(ids), "finish_reason": out.finish_reason.value}
-    emit(payload, args.json, lambda p: p["text"] if p["text"] is not None
-         else " ".join(map(str, p["token_ids"])))
+    if args.json:
+        emit(payload, True)
+        return 0
+    shown = out.text
+    if isinstance(tok, ByteTokenizer):  # bytes that are not UTF-8 as \\xNN, not U+FFFD
+        shown = bytes(t for t in out.output_token_ids if t < 256).decode(
+            "utf-8", errors="surrogateescape")
+    emit(payload | {"display_text": shown or ""}, False, _human_generate)
     return 0
 
 

@@ -6,6 +6,7 @@ Parameter names follow Hugging Face's, except that q/k/v and gate/up projections
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,43 +68,93 @@ class ModelConfig:
 
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
-        """Build from a parsed HF ``config.json``; errors name ``source`` and the field."""
+        """Build from a parsed HF ``config.json``.
+
+        Raises ``ValueError`` whose message starts with ``source`` and names the field: not a
+        JSON object, a missing field, a field of the wrong type (``"two"`` for an int, a
+        bool or a float where an int is needed), or a value ``ModelConfig`` refuses.
+        """
+        if not isinstance(cfg, Mapping):
+            raise ValueError(f"{source}: must hold a JSON object, got {type(cfg).__name__}")
+
+        def need(name: str) -> Any:
+            if name not in cfg:
+                raise ValueError(f"{source}: missing field {name!r}")
+            return cfg[name]
+
+        def as_int(name: str, value: Any, positive: bool = False) -> int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{source}: {name} must be an int, got {value!r}")
+            if positive and value <= 0:
+                raise ValueError(f"{source}: {name} must be positive, got {value}")
+            return value
+
+        def as_float(name: str, value: Any) -> float:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{source}: {name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{source}: {name} must be finite, got {value!r}")
+            return float(value)
+
+        def as_bool(name: str, value: Any) -> bool:
+            if not isinstance(value, bool):
+                raise ValueError(f"{source}: {name} must be true or false, got {value!r}")
+            return value
+
+        def opt_id(name: str) -> int | None:
+            value = cfg.get(name)
+            return None if value is None else as_int(name, value)
+
         archs = cfg.get("architectures") or []
+        if not isinstance(archs, list):
+            raise ValueError(f"{source}: architectures must be a list, got {archs!r}")
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
             raise ValueError(f"{source}: architectures {archs} not supported; supported: "
                              f"{sorted(SUPPORTED_ARCHITECTURES)}")
+        kind = SUPPORTED_ARCHITECTURES[arch]
+        hidden = as_int("hidden_size", need("hidden_size"), True)
+        heads = as_int("num_attention_heads", need("num_attention_heads"), True)
+        kv_heads = cfg.get("num_key_value_heads")
+        head_dim = cfg.get("head_dim")
+        rope_params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+        if not isinstance(rope_params, Mapping):
+            raise ValueError(f"{source}: rope_scaling must be an object, got {rope_params!r}")
+        theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+        scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+        if scaling.get("rope_type", scaling.get("type", "default")) == "default":
+            scaling = {}
+        num_kv = heads if kv_heads is None else as_int("num_key_value_heads", kv_heads, True)
+        if heads % num_kv:
+            raise ValueError(f"{source}: num_attention_heads ({heads}) must be a multiple of "
+                             f"num_key_value_heads ({num_kv})")
+        eos = cfg.get("eos_token_id")
+        eos_list = eos if isinstance(eos, list) else ([] if eos is None else [eos])
         try:
-            hidden = int(cfg["hidden_size"])
-            heads = int(cfg["num_attention_heads"])
-            kind = SUPPORTED_ARCHITECTURES[arch]
-            rope_params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-            theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
-            scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
-            if scaling.get("rope_type", scaling.get("type", "default")) == "default":
-                scaling = {}
-            eos = cfg.get("eos_token_id")
-            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
             return cls(
                 architecture=arch,
-                vocab_size=int(cfg["vocab_size"]),
+                vocab_size=as_int("vocab_size", need("vocab_size"), True),
                 hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=int(cfg["num_hidden_layers"]),
+                intermediate_size=as_int("intermediate_size", need("intermediate_size"), True),
+                num_layers=as_int("num_hidden_layers", need("num_hidden_layers"), True),
                 num_heads=heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(theta),
+                num_kv_heads=num_kv,
+                head_dim=hidden // heads if head_dim is None
+                else as_int("head_dim", head_dim, True),
+                rms_norm_eps=as_float("rms_norm_eps", cfg.get("rms_norm_eps", 1e-6)),
+                rope_theta=as_float("rope_theta", theta),
                 rope_scaling=tuple(sorted(scaling.items())),
-                attention_bias=bool(cfg.get("attention_bias", kind == "qwen2")),
+                attention_bias=as_bool("attention_bias",
+                                       cfg.get("attention_bias", kind == "qwen2")),
                 qk_norm=kind == "qwen3",
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                bos_token_id=cfg.get("bos_token_id"),
-                eos_token_ids=eos_ids,
+                tie_word_embeddings=as_bool("tie_word_embeddings",
+                                            cfg.get("tie_word_embeddings", False)),
+                bos_token_id=opt_id("bos_token_id"),
+                eos_token_ids=tuple(as_int("eos_token_id", e) for e in eos_list),
             )
-        except KeyError as e:
-            raise ValueError(f"{source}: missing field {e.args[0]!r}") from None
+        except ValueError as e:
+            msg = str(e)
+            raise ValueError(msg if msg.startswith(source) else f"{source}: {msg}") from None
 
 
 LayerCallback = Callable[[int], None]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import blake3
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from pymooncake.engine.model.layers import rope_inv_freq
 from pymooncake.engine.model.llama import LlamaForCausalLM, ModelConfig
@@ -22,6 +22,26 @@ class ModelLoadError(ValueError):
     """A model directory cannot be loaded; the message names the file/tensor and the fix."""
 
 
+# what reading a safetensors file can raise: SafetensorError (bad header, truncated data),
+# OSError (permissions), and a few plain errors from malformed metadata
+_READ_ERRORS = (SafetensorError, OSError, ValueError, RuntimeError, KeyError, TypeError)
+
+
+def _read_error(f: Path, e: BaseException) -> ModelLoadError:
+    detail = str(e).strip() or type(e).__name__
+    return ModelLoadError(f"{f}: cannot read as safetensors ({detail}); "
+                          "the file is corrupt, truncated or not a safetensors file")
+
+
+def _keys(f: Path) -> list[str]:
+    """Tensor names of one safetensors file. Raises ``ModelLoadError`` naming the file."""
+    try:
+        with safe_open(str(f), framework="pt") as sf:
+            return list(sf.keys())  # noqa: SIM118 (safe_open has no __iter__)
+    except _READ_ERRORS as e:
+        raise _read_error(f, e) from None
+
+
 def read_model_config(model_dir: str | Path) -> ModelConfig:
     """Parse ``model_dir/config.json``. Raises ``ModelLoadError``."""
     path = Path(model_dir) / "config.json"
@@ -29,8 +49,10 @@ def read_model_config(model_dir: str | Path) -> ModelConfig:
         raise ModelLoadError(f"{path} not found: a model directory needs config.json")
     try:
         raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot read ({e.strerror or e})") from None
     try:
         return ModelConfig.from_hf_config(raw, source=str(path))
     except ValueError as e:
@@ -46,7 +68,15 @@ def weight_files(model_dir: str | Path) -> dict[str, Path]:
     d = Path(model_dir)
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            raise ModelLoadError(f"{index} is not a JSON object with a weight_map "
+                                 f"({e})") from None
+        except OSError as e:
+            raise ModelLoadError(f"{index}: cannot read ({e.strerror or e})") from None
+        if not isinstance(weight_map, dict):
+            raise ModelLoadError(f"{index}: weight_map must be an object of tensor → file")
         out = {}
         for name, fname in weight_map.items():
             f = d / fname
@@ -59,21 +89,25 @@ def weight_files(model_dir: str | Path) -> dict[str, Path]:
         raise ModelLoadError(f"{d} holds no *.safetensors weight file")
     out = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as sf:
-            for name in sf.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                out[name] = f
+        for name in _keys(f):
+            out[name] = f
     return out
 
 
 def weight_revision(model_dir: str | Path) -> str:
-    """BLAKE3 hex digest over the weight files and ``config.json`` (name + content)."""
+    """BLAKE3 hex digest over the weight files and ``config.json`` (name + content).
+
+    Raises ``ModelLoadError`` naming a file that cannot be read."""
     d = Path(model_dir)
     h = blake3.blake3(b"pymooncake.engine.weights/v1\x00")
     for f in sorted([*d.glob("*.safetensors"), d / "config.json"]):
         if f.is_file():
             name = f.name.encode()
             h.update(len(name).to_bytes(8, "little") + name)
-            h.update(f.read_bytes())
+            try:
+                h.update(f.read_bytes())
+            except OSError as e:
+                raise ModelLoadError(f"{f}: cannot read ({e.strerror or e})") from None
     return h.hexdigest()
 
 
@@ -114,6 +148,17 @@ def _fuse(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch
     return out
 
 
+def _checked(f: Path, name: str, t: torch.Tensor, shape: tuple[int, ...],
+             dtype: torch.dtype) -> torch.Tensor:
+    if tuple(t.shape) != shape:
+        raise ModelLoadError(f"{f}: tensor {name!r} has shape {tuple(t.shape)}, "
+                             f"config.json implies {shape}")
+    if not t.is_floating_point():
+        raise ModelLoadError(f"{f}: tensor {name!r} has dtype {t.dtype}; "
+                             "expected bf16/fp16/fp32")
+    return t.to(dtype)
+
+
 def load_state_dict(model_dir: str | Path, cfg: ModelConfig,
                     dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Read, check and fuse the checkpoint tensors. Raises ``ModelLoadError``."""
@@ -127,16 +172,14 @@ def load_state_dict(model_dir: str | Path, cfg: ModelConfig,
         by_file.setdefault(where[name], []).append(name)
     tensors: dict[str, torch.Tensor] = {}
     for f, names in by_file.items():
-        with safe_open(str(f), framework="pt") as sf:
-            for name in names:
-                t = sf.get_tensor(name)
-                if tuple(t.shape) != expected[name]:
-                    raise ModelLoadError(f"{f}: tensor {name!r} has shape {tuple(t.shape)}, "
-                                         f"config.json implies {expected[name]}")
-                if not t.is_floating_point():
-                    raise ModelLoadError(f"{f}: tensor {name!r} has dtype {t.dtype}; "
-                                         "expected bf16/fp16/fp32")
-                tensors[name] = t.to(dtype)
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for name in names:
+                    tensors[name] = _checked(f, name, sf.get_tensor(name), expected[name], dtype)
+        except ModelLoadError:
+            raise
+        except _READ_ERRORS as e:
+            raise _read_error(f, e) from None
     return _fuse(tensors, cfg)
 
 
