@@ -348,6 +348,7 @@ class ClusterSpec:
         self.prefill_concurrency_limit: int | None = kw.pop("prefill_concurrency_limit", None)
         self.quiet: bool = kw.pop("quiet", False)
         self.global_store: bool | None = kw.pop("global_store", None)
+        self.global_segment_size: int = kw.pop("global_segment_size", 64 << 20)
         self.extra_conductor_flags: list[str] = kw.pop("extra_conductor_flags", [])
         if kw:
             raise TypeError(f"unknown ClusterSpec fields {sorted(kw)}")
@@ -452,7 +453,8 @@ class LocalCluster:
                 if s.colocated:
                     argv = ["decode", "--colocated", "--id", name, *common]
                 else:
-                    argv = ["prefill", "--id", name, "--master", self.master_addr, *common]
+                    argv = ["prefill", "--id", name, "--master", self.master_addr,
+                            "--global-segment-size", str(s.global_segment_size), *common]
                 self._spawn(name, argv)
                 names.append(name)
             for i in range(s.num_decode):
@@ -618,12 +620,14 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--configs", default=",".join(BENCH_CONFIGS),
                    help=f"comma-separated subset of {', '.join(BENCH_CONFIGS)}")
     b.add_argument("--limit", type=int, default=300, help="trace requests replayed")
-    b.add_argument("--time-scale", type=float, default=2.0, help="arrival speed-up")
+    b.add_argument("--time-scale", type=float, default=1.0, help="arrival speed-up")
     b.add_argument("--length-scale", type=int, default=32, help="divide lengths by this")
     b.add_argument("--prefill", type=int, default=2, help="prefill workers (P/D configs)")
-    b.add_argument("--decode", type=int, default=2, help="decode workers (P/D configs)")
+    b.add_argument("--decode", type=int, default=1, help="decode workers (P/D configs)")
     b.add_argument("--ttft-slo", type=float, default=5.0, help="TTFT objective (s)")
     b.add_argument("--tbt-slo", type=float, default=0.5, help="TBT objective (s)")
+    b.add_argument("--global-segment-size", type=int, default=512 << 20,
+                   help="DRAM each prefill worker gives the Store (bytes)")
     add_json_flag(b)
     b.set_defaults(handler=_cmd_bench_serving)
 
@@ -658,6 +662,7 @@ def _cmd_bench_serving(args: argparse.Namespace) -> int:
         extra = BENCH_CONFIGS[name]
         n_engines = args.prefill + args.decode
         spec = ClusterSpec(port=0, quiet=True, max_model_len=8192, num_kv_blocks=2048,
+                           global_segment_size=args.global_segment_size,
                            num_prefill=n_engines if extra.get("colocated") else args.prefill,
                            num_decode=0 if extra.get("colocated") else args.decode,
                            ttft_slo_s=args.ttft_slo * 10, tbt_slo_s=args.tbt_slo * 10, **extra)
