@@ -127,6 +127,7 @@ class TransferEngine:
         self.topology: Topology = get_topology(self.config.topology_file)
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)
+        self._num_waiting = 0  # threads in wait(): notify only when someone listens
         self._batches: dict[int, _Batch] = {}
         self._batch_ids = itertools.count(1)
         self._peers: dict[str, SegmentDescriptor] = {}
@@ -484,51 +485,67 @@ class TransferEngine:
         batch or when the batch would overflow its capacity; per-request problems become
         failed statuses, never exceptions.
         """
+        return self._submit(batch_id, requests, inline=False)
+
+    def _submit(self, batch_id: BatchId, requests: Sequence[TransferRequest],
+                inline: bool) -> int:
+        """:meth:`submit`; with ``inline`` the caller's thread runs the tcp windows itself
+        on an idle path (see ``TcpPaths.run_inline``) and returns when they are done."""
         self._check_open()
+        # Route every request first (no side effects beyond caches), then record the
+        # whole submission under one lock: refused ones final, tcp ones with their slices.
+        verdicts = [self._route(req) for req in requests]
+        now = time.monotonic()
+        copies: list[tuple[int, TransferRequest, int]] = []
+        tcp_work: dict[str, tuple[SegmentDescriptor, list[Slice]]] = {}
+        num_refused = 0
         with self._lock:
             batch = self._get_batch(batch_id)
-            if len(batch.reqs) + len(requests) > batch.capacity:
+            reqs = batch.reqs
+            if len(reqs) + len(requests) > batch.capacity:
                 raise TransferError(f"batch {batch_id} holds {batch.capacity} requests; "
-                                    f"{len(batch.reqs)} used, {len(requests)} more submitted")
-            first = len(batch.reqs)
-            now = time.monotonic()
-            for _ in requests:
-                batch.reqs.append(_Req(PENDING, t0=now))
+                                    f"{len(reqs)} used, {len(requests)} more submitted")
+            for req, verdict in zip(requests, verdicts, strict=True):
+                idx = len(reqs)
+                if isinstance(verdict, TransferStatus):  # refused, or a 0-byte no-op
+                    reqs.append(_Req(verdict, "none", 0, 0, now))
+                    if verdict.state is TransferState.FAILED:
+                        num_refused += 1
+                        m.failures_total.labels("none", verdict.code.value).inc()
+                    else:
+                        _LATENCY["none"].observe(0.0)
+                    continue
                 batch.num_pending += 1
-        copies: list[tuple[int, TransferRequest, int]] = []
-        refused: list[tuple[int, TransferStatus]] = []
-        tcp_work: dict[str, list[Slice]] = {}
-        num_slices: list[tuple[int, int, int]] = []  # (index, slices, bytes)
-        for i, req in enumerate(requests):
-            idx = first + i
-            verdict = self._route(req)
-            if isinstance(verdict, TransferStatus):
-                refused.append((idx, verdict))
-            elif verdict[0] == "tcp":
-                slices = self._slices(batch_id, idx, req)
-                tcp_work.setdefault(req.target_segment, []).extend(slices)
-                num_slices.append((idx, len(slices), req.length))
-            else:
-                copies.append((idx, req, verdict[1]))
-        with self._lock:
-            batch = self._batches.get(batch_id)
-            if batch is not None:
-                for idx, n, nbytes in num_slices:
-                    r = batch.reqs[idx]
-                    r.remaining, r.transport, r.nbytes = n, "tcp", nbytes
-                for idx, status in refused:
-                    self._finish_locked(batch, idx, status, "none")
+                if verdict[0] == "tcp":
+                    slices = self._slices(batch_id, idx, req)
+                    reqs.append(_Req(PENDING, "tcp", len(slices), req.length, now))
+                    work = tcp_work.get(req.target_segment)
+                    if work is None:
+                        desc = verdict[2]
+                        assert desc is not None
+                        work = tcp_work[req.target_segment] = (desc, [])
+                    work[1].extend(slices)
+                else:
+                    reqs.append(_Req(PENDING, verdict[0], 0, req.length, now))
+                    copies.append((idx, req, verdict[1]))
+            if batch.num_pending == 0:
+                self._wake_locked(batch)
         for idx, req, target_addr in copies:
             transport = "local" if req.target_segment == self.name else "shm"
             local_transport.copy(req.op, req.local_addr, target_addr, req.length)
             _BYTES_NO_PATH[transport].inc(req.length)
-            self._finish_request(batch_id, idx, TransferStatus.completed(req.length), transport)
-        for segment, slices in tcp_work.items():
-            self._paths.enqueue(self._peers[segment], slices)
-        return sum(1 for _, st in refused if st.state is TransferState.FAILED)
+            self._finish_request(batch_id, idx, _completed(req.length), transport)
+        for desc, slices in tcp_work.values():
+            if inline:
+                self._paths.run_inline(desc, slices)
+            else:
+                self._paths.enqueue(desc, slices)
+        return num_refused
 
-    def _route(self, req: TransferRequest) -> TransferStatus | tuple[str, int]:
-        """A final status (refused, or a no-op) or ``(transport, mapped target address)``."""
+    def _route(self, req: TransferRequest
+               ) -> TransferStatus | tuple[str, int, SegmentDescriptor | None]:
+        """A final status (refused, or a no-op) or ``(transport, mapped target address,
+        target descriptor)`` (the descriptor is ``None`` for ``local``)."""
         if req.length < 0:
             return TransferStatus.failed(StatusCode.INVALID_ARGUMENT,
                                          f"length must be >= 0, got {req.length}")
@@ -542,7 +559,7 @@ class TransferEngine:
         if req.target_segment == self.name:
             if self.registry.find(req.target_addr, req.length) is None:
                 return _bad_target(req)
-            return ("local", req.target_addr)
+            return ("local", req.target_addr, None)
         try:
             desc = self._resolve(req.target_segment)
             buf = desc.find(req.target_addr, req.length) if desc else None
@@ -561,11 +578,11 @@ class TransferEngine:
                 and desc.host_id == local_host_id()):
             try:
                 mapping = self._map(buf)
-                return ("shm", mapping.addr + (req.target_addr - buf.addr))
+                return ("shm", mapping.addr + (req.target_addr - buf.addr), desc)
             except OSError as e:
                 logger.info("shm mapping of %s failed (%r); using tcp", buf.shm_name, e)
         if "tcp" in self.config.transports and "tcp" in desc.transports and desc.tcp_port:
-            return ("tcp", req.target_addr)
+            return ("tcp", req.target_addr, desc)
         return TransferStatus.failed(
             StatusCode.INVALID_ARGUMENT,
             f"no common transport with {req.target_segment!r} (ours {self.config.transports},"
@@ -583,6 +600,8 @@ class TransferEngine:
 
     def _slices(self, batch_id: BatchId, idx: int, req: TransferRequest) -> list[Slice]:
         cfg = self.config
+        if req.length <= cfg.min_slice_bytes:  # one slice (the common small request)
+            return [Slice(req.op, req.local_addr, req.target_addr, req.length, batch_id, idx)]
         size = slicing.slice_size(req.length, cfg.num_paths, cfg.min_slice_bytes,
                                   cfg.max_slice_bytes)
         return [Slice(req.op, req.local_addr + off, req.target_addr + off, n, batch_id, idx)
@@ -601,7 +620,13 @@ class TransferEngine:
         else:
             _LATENCY[transport].observe(time.monotonic() - r.t0)
         if batch.num_pending == 0:
+            self._wake_locked(batch)
+
+    def _wake_locked(self, batch: _Batch) -> None:
+        """Wake whoever waits for ``batch`` (the engine lock is held)."""
+        if self._num_waiting:
             self._done.notify_all()
+        if batch.waiters:
             self._wake_async(batch)
 
     def _finish_request(self, batch_id: BatchId, idx: int, status: TransferStatus,
@@ -627,8 +652,7 @@ class TransferEngine:
                     continue
                 r.remaining -= 1
                 if not r.remaining:
-                    self._finish_locked(batch, s.request_index,
-                                        TransferStatus.completed(r.nbytes), "tcp")
+                    self._finish_locked(batch, s.request_index, _completed(r.nbytes), "tcp")
 
     @staticmethod
     def _wake_async(batch: _Batch) -> None:
@@ -668,7 +692,11 @@ class TransferEngine:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     break
-                self._done.wait(timeout=remaining)
+                self._num_waiting += 1
+                try:
+                    self._done.wait(timeout=remaining)
+                finally:
+                    self._num_waiting -= 1
             return [r.status for r in batch.reqs]
 
     async def wait_async(self, batch_id: BatchId,
@@ -693,14 +721,31 @@ class TransferEngine:
 
     def batch_transfer_sync(self, requests: Sequence[TransferRequest],
                             timeout_s: float | None = None) -> list[TransferStatus]:
-        """Submit ``requests`` as one batch, wait, free; the per-request statuses."""
+        """Submit ``requests`` as one batch, wait, free; the per-request statuses.
+
+        The calling thread does the tcp I/O itself on an idle path (no hand-off to a path
+        thread and back), with the other paths' threads helping on larger batches.
+        """
         bid = self.allocate_batch(len(requests))
         try:
-            self.submit(bid, requests)
+            self._submit(bid, requests, inline=True)
             return self.wait(bid, timeout_s)
         finally:
             with contextlib.suppress(TransferError):
                 self.free_batch(bid)
+
+_COMPLETED: dict[int, TransferStatus] = {}
+
+
+def _completed(nbytes: int) -> TransferStatus:
+    """``TransferStatus.completed(nbytes)``, shared (statuses are immutable)."""
+    st = _COMPLETED.get(nbytes)
+    if st is None:
+        if len(_COMPLETED) >= 4096:
+            _COMPLETED.clear()
+        st = _COMPLETED[nbytes] = TransferStatus.completed(nbytes)
+    return st
+
 
 def _describe_owner(value: bytes) -> str:
     try:

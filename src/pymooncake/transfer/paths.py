@@ -38,11 +38,15 @@ class _Lane:
     device: str
     down_until: float = 0.0
     seq: int = 0
+    busy: bool = False
+    """A window is running on this path (by its thread or inline by a caller)."""
     thread: threading.Thread | None = None
     bytes_metric: Any = None
     slices_metric: Any = None
     retries_metric: Any = None
     latency_metric: Any = None
+    key: tuple[str, int] = ("", 0)
+    """The pool key of this path's connection: (peer name, path index)."""
 
     def __post_init__(self) -> None:
         self.latency_metric = m.window_latency_seconds.labels("tcp", self.label)
@@ -91,6 +95,48 @@ class TcpPaths:
             ch.queue.extend(slices)
             ch.cond.notify_all()
 
+    def run_inline(self, desc: SegmentDescriptor, slices: list[Slice]) -> None:
+        """Queue ``slices`` and run windows of them in the calling thread on an idle path.
+
+        The caller blocks anyway (a sync transfer), so it does the I/O itself instead of
+        handing it to a path thread and waiting to be woken: no thread hop for small
+        transfers. Its path takes a fair share of the queue per window, like a path thread;
+        when the queue holds more than one share the other paths' threads are woken to
+        take theirs in parallel. The caller stops when the queue is empty or its path went
+        down; whatever is left (retries included) is for the path threads.
+        """
+        ch = self._channel(desc)
+        with ch.cond:
+            ch.queue.extend(slices)
+            now = time.monotonic()
+            lane = None
+            if not self._closed:
+                for x in ch.lanes:
+                    if not x.busy and x.down_until <= now:
+                        lane = x
+                        break
+            if lane is None:
+                ch.cond.notify_all()
+                return
+            lane.busy = True
+            if len(ch.queue) > -(-len(ch.queue) // len(ch.lanes)):
+                ch.cond.notify_all()  # more than our share: let the other paths help
+        try:
+            while True:
+                with ch.cond:
+                    if self._closed or lane.down_until > time.monotonic():
+                        break
+                    window = self._take_window(ch)
+                    if not window:
+                        break
+                    host, port = ch.host, ch.port
+                self._run_window(ch, lane, window, host, port)
+        finally:
+            with ch.cond:
+                lane.busy = False
+                if ch.queue:
+                    ch.cond.notify_all()
+
     def update_address(self, name: str, host: str, port: int) -> None:
         with self._lock:
             ch = self._channels.get(name)
@@ -119,7 +165,8 @@ class TcpPaths:
                 return ch
             location = "cpu:0"
             loopback = desc.host.startswith("127.") or desc.host in ("localhost", "::1")
-            lanes = [_Lane(k, "lo" if loopback else self.topology.path_device(location, k))
+            lanes = [_Lane(k, "lo" if loopback else self.topology.path_device(location, k),
+                           key=(desc.name, k))
                      for k in range(self.config.num_paths)]
             ch = self._channels[desc.name] = _PeerChannel(desc.name, desc.host, desc.tcp_port,
                                                           lanes)
@@ -130,43 +177,59 @@ class TcpPaths:
                 lane.thread.start()
             return ch
 
-    def _lane_loop(self, ch: _PeerChannel, lane: _Lane) -> None:
+    def _take_window(self, ch: _PeerChannel) -> list[Slice]:
+        """Pop the next window off the queue (``ch.cond`` is held); ``[]`` when empty.
+
+        A fair share of the queue, so that every path gets slices. A window holds one
+        kind of op: the target's READ payloads flowing back while we still push WRITE
+        payloads could fill both socket buffers (deadlock).
+        """
+        queue = ch.queue
+        if not queue:
+            return []
         cfg = self.config
+        if len(queue) == 1:
+            return [queue.popleft()]
+        share = -(-len(queue) // len(ch.lanes))
+        max_slices = min(cfg.window_slices, share)
+        op = queue[0].op
+        window: list[Slice] = []
+        nbytes = 0
+        while (queue and len(window) < max_slices and queue[0].op is op
+               and nbytes + queue[0].length <= cfg.window_bytes):
+            s = queue.popleft()
+            window.append(s)
+            nbytes += s.length
+        if not window:  # a single slice larger than the window
+            window.append(queue.popleft())
+        return window
+
+    def _lane_loop(self, ch: _PeerChannel, lane: _Lane) -> None:
         while not self._closed:
             with ch.cond:
-                if not ch.queue:
+                if not ch.queue or lane.busy:
                     ch.cond.wait(timeout=1.0)
                     continue
                 wait_s = lane.down_until - time.monotonic()
                 if wait_s > 0:
                     ch.cond.wait(timeout=wait_s)
                     continue
-                # Take a fair share of the queue so that every path gets slices. A window
-                # holds one kind of op: the target's READ payloads flowing back while we
-                # still push WRITE payloads could fill both socket buffers (deadlock).
-                share = -(-len(ch.queue) // len(ch.lanes))
-                max_slices = min(cfg.window_slices, share)
-                op = ch.queue[0].op
-                window: list[Slice] = []
-                nbytes = 0
-                while (ch.queue and len(window) < max_slices and ch.queue[0].op is op
-                       and nbytes + ch.queue[0].length <= cfg.window_bytes):
-                    s = ch.queue.popleft()
-                    window.append(s)
-                    nbytes += s.length
-                if not window:  # a single slice larger than the window
-                    window.append(ch.queue.popleft())
+                window = self._take_window(ch)
                 host, port = ch.host, ch.port
-            self._run_window(ch, lane, window, host, port)
+                lane.busy = True
+            try:
+                self._run_window(ch, lane, window, host, port)
+            finally:
+                with ch.cond:
+                    lane.busy = False
 
     def _run_window(self, ch: _PeerChannel, lane: _Lane, window: list[Slice], host: str,
                     port: int) -> None:
         cfg = self.config
-        key = (ch.name, lane.index)
-
-        source_ip = None if lane.device == "lo" else device_ipv4(lane.device)
+        key = lane.key
 
         def opener() -> Any:
+            source_ip = None if lane.device == "lo" else device_ipv4(lane.device)
             return tcp.open_connection(host, port, cfg.connect_timeout_s, cfg.slice_timeout_s,
                                        source_ip)
 
@@ -204,6 +267,11 @@ class TcpPaths:
 
     def _account(self, window: Sequence[Slice], results: Sequence[tuple[StatusCode, str]],
                  lane: _Lane) -> None:
+        if len(window) == 1 and results and results[0][0] is StatusCode.OK:  # fast path
+            lane.bytes_metric.inc(window[0].length)
+            lane.slices_metric.inc()
+            self._finish_slices([(window[0], StatusCode.OK, "")])
+            return
         outcomes: list[tuple[Slice, StatusCode, str]] = []
         nbytes = num_ok = 0
         for s, (code, msg) in zip(window, results, strict=False):

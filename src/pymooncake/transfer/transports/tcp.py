@@ -128,7 +128,24 @@ class TcpConnection:
 
 def sendmsg_all(sock: socket.socket, bufs: Sequence[memoryview | bytes]) -> None:
     """Send every buffer with as few ``sendmsg`` calls as the kernel allows."""
-    pending = [memoryview(b) for b in bufs if len(b)]
+    if len(bufs) <= MAX_IOV:  # usually one call sends everything
+        total = 0
+        for b in bufs:
+            total += len(b)
+        n = sock.sendmsg(bufs)
+        if n == total:
+            return
+        pending = [memoryview(b) for b in bufs if len(b)]
+        while n:
+            first = pending[0]
+            if n >= first.nbytes:
+                n -= first.nbytes
+                pending.pop(0)
+            else:
+                pending[0] = first[n:]
+                n = 0
+    else:
+        pending = [memoryview(b) for b in bufs if len(b)]
     while pending:
         n = sock.sendmsg(pending[:MAX_IOV])
         while n:
@@ -225,8 +242,12 @@ class TcpDataServer:
                                           rcrc), view]
                     if self.on_slice is not None:
                         self.on_slice(op, length)
+                if not flags & FLAG_MORE and not pending:  # a lone reply: send it as is
+                    sendmsg_all(conn, reply)
+                    continue
                 pending.extend(reply)
-                pending_bytes += sum(len(b) for b in reply)
+                for b in reply:
+                    pending_bytes += len(b)
                 if not flags & FLAG_MORE or pending_bytes >= REPLY_FLUSH_BYTES:
                     sendmsg_all(conn, pending)
                     pending.clear()
