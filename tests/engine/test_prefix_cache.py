@@ -3,6 +3,8 @@ and exported/re-imported bytes), and the cases BUG-07, BUG-09, BUG-42."""
 
 from __future__ import annotations
 
+import random
+
 import blake3
 import pytest
 
@@ -171,3 +173,26 @@ def test_bug_42_fp64_mode_is_exact() -> None:
         assert p.output_token_ids == c.output_token_ids == f.output_token_ids
         assert _max_diff(p.logits, c.logits) == 0.0  # bit-exact in the fp64 mode
         assert _max_diff(f.logits, c.logits) == 0.0
+
+
+def test_bug_42_fp64_mode_is_exact_for_every_length_40_to_99() -> None:
+    """Every prompt length 40..99, i.e. every size 1..16 of the recomputed last block of a
+    full hit (1-3 tokens used to differ by ~1e-14: BLAS' few-row GEMM and SDPA's
+    short-query kernels reduce in another order). Cold prompts run one batch of 60,
+    warm ones another (full hits), and 3 prompts alone: all bit-identical."""
+    rng = random.Random(42)
+    prompts = [[256] + [rng.randrange(256) for _ in range(n - 1)] for n in range(40, 100)]
+    params = SamplingParams(max_tokens=3, return_logits=True, ignore_eos=True)
+    cold = make_engine(dtype="float64").generate(prompts, params)
+    warm_engine = make_engine(dtype="float64")
+    warm_engine.generate(prompts, SamplingParams(max_tokens=1))
+    warm = warm_engine.generate(prompts, params)
+    alone_engine = make_engine(dtype="float64")
+    for i in (9, 25, 58):  # lengths 49, 65, 98 served alone: batch-invariant too
+        (a,) = alone_engine.generate([prompts[i]], params)
+        assert _max_diff(a.logits, cold[i].logits) == 0.0, len(prompts[i])
+    for p, c, w in zip(prompts, cold, warm, strict=True):
+        full_blocks = len(p) // 16 - (1 if len(p) % 16 == 0 else 0)
+        assert (c.num_cached_tokens, w.num_cached_tokens) == (0, 16 * full_blocks), len(p)
+        assert w.output_token_ids == c.output_token_ids, len(p)
+        assert _max_diff(w.logits, c.logits) == 0.0, len(p)

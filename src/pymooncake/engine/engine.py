@@ -110,7 +110,9 @@ class Engine:
         self.pool = BlockPool(config.num_kv_blocks, config.enable_prefix_caching)
         self.kv_manager = KVCacheManager(self.pool, config.block_size)
         all_hooks = list(hooks) + ([kv_source] if kv_source is not None else [])
-        self.runner = ModelRunner(model, self.kv, self.kv_manager, all_hooks)
+        # the fp64 mode attends per sequence (batch-invariant) and needs no decode workspace
+        self.runner = ModelRunner(model, self.kv, self.kv_manager, all_hooks,
+                                  use_decode_workspace=config.dtype != "float64")
         self.scheduler = Scheduler(config, self.kv_manager, self.eos_token_ids,
                                    tokenizer.decode if tokenizer else None, kv_source)
         self._ids = itertools.count()

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from pymooncake.engine.model.layers import EXACT_TILE_ROWS
+
 
 @dataclass(slots=True)
 class PrefillSeq:
@@ -88,6 +90,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``k, v`` are this step's new keys/values (already written by ``write_kv``); prefix K/V
     are read from the layer's ``kv_cache`` through the block tables.
     """
+    if q.dtype == torch.float64:
+        return _exact_paged_attention(q, kv_cache, meta, scale)
     num_heads = q.shape[1]
     kv_heads = k.shape[1]
     gqa = num_heads != kv_heads
@@ -111,6 +115,65 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if meta.decode_index is not None:
         idx = meta.decode_index
         out[idx] = _decode(q[idx], k[idx], v[idx], kv_cache, meta, scale, layer)
+    return out
+
+
+def exact_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    """Causal attention of ``n`` query rows ``q`` ``[n, heads, D]`` over one sequence's
+    context ``kc, vc`` ``[kv_heads, ctx, D]``; query ``i`` sits at position ``ctx - n + i``.
+    Returns ``[n, heads, D]``.
+
+    The fp64 (batch-invariant) mode's attention: the query rows are zero-padded to tiles of
+    ``EXACT_TILE_ROWS`` and both matmuls run as batches of identically shaped GEMMs; the
+    softmax is per row. A row's bits depend only on its own query, position and context,
+    not on how many rows the chunk has (a whole prefill, a recomputed last block, a decode
+    step) nor on other sequences in the step (SDPA's kernels pick different blockings and
+    kernels for different query lengths, so they are not used here).
+    """
+    n, num_heads, d = q.shape
+    kv_heads, ctx, _ = kc.shape
+    group = num_heads // kv_heads
+    pad = (-n) % EXACT_TILE_ROWS
+    tiles = (n + pad) // EXACT_TILE_ROWS
+    qh = q.transpose(0, 1)  # [heads, n, D]
+    if pad:
+        qh = F.pad(qh, (0, 0, 0, pad))
+    qt = qh.reshape(kv_heads, group * tiles, EXACT_TILE_ROWS, d)
+    scores = torch.matmul(qt, kc.transpose(1, 2).unsqueeze(1)) * scale
+    pos = ctx - n + torch.arange(n + pad)
+    allowed = torch.arange(ctx)[None, :] <= pos[:, None]  # padded rows: all (no NaN)
+    scores = scores.view(kv_heads, group, tiles * EXACT_TILE_ROWS, ctx).masked_fill(
+        ~allowed, float("-inf")).view(kv_heads, group * tiles, EXACT_TILE_ROWS, ctx)
+    o = torch.matmul(torch.softmax(scores, dim=-1), vc.unsqueeze(1))
+    return o.reshape(num_heads, n + pad, d)[:, :n].transpose(0, 1)
+
+
+def _exact_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor,
+                           meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """``paged_attention`` in the fp64 mode: every prefill chunk and every decode token
+    through ``exact_attention`` over its own context, read from the paged cache (the new
+    K/V were written there by ``write_kv``)."""
+    out = torch.empty_like(q)
+    for seq in meta.prefills:
+        s, n = seq.q_start, seq.q_len
+        if seq.ctx_blocks is None:  # no prefix: the context is this chunk's own slots
+            two, h, nb, bs, d = kv_cache.shape
+            kvs = kv_cache.view(two, h, nb * bs, d).index_select(
+                2, meta.slot_mapping[s:s + n])
+        else:
+            kvs = gather_blocks(kv_cache, seq.ctx_blocks, 1)[:, :, 0, :seq.ctx_len]
+        kc, vc = kvs[0], kvs[1]
+        out[s:s + n] = exact_attention(q[s:s + n], kc, vc, scale)
+    if meta.decode_index is not None:
+        assert meta.decode_block_table is not None and meta.decode_positions is not None
+        bd = meta.decode_index.shape[0]
+        table = meta.decode_block_table.view(bd, -1)
+        bs = kv_cache.shape[3]
+        for i, row in enumerate(meta.decode_index.tolist()):
+            ctx = int(meta.decode_positions[i]) + 1
+            kvs = gather_blocks(kv_cache, table[i, :-(-ctx // bs)], 1)[:, :, 0, :ctx]
+            out[row:row + 1] = exact_attention(q[row:row + 1], kvs[0], kvs[1], scale)
     return out
 
 

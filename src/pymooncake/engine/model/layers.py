@@ -87,14 +87,49 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+EXACT_TILE_ROWS = 16
+"""Rows per GEMM in the fp64 (batch-invariant) mode: every matmul runs on tiles of exactly
+this many rows, so a row's reduction order never depends on how many rows the step has."""
+
+
+def exact_linear(x: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` for ``x`` ``[T, in]``, batch-invariant (fp64 mode).
+
+    BLAS picks a different kernel (and reduction order) for a GEMM with few rows (GEMV-like
+    paths for M = 1, 2) than for many, so one token computed alone differs in the last bits
+    from the same token inside a longer prefill. Here the rows are zero-padded to a multiple
+    of ``EXACT_TILE_ROWS`` and run as a batch of ``[EXACT_TILE_ROWS, in] @ [in, out]``
+    GEMMs of identical shape: each output row is the same bits whatever ``T`` is.
+    """
+    t, k = x.shape
+    pad = (-t) % EXACT_TILE_ROWS
+    xp = F.pad(x, (0, 0, 0, pad)) if pad else x
+    tiles = (t + pad) // EXACT_TILE_ROWS
+    w = weight.t()
+    y = torch.bmm(xp.reshape(tiles, EXACT_TILE_ROWS, k), w.expand(tiles, *w.shape))
+    y = y.reshape(t + pad, w.shape[1])[:t]
+    return y + bias if bias is not None else y
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters and state-dict names) that switches to
+    ``exact_linear`` for float64 inputs, the engine's bit-reproducible mode."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float64 and x.dim() == 2:
+            return exact_linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
 class SwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))`` with gate and up fused in one matmul."""
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.intermediate_size = intermediate_size
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj.forward(x).split(self.intermediate_size, dim=-1)
