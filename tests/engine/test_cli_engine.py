@@ -64,11 +64,23 @@ def test_generate_errors_are_one_line(tmp_path, capsys) -> None:
 
 
 def test_bench_engine_json_keys(capsys) -> None:
-    rc, out, _ = _run(capsys, "bench", "engine", "--batch", "2", "--input-len", "16",
-                      "--output-len", "3", "--cached-input-len", "64", "--repeats", "1",
-                      "--json")
+    rc, out, err = _run(capsys, "bench", "engine", "--batch", "2", "--input-len", "16",
+                        "--output-len", "3", "--cached-input-len", "64", "--repeats", "3",
+                        "--json")
     assert rc == 0
+    assert "Loading weights" not in err and "%|" not in err  # no progress bar on stderr
     doc = json.loads(out)
+    # the two decode ratios, recomputed from the reported figures
+    per = doc["decode_speedup_vs_hf_per_repeat"]
+    assert len(per) == 3
+    assert doc["decode_speedup_vs_hf_median_of_ratios"] == sorted(per)[1]
+    assert doc["decode_speedup_vs_hf_ratio_of_medians"] == pytest.approx(
+        doc["decode_tokens_per_s"] / doc["hf_decode_tokens_per_s"], rel=1e-12)
+    cpu = doc["decode_cpu_speedup_vs_hf_per_repeat"]
+    assert doc["decode_cpu_speedup_vs_hf_median_of_ratios"] == sorted(cpu)[1]
+    assert doc["decode_cpu_speedup_vs_hf_ratio_of_medians"] == pytest.approx(
+        doc["hf_decode_cpu_s"] / doc["decode_cpu_s"], rel=1e-12)
+    assert "decode_speedup_vs_hf" not in doc  # the ambiguous single key is gone
     for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "hf_decode_tokens_per_s",
                 "ttft_s", "tbt_s", "cached_prefill_time_ratio"):
         assert doc[key] > 0, key

@@ -145,7 +145,9 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         description="Runs a batch of random prompts through the engine and, in the same run, "
                     "through transformers' generate on the same weights; also the prefill "
                     "time of a request whose prefix is 75%% cached over the same request "
-                    "uncached. Figures are medians over --repeats.")
+                    "uncached. Each figure is its own median over --repeats; the engine/HF "
+                    "decode ratio is given as the median of the per-repeat ratios (the "
+                    "target's figure) and as the ratio of the two medians.")
     b.add_argument("--model", default="tiny", help="'tiny' (default) or a model directory")
     b.add_argument("--batch", type=int, default=16, help="requests in the batch")
     b.add_argument("--input-len", type=int, default=256, help="prompt tokens per request")
@@ -285,6 +287,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         import transformers
 
         from pymooncake.engine.model.export import save_hf_dir
+        transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar
+        transformers.utils.logging.set_verbosity_error()
         tmp = tempfile.TemporaryDirectory()
         save_hf_dir(engine.model, tmp.name)
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -318,13 +322,37 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 "cached_prefill_time_ratio": ratio}
         rows.append(row)
         engine.pool.reset_prefix_cache()
-    med: dict[str, Any] = {k: statistics.median(x[k] for x in rows) for k in rows[0]}
+    # every figure is its own median over the repeats; the speedups are reported both ways
+    med: dict[str, Any] = {k: statistics.median(x[k] for x in rows) for k in rows[0]
+                           if "speedup" not in k}
+    if hf_model is not None:
+        med |= _speedups(rows, med)
     med |= {"model": args.model, "batch": args.batch, "input_len": args.input_len,
             "output_len": args.output_len, "cached_input_len": args.cached_input_len,
             "cached_fraction": n_prefix / args.cached_input_len, "repeats": args.repeats,
             "torch_threads": torch.get_num_threads()}
     emit(med, args.json, _human_bench)
     return 0
+
+
+def _speedups(rows: list[dict[str, float]], med: dict[str, Any]) -> dict[str, Any]:
+    """Engine/HF decode ratios, two ways. ``*_median_of_ratios``: the median of the
+    per-repeat ratios (engine and HF timed back to back in each repeat, so each ratio sees
+    one load level): the figure the issue's ≥ 1.5× target is judged on. ``*_ratio_of_medians``:
+    the median engine figure over the median HF figure (the two medians may come from
+    different repeats). ``*_per_repeat``: every repeat's ratio."""
+    wall = [r["decode_speedup_vs_hf"] for r in rows]
+    cpu = [r["decode_cpu_speedup_vs_hf"] for r in rows]
+    return {
+        "decode_speedup_vs_hf_median_of_ratios": statistics.median(wall),
+        "decode_speedup_vs_hf_ratio_of_medians": (med["decode_tokens_per_s"]
+                                                  / med["hf_decode_tokens_per_s"]),
+        "decode_speedup_vs_hf_per_repeat": wall,
+        "decode_cpu_speedup_vs_hf_median_of_ratios": statistics.median(cpu),
+        "decode_cpu_speedup_vs_hf_ratio_of_medians": (med["hf_decode_cpu_s"]
+                                                      / med["decode_cpu_s"]),
+        "decode_cpu_speedup_vs_hf_per_repeat": cpu,
+    }
 
 
 def _human_bench(m: dict[str, Any]) -> str:
@@ -335,9 +363,12 @@ def _human_bench(m: dict[str, Any]) -> str:
              f"TBT {m['tbt_s'] * 1e3:.2f} ms"]
     if "hf_decode_tokens_per_s" in m:
         lines.append(f"  transformers: prefill {m['hf_prefill_tokens_per_s']:.0f} tok/s   "
-                     f"decode {m['hf_decode_tokens_per_s']:.0f} tok/s   "
-                     f"engine/hf decode = {m['decode_speedup_vs_hf']:.2f}x wall, "
-                     f"{m['decode_cpu_speedup_vs_hf']:.2f}x CPU time")
+                     f"decode {m['hf_decode_tokens_per_s']:.0f} tok/s")
+        lines.append(f"  engine/hf decode: median of per-repeat ratios "
+                     f"{m['decode_speedup_vs_hf_median_of_ratios']:.2f}x wall, "
+                     f"{m['decode_cpu_speedup_vs_hf_median_of_ratios']:.2f}x CPU time; "
+                     f"ratio of medians {m['decode_speedup_vs_hf_ratio_of_medians']:.2f}x wall, "
+                     f"{m['decode_cpu_speedup_vs_hf_ratio_of_medians']:.2f}x CPU time")
     lines.append(f"  prefill of a {m['cached_fraction']:.0%}-cached {m['cached_input_len']}-token "
                  f"request: {m['cached_prefill_time_ratio']:.2f}x the uncached time")
     return "\n".join(lines)
