@@ -638,6 +638,18 @@ class TransferEngine:
 
     def _finish_slices(self, outcomes: Sequence[tuple[Slice, StatusCode, str]]) -> None:
         """Record slice outcomes (one lock for a whole window)."""
+        if len(outcomes) == 1 and outcomes[0][1] is StatusCode.OK:  # one small request
+            s = outcomes[0][0]
+            with self._lock:
+                batch = self._batches.get(s.batch_id)
+                if batch is not None:
+                    r = batch.reqs[s.request_index]
+                    if r.status.state is TransferState.PENDING:
+                        r.remaining -= 1
+                        if not r.remaining:
+                            self._finish_locked(batch, s.request_index, _completed(r.nbytes),
+                                                "tcp")
+            return
         with self._lock:
             for s, code, msg in outcomes:
                 batch = self._batches.get(s.batch_id)

@@ -159,6 +159,9 @@ class TcpPaths:
         self.pool.close_all()
 
     def _channel(self, desc: SegmentDescriptor) -> _PeerChannel:
+        ch = self._channels.get(desc.name)  # the common case, without the lock
+        if ch is not None:
+            return ch
         with self._lock:
             ch = self._channels.get(desc.name)
             if ch is not None:
