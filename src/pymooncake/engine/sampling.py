@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,11 +41,11 @@ class SamplingParams:
         temperature/top_p, an out-of-range value, or an empty stop string."""
         for name in ("max_tokens", "top_k"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise ValueError(f"{name} must be an int, got {value!r}")
         for name in ("temperature", "top_p"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise ValueError(f"{name} must be a number, got {value!r}")
             if not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -57,7 +58,7 @@ class SamplingParams:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None and (isinstance(self.seed, bool)
-                                      or not isinstance(self.seed, int)):
+                                      or not isinstance(self.seed, numbers.Integral)):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         for s in stop:
