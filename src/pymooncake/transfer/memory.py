@@ -126,6 +126,41 @@ class MemoryRegistry:
         return r if r.contains(addr, length) else None
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def reclaim_stale_shared_buffers(shm_dir: str = SHM_DIR) -> list[str]:
+    """Unlink ``pymooncake-<pid>-*`` files whose owning process is gone.
+
+    A process killed with SIGKILL cannot unlink its shared buffers; each new
+    ``SharedBuffer`` sweeps up after such processes on the same host, so ``/dev/shm``
+    does not fill up. Peers that still map a file keep their mapping (unlinking only
+    removes the name). Returns the names removed.
+    """
+    removed = []
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return removed
+    for name in names:
+        parts = name.split("-")
+        if len(parts) != 3 or parts[0] != "pymooncake" or not parts[1].isdigit():
+            continue
+        if _pid_alive(int(parts[1])):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(shm_dir, name))
+            removed.append(name)
+    return removed
+
+
 class SharedBuffer:
     """Host memory in ``/dev/shm`` that same-host peers map for the ``shm`` transport.
 
@@ -137,6 +172,7 @@ class SharedBuffer:
     def __init__(self, length: int) -> None:
         if length <= 0:
             raise ValueError(f"length must be > 0 bytes, got {length}")
+        reclaim_stale_shared_buffers()
         self.name = f"pymooncake-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         path = os.path.join(SHM_DIR, self.name)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
