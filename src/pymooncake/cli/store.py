@@ -9,6 +9,8 @@ lease and soft-pin TTLs in ms, client TTL in s). Both servers print one JSON lin
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import signal
 import sys
@@ -72,7 +74,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--ssd-capacity", type=_size, default=0, metavar="BYTES")
     s.add_argument("--transports", default="local,shm,tcp",
                    help="Transfer Engine transports, comma-separated")
-    s.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="S")
+    s.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="S",
+                   help="master heartbeat period (s > 0, default 1)")
+    s.add_argument("--startup-timeout", type=float, default=5.0, metavar="S",
+                   help="longest wait for each answer of the metadata service and the master "
+                   "while joining (s, default 5); then exit 1 with one line")
     s.set_defaults(handler=_run_store_server)
 
 
@@ -113,14 +119,25 @@ def _run_master(args: argparse.Namespace) -> int:
         from pymooncake.obs import metrics
 
         md = None
-        if args.enable_http_metadata_server:
-            from pymooncake.metadata.http import MetadataHttpServer
-
-            md = MetadataHttpServer(args.host, args.http_metadata_server_port).start()
-        if cfg.metrics_port is not None:
-            metrics.serve_metrics(cfg.metrics_port, cfg.host)
         svc = MasterService(cfg)
-        await svc.start()
+        try:
+            # every listening socket is bound before "ready"; a busy port is one line
+            with _binding("--port", cfg.port, cfg.host):
+                await svc.start()
+            if args.enable_http_metadata_server:
+                from pymooncake.metadata.http import MetadataHttpServer
+
+                with _binding("--http-metadata-server-port", args.http_metadata_server_port,
+                              args.host):
+                    md = MetadataHttpServer(args.host, args.http_metadata_server_port).start()
+            if cfg.metrics_port is not None:
+                with _binding("--metrics-port", cfg.metrics_port, cfg.host):
+                    metrics.serve_metrics(cfg.metrics_port, cfg.host)
+        except BaseException:
+            await svc.stop()
+            if md is not None:
+                md.stop()
+            raise
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -138,6 +155,21 @@ def _run_master(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _binding(flag: str, port: int, host: str):
+    """Turn a failure to listen on ``host:port`` into a one-line ``CommandError`` that
+    names the flag (exit 1), instead of a traceback."""
+    from pymooncake.cli.main import CommandError
+
+    try:
+        yield
+    except OSError as e:
+        why = e.strerror or str(e)
+        if e.errno == errno.EADDRINUSE:
+            why = "address already in use"
+        raise CommandError(f"{flag} {port}: cannot listen on {host}:{port}: {why}") from None
+
+
 def _run_loop(coro) -> None:
     """uvloop when installed (a faster event loop for the master's many small RPCs)."""
     try:
@@ -152,25 +184,47 @@ def _run_loop(coro) -> None:
 
 def _run_store_server(args: argparse.Namespace) -> int:
     from pymooncake.cli.main import CommandError, UsageError
-    from pymooncake.store.client import StoreClient
+    from pymooncake.store.client import StoreClient, parse_addr
     from pymooncake.store.errors import StoreError
     from pymooncake.transfer import TransferConfig
 
+    # flags checked before anything connects: each error names the flag (exit 2)
+    if args.global_segment_size <= 0:
+        raise UsageError(f"--global-segment-size {args.global_segment_size}: a store-server "
+                         "contributes memory; give a size > 0 (e.g. 1G)")
+    if args.ssd_capacity > 0 and not args.ssd_path:
+        raise UsageError("--ssd-capacity given without --ssd-path: add --ssd-path DIR or "
+                         "drop --ssd-capacity")
+    if args.ssd_path and args.ssd_capacity <= 0:
+        raise UsageError("--ssd-path given without --ssd-capacity: add --ssd-capacity "
+                         "BYTES > 0 (e.g. 10G)")
+    if not args.heartbeat_interval > 0 or args.heartbeat_interval != args.heartbeat_interval:
+        raise UsageError(f"--heartbeat-interval {args.heartbeat_interval}: must be > 0 "
+                         "seconds (default 1)")
+    if not args.startup_timeout > 0:
+        raise UsageError(f"--startup-timeout {args.startup_timeout}: must be > 0 seconds")
+    try:
+        parse_addr(args.master)
+    except ValueError as e:
+        raise UsageError(f"--master: {e}") from None
     try:
         tcfg = TransferConfig(host=args.local_hostname,
-                              transports=tuple(args.transports.split(",")))
+                              transports=tuple(args.transports.split(",")),
+                              metadata_timeout_s=args.startup_timeout)
         client = StoreClient(args.master, args.metadata, local_hostname=args.local_hostname,
                              global_segment_size=args.global_segment_size,
                              local_buffer_size=0, ssd_path=args.ssd_path,
                              ssd_capacity=args.ssd_capacity, transfer_config=tcfg,
-                             heartbeat_interval_s=args.heartbeat_interval)
+                             heartbeat_interval_s=args.heartbeat_interval,
+                             rpc_timeout_s=args.startup_timeout)
     except ValueError as e:
         raise UsageError(str(e)) from None
     stop = _stop_event()
     try:
         client.start()
     except StoreError as e:
-        raise CommandError(f"cannot join the store: {e}") from None
+        raise CommandError(f"cannot join the store (--master {args.master}, --metadata "
+                           f"{args.metadata}): {e}") from None
     _ready({"segment": client.segment_name, "size_bytes": args.global_segment_size})
     try:
         stop.wait()

@@ -159,7 +159,9 @@ class StoreClient:
     def start(self) -> StoreClient:
         """Start the Transfer Engine, register buffers, mount the segment. On any failure
         everything started so far is stopped again and the error is raised
-        (``StoreError(RPC_FAIL)`` when the master cannot be reached)."""
+        (``StoreError(RPC_FAIL)`` when the master or the metadata service cannot be
+        reached or does not answer within ``rpc_timeout_s`` / the Transfer Engine's
+        ``metadata_timeout_s``)."""
         try:
             self._start()
         except BaseException:
@@ -168,7 +170,16 @@ class StoreClient:
         return self
 
     def _start(self) -> None:
-        self._dp = DataPath(self.segment_name, self.metadata_url, self._transfer_config)
+        try:
+            self._dp = DataPath(self.segment_name, self.metadata_url, self._transfer_config)
+        except (ValueError, TypeError):
+            raise
+        except Exception as e:  # metadata service unreachable/silent, engine refused
+            why = str(e) or type(e).__name__
+            if isinstance(e, TimeoutError):
+                why = "no answer in time"
+            raise StoreError(ErrorCode.RPC_FAIL, f"Transfer Engine did not start on "
+                             f"metadata {self.metadata_url}: {why}") from None
         if self.local_buffer_size:
             self._staging_arr = np.zeros(self.local_buffer_size, dtype=np.uint8)
             self._staging_arr[::4096] = 0  # fault the pages in now, not on the first put

@@ -9,6 +9,7 @@ that segment (case BUG-34).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,12 @@ class DataPath:
         self.name = name
         self._metadata = open_metadata(metadata_url)
         self.engine = TransferEngine(name, self._metadata, config=transfer_config)
-        self.engine.start()
+        try:
+            self.engine.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.engine.close()
+            raise
 
     def register(self, buffer: object) -> int:
         """Register ``buffer``; returns its base address."""
