@@ -191,3 +191,16 @@ def test_display_text_escapes() -> None:
     assert display_text(bad) == "a\\xffb\\xe2\\x82"
     assert display_text("x\ny\t\x1bz\\") == "x\\ny\\t\\x1bz\\\\"
     assert display_text("caf\u00e9 \u20ac \ufffd") == "caf\u00e9 \u20ac \\ufffd"
+
+
+def test_corrupt_tokenizer_file_is_named_not_silently_dropped(hf_dir, tmp_path,
+                                                                capsys) -> None:
+    d = _copy(hf_dir, tmp_path / "tok")
+    (d / "tokenizer.json").write_text('{"version": "1.0", "model": garbage')
+    rc, out, err = _run(capsys, "generate", "--model", str(d), "--prompt-ids", "1",
+                        "--max-tokens", "2")
+    assert (rc, out) == (1, "")
+    assert err.startswith(f"pymooncake: error: {d}: cannot load the tokenizer from "
+                          "tokenizer.json (") and err.count("\n") == 1
+    # without any tokenizer file the directory still loads (ids-only use)
+    assert Engine.from_model_name(str(hf_dir)).tokenizer is None

@@ -145,10 +145,16 @@ class Engine:
         if not d.is_dir():
             raise ModelLoadError(f"--model {model!r}: not 'tiny' and not a directory")
         m = load_model(d, dtype)
+        tok_files = [f for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+                     if (d / f).is_file()]
         try:
             tok = HFTokenizer(d)
             fp = tok.fingerprint
-        except (FileNotFoundError, OSError, ValueError):
+        except Exception as e:  # noqa: BLE001 (transformers/tokenizers raise plain Exception)
+            if tok_files:  # present but unreadable: say so instead of running without one
+                detail = " ".join(str(e).split())[:200] or type(e).__name__
+                raise ModelLoadError(f"{d}: cannot load the tokenizer from "
+                                     f"{', '.join(tok_files)} ({detail})") from None
             tok, fp = None, "none"  # type: ignore[assignment]
         ns = make_namespace(str(d.resolve()), weight_revision(d), fp, m, config)
         return cls(m, config, ns, tok, **kw)  # type: ignore[arg-type]
