@@ -262,5 +262,5 @@ def _run_bench(args: argparse.Namespace) -> int:
     modes = args.mode or ["embedded", "remote"]
     result = bench.run(sizes, args.count, modes, metadata_ops=args.metadata_ops,
                        with_mooncake=not args.no_mooncake)
-    emit(result if args.json else result, args.json, bench.human)
+    emit(result, args.json, bench.human)
     return 0

@@ -4,9 +4,13 @@ Mooncake's own store side by side when its wheel is importable.
 Modes: ``embedded`` — one client whose own segment holds the data (bytes move through the
 Transfer Engine's local path); ``remote`` — the data lives in a separate ``store-server``
 process and every byte crosses the Transfer Engine over TCP. Every value read back is
-compared with what was written (``verified``). Each row: ``op``, ``size_bytes``, ``mode``,
-``count``, ``throughput_bytes_per_s``, ``p50_s``, ``p99_s``, ``verified``,
-``mooncake_throughput_bytes_per_s`` (null without the wheel) and ``ratio``.
+compared with what was written (``verified``). ``run`` returns (and ``--json`` prints) a
+JSON list of rows, every row with the keys ``ROW_KEYS`` (``None``/null where a key does not
+apply): ``put``/``get`` rows with ``op``, ``size_bytes``, ``mode``, ``count``,
+``throughput_bytes_per_s``, ``p50_s``, ``p99_s``, ``verified``,
+``mooncake_throughput_bytes_per_s`` (null without the wheel) and ``ratio``; then the master's
+rows, op ``metadata`` / ``metadata_batch`` in mode ``master``, with ``ops_per_s``,
+``mooncake_ops_per_s``, ``num_clients`` and ``batch_keys`` (byte and latency keys null).
 """
 
 from __future__ import annotations
@@ -122,8 +126,8 @@ def _run_ops(put: Callable[[str, bytes], Any], get: Callable[[str], bytes],
         ok = ok and got == v
     for k in keys:
         remove(k)
-    return ({**_stats(put_lat, size * count), "verified": ok},
-            {**_stats(get_lat, size * count), "verified": ok})
+    return ({**_stats(put_lat, size * count), "verified": ok, "count": count},
+            {**_stats(get_lat, size * count), "verified": ok, "count": count})
 
 
 def _segment_for(sizes: list[int], count: int) -> int:
@@ -338,10 +342,43 @@ def bench_master(ops: int, with_mooncake: bool, batch: int = 16) -> dict[str, An
             "batched_ratio": (ours_b / theirs_b) if theirs_b else None}
 
 
+ROW_KEYS = ("op", "size_bytes", "mode", "count", "throughput_bytes_per_s", "p50_s", "p99_s",
+            "verified", "mooncake_throughput_bytes_per_s", "mooncake_p50_s", "ratio",
+            "ops_per_s", "mooncake_ops_per_s", "num_clients", "batch_keys", "ops",
+            "mooncake_available", "machine")
+"""Every row of ``run`` has exactly these keys; a key that does not apply is ``None``."""
+
+
+def _row(**fields: Any) -> dict[str, Any]:
+    extra = set(fields) - set(ROW_KEYS)
+    assert not extra, extra
+    return {k: fields.get(k) for k in ROW_KEYS}
+
+
+def master_rows(m: dict[str, Any]) -> list[dict[str, Any]]:
+    """``bench_master``'s figures as two rows: op ``metadata`` (single-key ``exist`` /
+    ``get_replica_list`` calls) and op ``metadata_batch`` (``batch_exist`` /
+    ``batch_get_replica_list`` of ``batch_keys`` keys, each key one operation); mode
+    ``master``; byte/latency keys ``None``."""
+    return [
+        _row(op="metadata", mode="master", ops_per_s=m["ops_per_s"],
+             mooncake_ops_per_s=m["mooncake_ops_per_s"], ratio=m["ratio"],
+             num_clients=m["num_clients"], batch_keys=1, ops=m["ops"]),
+        _row(op="metadata_batch", mode="master", ops_per_s=m["batched_ops_per_s"],
+             mooncake_ops_per_s=m["mooncake_batched_ops_per_s"], ratio=m["batched_ratio"],
+             num_clients=m["num_clients"], batch_keys=m["batch_keys"], ops=m["ops"] * 4),
+    ]
+
+
 def run(sizes: list[int], count: int, modes: list[str], metadata_ops: int = 20_000,
-        with_mooncake: bool = True) -> dict[str, Any]:
-    """Run the benchmark; returns ``{"rows": [...], "master": {...}, "machine": ...}``."""
+        with_mooncake: bool = True) -> list[dict[str, Any]]:
+    """Run the benchmark; returns a list of rows (keys ``ROW_KEYS``): one ``put`` and one
+    ``get`` row per (mode, size) — throughput in bytes/s (bytes / sum of per-op latencies),
+    p50/p99 in s, ``verified`` (every value read back equal) and Mooncake's figures
+    (``None`` without the wheel) — then, unless ``metadata_ops`` is 0, the master's
+    ``metadata`` and ``metadata_batch`` rows (``ops_per_s`` from 4 client processes)."""
     mc = with_mooncake and mooncake_available()
+    machine = f"{os.cpu_count()} CPUs, loopback"
     rows = []
     for mode in modes:
         ours = _bench_pymooncake(sizes, count, mode)
@@ -351,19 +388,29 @@ def run(sizes: list[int], count: int, modes: list[str], metadata_ops: int = 20_0
                 r = ours[size][j]
                 m = theirs.get(size, (None, None))[j]
                 mt = m["throughput_bytes_per_s"] if m else None
-                rows.append({"op": op, "size_bytes": size, "mode": mode, **r,
-                             "mooncake_throughput_bytes_per_s": mt,
-                             "mooncake_p50_s": m["p50_s"] if m else None,
-                             "ratio": r["throughput_bytes_per_s"] / mt if mt else None})
-    master = bench_master(metadata_ops, mc) if metadata_ops > 0 else None
-    return {"rows": rows, "master": master, "mooncake_available": mc,
-            "machine": f"{os.cpu_count()} CPUs, loopback"}
+                rows.append(_row(op=op, size_bytes=size, mode=mode, **r,
+                                 mooncake_throughput_bytes_per_s=mt,
+                                 mooncake_p50_s=m["p50_s"] if m else None,
+                                 ratio=r["throughput_bytes_per_s"] / mt if mt else None,
+                                 mooncake_available=mc, machine=machine))
+    if metadata_ops > 0:
+        for row in master_rows(bench_master(metadata_ops, mc)):
+            row.update(mooncake_available=mc, machine=machine)
+            rows.append(row)
+    return rows
 
 
-def human(result: dict[str, Any]) -> str:
+def human(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'op':4} {'mode':8} {'size':>9} {'MiB/s':>9} {'p50 µs':>9} {'p99 µs':>9} "
              f"{'ok':>3} {'mooncake MiB/s':>15} {'ratio':>6}"]
-    for r in result["rows"]:
+    for r in rows:
+        if r["mode"] == "master":
+            theirs = r["mooncake_ops_per_s"]
+            what = ("single-key calls" if r["op"] == "metadata"
+                    else f"batched ({r['batch_keys']} keys a call), keys/s")
+            lines.append(f"master {what} ({r['num_clients']} clients): {r['ops_per_s']:.0f}"
+                         + (f"  mooncake {theirs:.0f}" if theirs else ""))
+            continue
         mt = r["mooncake_throughput_bytes_per_s"]
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
         lines.append(
@@ -372,12 +419,4 @@ def human(result: dict[str, Any]) -> str:
             f"{r['p99_s'] * 1e6:>9.0f} {'yes' if r['verified'] else 'NO':>3} "
             f"{'-' if mt is None else f'{mt / MiB:.1f}':>15} "
             f"{ratio:>6}")
-    m = result.get("master")
-    if m:
-        theirs, theirs_b = m["mooncake_ops_per_s"], m["mooncake_batched_ops_per_s"]
-        lines.append(f"master metadata ops/s (4 clients): {m['ops_per_s']:.0f}"
-                     + (f"  mooncake {theirs:.0f}" if theirs else ""))
-        lines.append(f"  batched ({m['batch_keys']} keys a call): "
-                     f"{m['batched_ops_per_s']:.0f} keys/s"
-                     + (f"  mooncake {theirs_b:.0f}" if theirs_b else ""))
     return "\n".join(lines)

@@ -1,0 +1,43 @@
+"""``pymooncake bench store --json`` prints a JSON list of rows (the issue's contract)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.store.procs import ROOT
+
+REQUIRED = ("op", "size_bytes", "mode", "throughput_bytes_per_s", "p50_s", "p99_s",
+            "verified", "mooncake_throughput_bytes_per_s")
+
+
+def test_bench_store_json_is_a_list_of_rows():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-m", "pymooncake", "bench", "store", "--size", "4K",
+                        "--size", "64K", "--count", "4", "--mode", "embedded",
+                        "--metadata-ops", "400", "--no-mooncake", "--json"],
+                       capture_output=True, text=True, timeout=150, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(r.stdout)
+    assert isinstance(rows, list)
+    for row in rows:
+        assert set(REQUIRED) <= set(row), row
+    data = [(x["op"], x["size_bytes"], x["mode"]) for x in rows if x["mode"] != "master"]
+    assert data == [("put", 4096, "embedded"), ("get", 4096, "embedded"),
+                    ("put", 65536, "embedded"), ("get", 65536, "embedded")]
+    for x in rows[:4]:
+        assert x["verified"] is True
+        assert x["count"] == 4
+        assert 0 < x["p50_s"] <= x["p99_s"]
+        assert x["throughput_bytes_per_s"] > 0
+        assert x["mooncake_throughput_bytes_per_s"] is None  # --no-mooncake
+        assert x["ops_per_s"] is None
+    master = {x["op"]: x for x in rows if x["mode"] == "master"}
+    assert set(master) == {"metadata", "metadata_batch"}
+    assert master["metadata"]["batch_keys"] == 1 and master["metadata_batch"]["batch_keys"] == 16
+    for x in master.values():
+        assert x["ops_per_s"] > 0 and x["num_clients"] == 4
+        assert x["size_bytes"] is None and x["p50_s"] is None and x["verified"] is None
