@@ -53,14 +53,41 @@ def test_layerwise_sender_writes_each_layer_before_the_next_layer_runs():
         from pymooncake.identity import block_keys
         keys = block_keys(prompt, pre.namespace)
         receiver.mark_ready("r1", sent)
-        slot = receiver._slots["r1"]
-        got = receiver._blocks(slot, 0, 2)
+        got = receiver.blocks_of("r1")                 # [L, 2, H, N, bs, d]
         for j, key in enumerate(keys):
             block = pre.pool.get_cached_block(key, tuple(prompt[j * 16:(j + 1) * 16]))
             assert block is not None
             want = pre.kv.export_blocks([block.block_id])[:, :, :, 0]   # [L, 2, H, bs, d]
-            assert torch.equal(got[j], want)
+            assert torch.equal(got[:, :, :, j], want)
         receiver.release("r1")
         assert receiver.free_bytes == 1 << 20
+    finally:
+        te.close()
+
+
+def test_whole_block_send_keeps_prompt_order_for_any_block_ids():
+    """``KVSender.send`` (the after-prefill path): runs of consecutive block ids are merged
+    into one request per plane, and any other order still lands block by block."""
+    from pymooncake.engine import Engine, EngineConfig
+    from pymooncake.engine.kv_receiver import KVReceiver
+    from pymooncake.engine.kv_sender import KVSender
+    from pymooncake.transfer import TransferEngine
+
+    eng = Engine.from_model_name("tiny", EngineConfig(num_kv_blocks=16))
+    gen = torch.Generator().manual_seed(0)
+    eng.kv.buffer.copy_(torch.randn(eng.kv.buffer.shape, generator=gen))
+    te = TransferEngine("kvsend", "embedded://").start()
+    try:
+        receiver = KVReceiver(te, eng.kv, 1 << 20)
+        sender = KVSender(te, eng.kv)
+        ids = [3, 4, 5, 9, 2]
+        target = receiver.reserve("r", len(ids))
+        reqs = sender.requests(ids, target)
+        planes = eng.kv.num_layers * 2 * eng.kv.num_kv_heads
+        assert len(reqs) == planes * 3          # runs [3, 4, 5], [9], [2]
+        assert sender.send(ids, target) == len(ids) * eng.kv.block_nbytes
+        got = receiver.blocks_of("r")
+        for j, b in enumerate(ids):
+            assert torch.equal(got[:, :, :, j], eng.kv.buffer[:, :, :, b])
     finally:
         te.close()

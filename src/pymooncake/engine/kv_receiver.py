@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 @dataclass(slots=True)
 class _Slot:
     offset: int
+    num_reserved: int
+    """Blocks the buffer was laid out for (``KVTarget.num_blocks``)."""
     num_blocks: int
+    """Leading blocks that arrived (set by ``mark_ready``)."""
     ready: bool = False
 
 
@@ -66,7 +69,7 @@ class KVReceiver(NullHooks):
             off = self._alloc.allocate(num_blocks * self.block_nbytes)
             if off is None:
                 return None
-            self._slots[request_id] = _Slot(off, num_blocks)
+            self._slots[request_id] = _Slot(off, num_blocks, num_blocks)
         return KVTarget(self.engine.segment_name, self._shm.addr + off, num_blocks,
                         self.block_nbytes)
 
@@ -93,12 +96,14 @@ class KVReceiver(NullHooks):
         bs = self.kv.block_size
         return max(0, slot.num_blocks * bs - num_local_computed_tokens)
 
-    def _blocks(self, slot: _Slot, first_block: int, n: int) -> torch.Tensor:
+    def blocks_of(self, request_id: str) -> torch.Tensor:
+        """The request's receive buffer as ``[layer, K/V, kv_head, N, block_size, head_dim]``
+        (a view, no copy). Raises ``KeyError`` if unknown."""
+        slot = self._slots[request_id]
         k = self.kv
-        raw = self._arena[slot.offset + first_block * k.block_nbytes:
-                          slot.offset + (first_block + n) * k.block_nbytes]
-        t = torch.from_numpy(raw).view(k.dtype)
-        return t.view(n, k.num_layers, 2, k.num_kv_heads, k.block_size, k.head_dim)
+        raw = self._arena[slot.offset:slot.offset + slot.num_reserved * k.block_nbytes]
+        return torch.from_numpy(raw).view(k.dtype).view(
+            k.num_layers, 2, k.num_kv_heads, slot.num_reserved, k.block_size, k.head_dim)
 
     def before_layer(self, layer: int, ctx: StepContext, kv: KVTensors) -> None:
         for ld in ctx.loads:
@@ -106,11 +111,10 @@ class KVReceiver(NullHooks):
             if slot is None or not slot.ready:
                 raise KVLoadError(f"request {ld.request_id}: KV not in the receive buffer",
                                   (ld.request_id,))
+            first = ld.first_token // kv.block_size
             n = len(ld.block_ids)
-            blocks = self._blocks(slot, ld.first_token // kv.block_size, n)
-            # [n, L, 2, H, bs, d] → layer → [2, H, n, bs, d]
-            data = blocks[:, layer].permute(1, 2, 0, 3, 4).contiguous()
-            kv.import_layer(layer, ld.block_ids, data)
+            data = self.blocks_of(ld.request_id)[layer, :, :, first:first + n]
+            kv.import_layer(layer, ld.block_ids, data.contiguous())
             if layer == 0:
                 self.num_loaded_blocks += n
 

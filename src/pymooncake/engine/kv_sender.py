@@ -1,11 +1,12 @@
 """P→D KV transfer, sending side: write a request's prompt KV blocks from the prefill
 engine's paged cache into a decode worker's receive buffer with the Transfer Engine.
 
-Zero copy on this side: the whole paged KV tensor (``KVTensors.buffer``) is registered with
-the Transfer Engine once, and every (layer, K/V, KV head) run of a block is one WRITE
-request straight from it (``KVTensors.block_regions``). The receive buffer holds the blocks
-in order, each ``block_nbytes`` bytes laid out ``[layer, K/V, kv_head, block_size,
-head_dim]`` (the ``export_block_bytes`` layout), so the decode side imports it per layer.
+Zero copy on this side: the whole paged KV tensor (``KVTensors.buffer``, head-major
+``[layer, K/V, kv_head, block, block_size, head_dim]``) is registered with the Transfer
+Engine once, and WRITE requests go straight from it. The receive buffer of a request with
+``N`` blocks is laid out the same way, ``[layer, K/V, kv_head, N, block_size, head_dim]``,
+so a run of consecutive block ids is one request per (layer, K/V, KV head), and the
+decode side imports one layer as one slice.
 
 Mooncake FAST'25 §3.1 step 3 ships each layer as it finishes: ``LayerwiseKVSender`` is
 the prefill engine's per-layer hook doing that; ``KVSender.send`` moves whole blocks at
@@ -41,27 +42,38 @@ class KVSender:
         self.bytes_sent = 0
 
     def requests(self, block_ids: Sequence[int], target: KVTarget,
-                 layers: Sequence[int] | None = None) -> list:
-        """The WRITE requests moving ``block_ids`` (in prompt order) into ``target``."""
+                 layers: Sequence[int] | None = None, first_block: int = 0) -> list:
+        """The WRITE requests moving ``block_ids`` (prompt blocks ``first_block``,
+        ``first_block + 1``, … in order) into ``target``. Runs of consecutive block ids are
+        one request per (layer, K/V, KV head): both ends are contiguous there."""
         from pymooncake.transfer import TransferOp, TransferRequest
 
         kv = self.kv
         if target.block_nbytes != kv.block_nbytes:
             raise KVTransferError(f"receive buffer block size {target.block_nbytes} B != this "
                                   f"engine's {kv.block_nbytes} B (different model or layout)")
-        if len(block_ids) > target.num_blocks:
-            raise KVTransferError(f"{len(block_ids)} blocks do not fit the receive buffer of "
-                                  f"{target.num_blocks}")
+        if first_block < 0 or first_block + len(block_ids) > target.num_blocks:
+            raise KVTransferError(f"blocks [{first_block}, {first_block + len(block_ids)}) do "
+                                  f"not fit the receive buffer of {target.num_blocks}")
         run = kv.block_size * kv.head_dim * kv.buffer.element_size()
-        out = []
+        runs: list[tuple[int, int, int]] = []   # (first block id, first position, length)
         for j, block_id in enumerate(block_ids):
-            for layer in (range(kv.num_layers) if layers is None else layers):
-                for kind in (0, 1):
-                    for h, (off, length) in enumerate(kv.block_regions(layer, kind, block_id)):
-                        dst = (j * kv.block_nbytes
-                               + ((layer * 2 + kind) * kv.num_kv_heads + h) * run)
-                        out.append(TransferRequest(TransferOp.WRITE, self.base_addr + off,
-                                                   target.segment, target.addr + dst, length))
+            if runs and runs[-1][0] + runs[-1][2] == block_id:
+                b, pos, n = runs[-1]
+                runs[-1] = (b, pos, n + 1)
+            else:
+                runs.append((block_id, first_block + j, 1))
+        src_stride = kv.num_blocks * run
+        dst_stride = target.num_blocks * run
+        out = []
+        for layer in (range(kv.num_layers) if layers is None else layers):
+            for kind in (0, 1):
+                for h in range(kv.num_kv_heads):
+                    plane = (layer * 2 + kind) * kv.num_kv_heads + h
+                    for block_id, pos, n in runs:
+                        out.append(TransferRequest(
+                            TransferOp.WRITE, self.base_addr + plane * src_stride + block_id * run,
+                            target.segment, target.addr + plane * dst_stride + pos * run, n * run))
         return out
 
     def send(self, block_ids: Sequence[int], target: KVTarget,
@@ -147,10 +159,9 @@ class LayerwiseKVSender(NullHooks):
         rids = []
         for rid, (block_ids, first, full) in self._step.items():
             target = self._targets[rid]
-            sub = KVTarget(target.segment, target.addr + first * target.block_nbytes,
-                           target.num_blocks - first, target.block_nbytes)
             try:
-                reqs.extend(self.sender.requests(block_ids[first:full], sub, (layer,)))
+                reqs.extend(self.sender.requests(block_ids[first:full], target, (layer,),
+                                                 first_block=first))
             except KVTransferError as e:
                 self.errors[rid] = str(e)
                 continue

@@ -140,8 +140,9 @@ class KVEvents:
 @dataclass(frozen=True, slots=True)
 class KVTarget:
     """Where a prefill worker writes a request's prompt KV: a decode worker's receive
-    buffer (Transfer Engine segment ``segment`` at ``addr``), ``num_blocks`` full blocks,
-    each ``block_nbytes`` bytes laid out ``[layer, K/V, kv_head, block_size, head_dim]``."""
+    buffer (Transfer Engine segment ``segment`` at ``addr``) of ``num_blocks`` full blocks
+    of ``block_nbytes`` bytes each, laid out ``[layer, K/V, kv_head, num_blocks,
+    block_size, head_dim]`` (the engine's head-major paged layout)."""
 
     segment: str
     addr: int
