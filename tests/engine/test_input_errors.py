@@ -100,6 +100,15 @@ def _config_error(hf_dir: Path, tmp_path: Path, edit) -> str:
     (lambda c: c.update(tie_word_embeddings="no"),
      "tie_word_embeddings must be true or false, got 'no'"),
     (lambda c: c.pop("intermediate_size") and None, "missing field 'intermediate_size'"),
+    (lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": "two"}),
+     "rope_scaling.factor must be a number, got 'two'"),
+    (lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 0}),
+     "rope_scaling.factor must be positive, got 0.0"),
+    (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 2.0}),
+     "rope_scaling.rope_type 'yarn' is not supported; supported: default, linear, llama3"),
+    (lambda c: c.update(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+     "missing field rope_scaling.low_freq_factor (needed by rope_type 'llama3')"),
+    (lambda c: c.update(rope_scaling="abc"), "rope_scaling must be an object, got 'abc'"),
 ])
 def test_config_errors_name_the_file_and_field(hf_dir, tmp_path, edit, expected) -> None:
     assert _config_error(hf_dir, tmp_path, edit) == expected

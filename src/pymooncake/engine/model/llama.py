@@ -124,13 +124,31 @@ class ModelConfig:
         heads = as_int("num_attention_heads", need("num_attention_heads"), True)
         kv_heads = cfg.get("num_key_value_heads")
         head_dim = cfg.get("head_dim")
-        rope_params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+        rope_field = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+        rope_params = cfg.get(rope_field) or {}
         if not isinstance(rope_params, Mapping):
-            raise ValueError(f"{source}: rope_scaling must be an object, got {rope_params!r}")
+            raise ValueError(f"{source}: {rope_field} must be an object, got {rope_params!r}")
         theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
         scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
-        if scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_type == "default":
             scaling = {}
+        elif rope_type not in _ROPE_FIELDS:
+            raise ValueError(f"{source}: {rope_field}.rope_type {rope_type!r} is not supported; "
+                             f"supported: default, {', '.join(_ROPE_FIELDS)}")
+        else:
+            for key in _ROPE_FIELDS[rope_type]:
+                if key not in scaling:
+                    raise ValueError(f"{source}: missing field {rope_field}.{key} (needed by "
+                                     f"rope_type {rope_type!r})")
+                value = as_float(f"{rope_field}.{key}", scaling.get(key))
+                if value <= 0:
+                    raise ValueError(f"{source}: {rope_field}.{key} must be positive, "
+                                     f"got {value}")
+            if rope_type == "llama3" and not (float(scaling["high_freq_factor"])
+                                              > float(scaling["low_freq_factor"])):
+                raise ValueError(f"{source}: {rope_field}.high_freq_factor must be greater "
+                                 "than low_freq_factor")
         num_kv = heads if kv_heads is None else as_int("num_key_value_heads", kv_heads, True)
         if heads % num_kv:
             raise ValueError(f"{source}: num_attention_heads ({heads}) must be a multiple of "
@@ -163,6 +181,13 @@ class ModelConfig:
             msg = str(e)
             raise ValueError(msg if msg.startswith(source) else f"{source}: {msg}") from None
 
+
+_ROPE_FIELDS: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"),
+}
+"""The numeric fields each supported ``rope_scaling`` type needs (``layers.rope_inv_freq``)."""
 
 LayerCallback = Callable[[int], None]
 
