@@ -741,10 +741,19 @@ class TransferEngine:
         bid = self.allocate_batch(len(requests))
         try:
             self._submit(bid, requests, inline=True)
-            return self.wait(bid, timeout_s)
-        finally:
+            with self._lock:  # usually all done inline: collect and free in one go
+                batch = self._batches.get(bid)
+                if batch is not None and not batch.num_pending:
+                    del self._batches[bid]
+                    return [r.status for r in batch.reqs]
+            statuses = self.wait(bid, timeout_s)
+        except BaseException:
             with contextlib.suppress(TransferError):
                 self.free_batch(bid)
+            raise
+        with contextlib.suppress(TransferError):
+            self.free_batch(bid)
+        return statuses
 
 _COMPLETED: dict[int, TransferStatus] = {}
 

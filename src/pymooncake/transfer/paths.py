@@ -121,16 +121,16 @@ class TcpPaths:
             lane.busy = True
             if len(ch.queue) > -(-len(ch.queue) // len(ch.lanes)):
                 ch.cond.notify_all()  # more than our share: let the other paths help
+            window = self._take_window(ch)
+            host, port = ch.host, ch.port
         try:
-            while True:
+            while window:
+                self._run_window(ch, lane, window, host, port)
                 with ch.cond:
                     if self._closed or lane.down_until > time.monotonic():
                         break
                     window = self._take_window(ch)
-                    if not window:
-                        break
                     host, port = ch.host, ch.port
-                self._run_window(ch, lane, window, host, port)
         finally:
             with ch.cond:
                 lane.busy = False
