@@ -344,3 +344,22 @@ def test_spill_never_frees_dram_under_a_reader() -> None:
     assert core.drain_effects().spills == []
     assert core.pool.used_bytes() == 4096
     assert [r.tier for r in core.get_replica_list("x", "a", 7.0).replicas] == ["ssd"]
+
+
+def test_bug_34_exist_excludes_failed_segments_without_lease() -> None:
+    """A key whose every replica is on a segment the caller knows failed is absent to
+    that caller; one live replica keeps it present; no lease is granted for an absent key."""
+    core = make(num_segments=3, default_kv_lease_ttl_ms=1000.0)
+    put(core, "one", 4096, 0.0, config=ReplicateConfig(preferred_segment="s1"))
+    put(core, "two", 4096, 0.0, config=ReplicateConfig(replica_num=2,
+                                                          preferred_segment="s1"))
+    segs = {r.segment for r in core.get_replica_list("c0", "two", 1.0).replicas}
+    assert len(segs) == 2 and "s1" in segs
+    core.release_leases("c0", ["two"])
+    assert core.exist("c2", "one", 2.0, frozenset({"s1"})) is False
+    assert core.lease_count("one", 2.0) == 0
+    assert core.exist("c2", "one", 2.0, frozenset({"s0", "s2"})) is True
+    assert core.lease_count("one", 2.0) == 1
+    assert core.exist("c2", "two", 2.0, frozenset({"s1"})) is True
+    assert core.exist("c2", "two", 2.0, frozenset(segs)) is False
+    assert core.exist("c2", "one", 2.0) is True  # nothing excluded: the table's answer

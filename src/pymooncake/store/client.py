@@ -133,6 +133,10 @@ class StoreClient:
         self._rpc_timeout = rpc_timeout_s
         self._bad_ttl = bad_segment_ttl_s
         self._bad: dict[str, float] = {}
+        self._owners: dict[str, tuple[int, str]] = {}  # segment → (owner pid, host id)
+        from pymooncake.transfer.segment import local_host_id
+
+        self._host_id = local_host_id()
         self._transfer_config = transfer_config
         self._ssd_path, self._ssd_capacity = ssd_path, ssd_capacity
         self.ssd: SsdTier | None = None
@@ -197,6 +201,7 @@ class StoreClient:
         self._thread.start()
         if not ready.wait(10.0):
             raise StoreError(ErrorCode.INTERNAL_ERROR, "client background thread did not start")
+        self._dp.owner_dead = self._owner_dead
         self._master("heartbeat", HeartbeatRequest(self.client_id))
         if self.global_segment_size:
             self._mount()
@@ -213,6 +218,33 @@ class StoreClient:
         except Exception:  # no /dev/shm: private memory, reached over tcp
             arr = np.zeros(size, dtype=np.uint8)
             return arr, arr
+
+    def _owner_dead(self, segment: str) -> str | None:
+        """Liveness check of ``segment``'s owner after a successful move (case BUG-34):
+        why it is dead, or ``None`` (alive, on another host, or unknown). Same host only:
+        the owner's pid (from its Transfer Engine descriptor, looked up once per segment)
+        must exist; a dead owner's shm mapping still holds bytes, but a dead segment's
+        replicas must not be relied on before the master drops them at ``client_ttl``.
+        Assumes one pid namespace per host id (as the shm transport itself does)."""
+        owner = self._owners.get(segment)
+        if owner is None:
+            if self._loop is None or self._dp is None:
+                return None
+            owner = self._dp.lookup_owner(segment, self._loop, self._rpc_timeout)
+            if owner is None:
+                return None
+            self._owners[segment] = owner
+        pid, host_id = owner
+        if pid <= 0 or host_id != self._host_id or pid == os.getpid():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            self._owners.pop(segment, None)  # a new owner may publish the name again
+            return f"owner pid {pid} of segment {segment!r} is dead"
+        except PermissionError:
+            pass  # exists, owned by another user
+        return None
 
     def _mount(self) -> None:
         self._master("mount_segment", MountRequest(
@@ -745,12 +777,31 @@ class StoreClient:
 
     # -- metadata-only -----------------------------------------------------------------
 
+    def _bad_now(self) -> list[str]:
+        """Segments this client currently knows to have failed (see ``bad_segment_ttl_s``)."""
+        if not self._bad:
+            return []
+        now = self._clock()
+        return [seg for seg, until in list(self._bad.items()) if until > now]
+
     def exist(self, key: str) -> bool:
+        """True for a published object with a replica this client may read: a key whose
+        every replica lies on a segment this client knows to have failed is reported
+        absent, as ``get`` answers ``OBJECT_NOT_FOUND`` for it (case BUG-34)."""
         self._check_key(key)
-        return bool(self._master("exist", {"client_id": self.client_id, "key": key}))
+        req: dict[str, Any] = {"client_id": self.client_id, "key": key}
+        bad = self._bad_now()
+        if bad:
+            req["exclude_segments"] = bad
+        return bool(self._master("exist", req))
 
     def batch_exist(self, keys: Sequence[str]) -> list[bool | StoreError]:
-        res = self._master("batch_exist", {"client_id": self.client_id, "keys": list(keys)})
+        """``exist`` per key (same rule for keys on failed segments)."""
+        req: dict[str, Any] = {"client_id": self.client_id, "keys": list(keys)}
+        bad = self._bad_now()
+        if bad:
+            req["exclude_segments"] = bad
+        res = self._master("batch_exist", req)
         return [self._batch_item(x) for x in res]
 
     def remove(self, key: str, force: bool = False) -> None:

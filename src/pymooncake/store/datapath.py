@@ -4,12 +4,15 @@
 of READ/WRITE requests between this process's registered memory and other processes'
 segments. Results are per request: ``None`` on success, else a short reason; a failure
 whose reason is a lost/refused peer is flagged ``peer_down`` so the client can stop trying
-that segment (case BUG-34).
+that segment (case BUG-34). A move that succeeded against a segment whose owner process is
+dead (same host: its pid is gone; the bytes came from or went to a leftover shm mapping)
+is reported failed with ``peer_down`` too (``DataPath.owner_dead``).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +43,11 @@ class DataPath:
         from pymooncake.transfer import TransferEngine
 
         self.name = name
+        self.owner_dead: Callable[[str], str | None] | None = None
+        """Set by the client: after a move to/from another segment succeeded, returns why
+        that segment's owner is dead (the move then counts as failed, ``peer_down``) or
+        ``None``. Reads and writes of a shm mapping left behind by a dead process succeed
+        at the transfer level; this check makes them replica failures (case BUG-34)."""
         self._metadata = open_metadata(metadata_url)
         self.engine = TransferEngine(name, self._metadata, config=transfer_config)
         try:
@@ -73,14 +81,40 @@ class DataPath:
         except Exception as e:  # the engine refused the whole batch
             return [MoveResult(False, f"{type(e).__name__}: {e}") for _ in moves]
         out = []
-        for st in statuses:
+        dead: dict[str, str | None] = {}  # one liveness check per segment and batch
+        for mv, st in zip(moves, statuses, strict=True):
             if st.ok:
+                if self.owner_dead is not None and mv.segment != self.name:
+                    if mv.segment not in dead:
+                        dead[mv.segment] = self.owner_dead(mv.segment)
+                    why = dead[mv.segment]
+                    if why is not None:  # copied to/from a dead process's leftover memory
+                        out.append(MoveResult(False, why, True))
+                        continue
                 out.append(MoveResult(True))
             else:
                 down = st.code in (StatusCode.CONNECTION_ERROR, StatusCode.TIMEOUT,
                                    StatusCode.NOT_FOUND)
                 out.append(MoveResult(False, f"{st.code.value}: {st.reason}", down))
         return out
+
+    def lookup_owner(self, segment: str, loop: Any, timeout_s: float) -> tuple[int, str] | None:
+        """``(pid, host_id)`` of the process that publishes ``segment`` (its Transfer
+        Engine descriptor), looked up on the asyncio ``loop`` (another thread's); ``None``
+        when it is not published or the lookup fails."""
+        import asyncio
+
+        from pymooncake.transfer.segment import SegmentDescriptor, segment_key
+
+        try:
+            kv = asyncio.run_coroutine_threadsafe(
+                self._metadata.get(segment_key(segment)), loop).result(timeout_s)
+        except Exception:  # noqa: BLE001 - unknown owner: no liveness verdict
+            return None
+        if kv is None:
+            return None
+        desc = SegmentDescriptor.decode(kv.value)
+        return desc.pid, desc.host_id
 
     def close(self) -> None:
         self.engine.close()

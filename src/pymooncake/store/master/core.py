@@ -319,11 +319,17 @@ class MasterCore:
         obj.last_access_ms = now_ms
         return obj
 
-    def exist(self, client_id: str, key: str, now_ms: float) -> bool:
-        """True for a published object (grants a read lease, as Mooncake's ``ExistKey``)."""
+    def exist(self, client_id: str, key: str, now_ms: float,
+              exclude_segments: frozenset[str] = frozenset()) -> bool:
+        """True for a published object (grants a read lease, as Mooncake's ``ExistKey``).
+        False, without a lease, when every readable replica lies on one of
+        ``exclude_segments`` (segments the caller knows have failed, case BUG-34)."""
         validate_key(key, self.config.max_key_bytes)
         obj = self.objects.get(key)
         if obj is None or not obj.complete:
+            return False
+        if exclude_segments and all(r.segment in exclude_segments
+                                    for r in obj.readable_replicas()):
             return False
         self.leases.grant(key, client_id, now_ms, self.config.default_kv_lease_ttl_ms)
         return True

@@ -73,7 +73,16 @@ _BATCH_PUT_START_FIELDS = frozenset({"client_id", "keys", "sizes_bytes", "config
 _PUT_END_FIELDS = frozenset({"client_id", "key", "generation"})
 _BATCH_PUT_END_FIELDS = frozenset({"client_id", "keys", "generations"})
 _DEFAULT_CONFIG = ReplicateConfig()
-_OPTIONAL = frozenset({"config"})
+_OPTIONAL = frozenset({"config", "exclude_segments"})
+_EXCLUDE = frozenset({"exclude_segments"})
+
+
+def _exclude(p: dict[str, Any]) -> frozenset[str]:
+    """``exclude_segments`` of an exist request: segments the caller knows have failed."""
+    ex = p.get("exclude_segments", ())
+    if not isinstance(ex, list | tuple) or not all(isinstance(x, str) for x in ex):
+        raise RpcError("INVALID_ARGUMENT", "exclude_segments must be a list of segment names")
+    return frozenset(ex)
 
 
 def _check(p: Any, fields: frozenset[str]) -> None:
@@ -440,13 +449,14 @@ class MasterService:
         return out
 
     def _exist(self, p: Any) -> bool:
-        _check(p, _KEY_FIELDS)
-        return self._call(self.core.exist, p["client_id"], p["key"], self.now_ms())
+        _check(p, _KEY_FIELDS | _EXCLUDE)
+        return self._call(self.core.exist, p["client_id"], p["key"], self.now_ms(),
+                          _exclude(p))
 
     def _batch_exist(self, p: Any) -> Any:
-        _check(p, _KEYS_FIELDS)
-        cid, now = p["client_id"], self.now_ms()
-        return self._each(lambda k: self.core.exist(cid, k, now), _keys(p))
+        _check(p, _KEYS_FIELDS | _EXCLUDE)
+        cid, now, ex = p["client_id"], self.now_ms(), _exclude(p)
+        return self._each(lambda k: self.core.exist(cid, k, now, ex), _keys(p))
 
     def _remove(self, p: RemoveRequest) -> bool:
         self._call(self.core.remove, p.key, self.now_ms(), p.force)
