@@ -101,7 +101,7 @@ class Cluster:
         self.procs.append(self.master)
 
     def store_server(self, size: int = 16 * MiB, *flags: str,
-                     transports: str = "local,tcp") -> Proc:
+                     transports: str = "local,shm,tcp") -> Proc:
         p = spawn(["store-server", "--master", self.master_addr, "--metadata",
                    self.metadata_url, "--global-segment-size", str(size),
                    "--transports", transports, "--heartbeat-interval", "0.2", *flags])
@@ -113,7 +113,7 @@ class Cluster:
         from pymooncake.transfer import TransferConfig
 
         kw.setdefault("transfer_config", TransferConfig(
-            transports=("local", "tcp"), max_retries=1, path_retry_interval_s=0.05,
+            transports=("local", "shm", "tcp"), max_retries=1, path_retry_interval_s=0.05,
             connect_timeout_s=1.0, slice_timeout_s=2.0))
         kw.setdefault("heartbeat_interval_s", 0.2)
         c = StoreClient(self.master_addr, self.metadata_url, **kw).start()

@@ -11,6 +11,7 @@ import pytest
 
 from pymooncake.store.config import ReplicateConfig
 from pymooncake.store.errors import ErrorCode, StoreError
+from pymooncake.transfer import TransferConfig
 
 from .procs import MiB
 
@@ -87,18 +88,25 @@ class CountingPath:
         return self.inner(moves)
 
 
-def test_bug_33_34_replica_fallback_and_dead_segments_unmounted(cluster_factory) -> None:
+@pytest.mark.parametrize("transports", ["local,tcp", "local,shm,tcp"])
+def test_bug_33_34_replica_fallback_and_dead_segments_unmounted(cluster_factory,
+                                                                transports) -> None:
+    """Both with tcp only and with the default transports (a killed server's shm file
+    stays behind; its replicas must still count as failed)."""
     cl = cluster_factory("--client-ttl", "1.5")
-    servers = [cl.store_server(4 * MiB) for _ in range(3)]
+    servers = [cl.store_server(4 * MiB, transports=transports) for _ in range(3)]
     s1 = servers[0].info["segment"]
-    writer = cl.client()
+    tcfg = TransferConfig(transports=tuple(transports.split(",")), max_retries=1,
+                          path_retry_interval_s=0.05, connect_timeout_s=1.0,
+                          slice_timeout_s=2.0)
+    writer = cl.client(transfer_config=tcfg)
     v1, v2 = pattern(1, MiB), pattern(2, MiB)
     writer.put("k1", v1, ReplicateConfig(preferred_segment=s1))
     writer.put("k2", v2, ReplicateConfig(replica_num=2, preferred_segment=s1))
     placed = [r.segment for r in writer.replica_list("k2").replicas]
     assert len(set(placed)) == 2 and s1 in placed
     assert [r.segment for r in writer.replica_list("k1").replicas] == [s1]
-    reader = cl.client()
+    reader = cl.client(transfer_config=tcfg)
     counter = CountingPath(reader)
     servers[0].kill()  # no unmount, no goodbye
     # before the TTL: k2 falls back to its live replica; k1 is a prompt miss
