@@ -57,7 +57,7 @@ def test_master_busy_port_is_one_line_naming_the_flag(busy_port, flags):
     assert f"{flag} {busy_port}" in line and "already in use" in line
 
 
-def test_store_server_unreachable_master_and_metadata(busy_port):
+def test_store_server_unreachable_master_and_metadata():
     rc, err, _ = _run("store-server", "--master", "127.0.0.1:1", "--metadata",
                       "http://127.0.0.1:1/metadata", "--global-segment-size", "1M")
     line = _one_line(err)
