@@ -23,6 +23,7 @@ from pymooncake.transfer import (
     TransferConfig,
     TransferEngine,
     TransferOp,
+    TransferRequest,
     segment_key,
 )
 
@@ -173,3 +174,41 @@ def test_no_engine_thread_is_alive_one_second_after_close() -> None:
     b.close()
     time.sleep(1.0)
     assert set(_engine_threads()) - before == set()
+
+
+def test_close_does_not_wait_for_a_window_to_an_unresponsive_peer() -> None:
+    """A peer that accepts but never answers: close() fails the request and returns at
+    once, not after slice_timeout_s (5 s here)."""
+    import socket
+
+    from pymooncake.transfer import StatusCode, TransferState
+    from pymooncake.transfer.segment import BufferDesc, local_host_id
+
+    url = f"embedded://own-unresponsive-{next(_ns)}"
+    listener = socket.create_server(("127.0.0.1", 0))  # the kernel accepts; nobody reads
+    fake = SegmentDescriptor("mute", "127.0.0.1", local_host_id(), 1,
+                             listener.getsockname()[1], ("tcp",),
+                             (BufferDesc(1 << 30, 1 << 20),))
+    md = open_metadata(url)
+    asyncio.run(md.put(segment_key("mute"), fake.encode()))
+    before = set(_engine_threads())
+    a = TransferEngine("asker", url, config=TransferConfig(slice_timeout_s=5.0)).start()
+    try:
+        x = np.zeros(4096, np.uint8)
+        bid = a.allocate_batch(1)
+        assert a.submit(bid, [TransferRequest(TransferOp.READ, a.register_memory(x), "mute",
+                                              1 << 30, 4096)]) == 0
+        time.sleep(0.3)  # the path is now blocked waiting for the reply
+        assert a.status(bid, 0).state is TransferState.PENDING
+        t0 = time.monotonic()
+        a.close()
+        took_s = time.monotonic() - t0
+        assert took_s < 1.0, f"close took {took_s:.2f} s"
+        st = a.status(bid, 0)
+        assert (st.state, st.code, st.reason) == (TransferState.FAILED, StatusCode.INTERNAL,
+                                                  "engine closed")
+        time.sleep(0.5)
+        assert set(_engine_threads()) - before == set()
+    finally:
+        a.close()
+        listener.close()

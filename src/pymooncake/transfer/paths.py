@@ -145,18 +145,22 @@ class TcpPaths:
                 ch.host, ch.port = host, port
 
     def close(self) -> None:
-        """Stop every path thread (each finishes its current window) and close the pool."""
+        """Stop every path thread and close the pool.
+
+        Connections are shut down first, so a path blocked in a window (an unresponsive
+        peer) fails it at once instead of after ``slice_timeout_s``.
+        """
         self._closed = True
         with self._lock:
             channels = list(self._channels.values())
         for ch in channels:
             with ch.cond:
                 ch.cond.notify_all()
+        self.pool.close_all()  # in-use connections too: wakes blocked sends/receives
         for ch in channels:
             for lane in ch.lanes:
                 if lane.thread is not None:
                     lane.thread.join(timeout=2 * self.config.slice_timeout_s)
-        self.pool.close_all()
 
     def _channel(self, desc: SegmentDescriptor) -> _PeerChannel:
         ch = self._channels.get(desc.name)  # the common case, without the lock

@@ -122,6 +122,9 @@ class TcpConnection:
         self.reader = RecvBuffer(sock)
 
     def close(self) -> None:
+        """Shut the socket down (waking a thread blocked on it) and close it."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self.sock.close()
 
