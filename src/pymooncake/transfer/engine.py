@@ -311,8 +311,9 @@ class TransferEngine:
         """Stop paths and the server, withdraw the descriptor, free owned shared memory.
 
         Every engine thread (loop, data server, accepted connections, paths) has ended
-        when this returns, unless a path is blocked in a window to an unresponsive peer
-        (bounded by ``config.slice_timeout_s``).
+        when this returns: connections are shut down first, so a path blocked in a
+        window to an unresponsive peer fails it at once. Pending requests end
+        ``INTERNAL`` ("engine closed").
         """
         if self._closed:
             return
