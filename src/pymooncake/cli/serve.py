@@ -486,16 +486,22 @@ class LocalCluster:
         """SIGTERM every child (workers, then conductor, then master), then kill leftovers."""
         import signal
         import subprocess
+        import time
         order = list(reversed(list(self.procs.items())))
         for _, p in order:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     p.send_signal(signal.SIGTERM)
+        # One deadline for all children (not 8 s each in turn): the whole stop is bounded
+        # by ~8 s + the kills, however many children there are.
+        deadline = time.monotonic() + 8.0
         for _, p in order:
             try:
-                p.wait(8)
+                p.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
+        for _, p in order:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(5)
 
 
