@@ -129,6 +129,18 @@ class TcpConnection:
             self.sock.close()
 
 
+def _drop_sent(pending: list[memoryview], n: int) -> None:
+    """Remove the first ``n`` sent bytes from the front of ``pending``."""
+    while n:
+        first = pending[0]
+        if n >= first.nbytes:
+            n -= first.nbytes
+            pending.pop(0)
+        else:
+            pending[0] = first[n:]
+            n = 0
+
+
 def sendmsg_all(sock: socket.socket, bufs: Sequence[memoryview | bytes]) -> None:
     """Send every buffer with as few ``sendmsg`` calls as the kernel allows."""
     if len(bufs) <= MAX_IOV:  # usually one call sends everything
@@ -139,26 +151,11 @@ def sendmsg_all(sock: socket.socket, bufs: Sequence[memoryview | bytes]) -> None
         if n == total:
             return
         pending = [memoryview(b) for b in bufs if len(b)]
-        while n:
-            first = pending[0]
-            if n >= first.nbytes:
-                n -= first.nbytes
-                pending.pop(0)
-            else:
-                pending[0] = first[n:]
-                n = 0
+        _drop_sent(pending, n)
     else:
         pending = [memoryview(b) for b in bufs if len(b)]
     while pending:
-        n = sock.sendmsg(pending[:MAX_IOV])
-        while n:
-            first = pending[0]
-            if n >= first.nbytes:
-                n -= first.nbytes
-                pending.pop(0)
-            else:
-                pending[0] = first[n:]
-                n = 0
+        _drop_sent(pending, sock.sendmsg(pending[:MAX_IOV]))
 
 
 # ---------------------------------------------------------------------------- target side
