@@ -89,7 +89,7 @@ def _error_response(err: ApiError, endpoint: str) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
-def _rejected(e: RequestRejected, gate: AdmissionGate) -> ApiError:
+def _rejected(e: RequestRejected) -> ApiError:
     r = e.rejection
     retry = max(1, int(-(-r.retry_after_s // 1)))
     return ApiError(r.status, r.message,
@@ -230,7 +230,7 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
             try:
                 await gate.acquire(req.priority)
             except RequestRejected as e:
-                raise _rejected(e, gate) from None
+                raise _rejected(e) from None
         except ApiError as err:
             return _error_response(err, endpoint)
         job = _Job(backend, codec, greq)
@@ -242,7 +242,7 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
         try:
             text = "".join([d async for d, _ in job.deltas()])
         except RequestRejected as e:
-            return _error_response(_rejected(e, gate), endpoint)
+            return _error_response(_rejected(e), endpoint)
         finally:
             gate.release()
         REQUESTS.labels(endpoint, "200").inc()
@@ -301,7 +301,7 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
                 yield chunk([], _usage(len(job.req.prompt_token_ids), job.completion_tokens,
                                        job.cached_tokens))
         except RequestRejected as e:
-            err = _rejected(e, gate)
+            err = _rejected(e)
             status = str(err.status)
             yield f"data: {json.dumps(err.body())}\n\n".encode()
         except Exception as e:  # noqa: BLE001 - a stream cannot change its status any more
