@@ -14,12 +14,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 SERVER = textwrap.dedent("""
-    import socket, sys, uvicorn
+    import sys, uvicorn
     sys.path.insert(0, sys.argv[1])
-    from pymooncake.api.server import ApiConfig, create_app
+    from pymooncake.api.server import ApiConfig, create_app, listen_socket
     from tests.api.fakes import ByteCodec, ScriptedBackend
     app = create_app(ScriptedBackend(reply="ok!"), ByteCodec(), ApiConfig(context_length=2048))
-    sock = socket.socket(); sock.bind(("127.0.0.1", 0)); sock.listen(64)
+    sock = listen_socket("127.0.0.1", 0)
     print(sock.getsockname()[1], flush=True)
     config = uvicorn.Config(app, log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])

@@ -72,3 +72,21 @@ def test_serve_starts_answers_and_stops_every_child(sig):
         for x in pids.values():
             if _alive(x):
                 os.kill(x, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("flag", ["--port", "--worker-port"])
+def test_conductor_on_a_used_port_is_a_one_line_error(flag):
+    import socket
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        other = "--worker-port" if flag == "--port" else "--port"
+        r = subprocess.run([sys.executable, "-m", "pymooncake", "conductor", flag,
+                            str(busy.getsockname()[1]), other, "0"],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        busy.close()
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and "in use" in lines[0], r.stderr

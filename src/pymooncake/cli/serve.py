@@ -203,10 +203,9 @@ def load_profile(path: str) -> Any:
 
 def _cmd_conductor(args: argparse.Namespace) -> int:
     import asyncio
-    import socket
 
     from pymooncake.api.admission import AdmissionConfig
-    from pymooncake.api.server import ApiConfig, create_app
+    from pymooncake.api.server import ApiConfig, create_app, listen_socket
     from pymooncake.cli.main import UsageError
     from pymooncake.conductor.config import ConductorConfig
     from pymooncake.conductor.service import Conductor
@@ -226,14 +225,23 @@ def _cmd_conductor(args: argparse.Namespace) -> int:
     est = load_profile(args.profile) if args.profile else None
     codec = load_codec(args.model)
 
+    from pymooncake.cli.main import CommandError
+    try:
+        sock = listen_socket(args.host, args.port)
+    except OSError as e:
+        raise CommandError(f"--host {args.host} --port {args.port}: cannot listen: "
+                           f"{e.strerror or e}") from None
+
     async def main() -> None:
         import uvicorn
         cond = Conductor(cfg, args.host, args.worker_port, est)
-        await cond.start()
+        try:
+            await cond.start()
+        except OSError as e:
+            sock.close()
+            raise CommandError(f"--worker-port {args.worker_port}: cannot listen: "
+                               f"{e.strerror or e}") from None
         app = create_app(cond, codec, api_cfg, health=cond.health)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((args.host, args.port))
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
                                                timeout_graceful_shutdown=2))
         task = asyncio.ensure_future(server.serve(sockets=[sock]))
