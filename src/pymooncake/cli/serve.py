@@ -18,11 +18,31 @@ from typing import Any
 from pymooncake.cli.common import add_json_flag
 
 POLICY_CHOICES = ("global-cache", "local-cache", "load", "round-robin", "random")
+OTEL_CHOICES = ("console", "otlp")  # obs.tracing.EXPORTERS (not imported: --help stays fast)
 
 
 def _ready(info: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps({"event": "ready", **info}) + "\n")
     sys.stdout.flush()
+
+
+def _add_otel_flag(p: argparse.ArgumentParser) -> None:
+    import os
+    p.add_argument("--otel", choices=OTEL_CHOICES, default=os.environ.get("PYMOONCAKE_OTEL"),
+                   help="export OpenTelemetry spans: console (stderr) or otlp "
+                        "(OTEL_EXPORTER_OTLP_ENDPOINT); default: env PYMOONCAKE_OTEL, else off")
+
+
+def _start_tracing(args: argparse.Namespace, role: str) -> None:
+    """``configure_tracing(args.otel, "pymooncake-<role>")``; errors as one-line CLI errors."""
+    from pymooncake.cli.main import CommandError, UsageError
+    from pymooncake.obs.tracing import configure_tracing
+    try:
+        configure_tracing(args.otel, f"pymooncake-{role}")
+    except ValueError as e:
+        raise UsageError(f"--otel / PYMOONCAKE_OTEL: {e}") from None
+    except RuntimeError as e:
+        raise CommandError(f"--otel {args.otel}: {e}") from None
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -62,6 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--demo", action="store_true",
                    help="send a few chat requests and a short trace replay, print, stop")
     _add_engine_flags(s)
+    _add_otel_flag(s)
     add_json_flag(s)
     s.set_defaults(handler=_cmd_serve)
 
@@ -90,6 +111,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--max-concurrency", type=int, default=64)
     c.add_argument("--queue-capacity", type=int, default=256)
     c.add_argument("--queue-timeout", type=float, default=30.0, metavar="S")
+    _add_otel_flag(c)
     c.set_defaults(handler=_cmd_conductor)
 
     for role in ("prefill", "decode"):
@@ -119,6 +141,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         w.add_argument("--no-prefix-cache", action="store_true",
                        help="disable the local prefix cache")
         _add_engine_flags(w)
+        _add_otel_flag(w)
         w.set_defaults(handler=_cmd_worker, role=role)
 
     pr = subparsers.add_parser(
@@ -175,7 +198,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     else:
         from pymooncake.engine.worker.decode import DecodeWorker
         worker = DecodeWorker(cfg)
-    return _run_until_signal(lambda: worker.serve(_ready))
+    from pymooncake.obs.tracing import shutdown_tracing
+    _start_tracing(args, role)
+    try:
+        return _run_until_signal(lambda: worker.serve(_ready))
+    finally:
+        shutdown_tracing()
 
 
 # -- conductor ------------------------------------------------------------------------------
@@ -256,7 +284,12 @@ def _cmd_conductor(args: argparse.Namespace) -> int:
             await cond.stop()
             sock.close()
 
-    asyncio.run(main())
+    from pymooncake.obs.tracing import shutdown_tracing
+    _start_tracing(args, "conductor")
+    try:
+        asyncio.run(main())
+    finally:
+        shutdown_tracing()
     return 0
 
 
@@ -272,8 +305,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                        ttft_slo_s=args.ttft_slo, tbt_slo_s=args.tbt_slo, profile=args.profile,
                        max_concurrency=args.max_concurrency, quiet=args.demo,
-                       global_store=args.global_store)
+                       global_store=args.global_store, otel=args.otel)
     import signal
+
+    from pymooncake.obs.tracing import shutdown_tracing
+    _start_tracing(args, "serve")
     cluster = LocalCluster(spec)
 
     def _stop(signum: int, frame: Any) -> None:
@@ -296,6 +332,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 0
     finally:
         cluster.stop()
+        shutdown_tracing()
 
 
 # -- profile --------------------------------------------------------------------------------
@@ -358,6 +395,7 @@ class ClusterSpec:
         self.global_store: bool | None = kw.pop("global_store", None)
         self.global_segment_size: int = kw.pop("global_segment_size", 64 << 20)
         self.extra_conductor_flags: list[str] = kw.pop("extra_conductor_flags", [])
+        self.otel: str | None = kw.pop("otel", None)
         if kw:
             raise TypeError(f"unknown ClusterSpec fields {sorted(kw)}")
 
@@ -446,6 +484,8 @@ class LocalCluster:
                 cflags.append("--global-store" if s.global_store else "--no-global-store")
             if s.prefill_concurrency_limit:
                 cflags += ["--prefill-concurrency-limit", str(s.prefill_concurrency_limit)]
+            if s.otel:
+                cflags += ["--otel", s.otel]
             c = self._spawn("conductor", cflags)
             self.url = c["url"]
             self.worker_addr = f"127.0.0.1:{c['worker_port']}"
@@ -455,6 +495,8 @@ class LocalCluster:
                       "--max-model-len", str(s.max_model_len)]
             if not s.prefix_cache:
                 common.append("--no-prefix-cache")
+            if s.otel:
+                common += ["--otel", s.otel]
             names = []
             for i in range(s.num_prefill):
                 name = f"colocated-{i}" if s.colocated else f"prefill-{i}"
