@@ -35,6 +35,9 @@ def test_replay_reports_exact_token_counts_and_hits(server_url: str, tmp_path) -
     for key in ("ttft_p50_s", "ttft_p99_s", "tbt_p99_s", "slo_attainment",
                 "request_hit_ratio"):
         assert key in s
+    # This front door runs a scripted backend, not the Conductor: /metrics answers but has
+    # no stage histogram, so there are no stage figures (and the replay still reports).
+    assert s["stage_mean_s"] == {}
     rows = (tmp_path / "r.csv").read_text().splitlines()
     assert len(rows) == n + 1
 
@@ -49,3 +52,106 @@ def test_replay_bad_arguments() -> None:
                           "http://127.0.0.1:9", "--limit", "2", "--timeout", "2"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 1 and "no response" in out.stderr
+
+
+# Two /metrics snapshots as the Conductor's prometheus_client exposes them (hand-written).
+_BEFORE = """\
+# HELP pymooncake_conductor_stage_seconds time per request stage (s)
+# TYPE pymooncake_conductor_stage_seconds histogram
+pymooncake_conductor_stage_seconds_bucket{le="1.0",stage="prefill"} 3.0
+pymooncake_conductor_stage_seconds_bucket{le="+Inf",stage="prefill"} 3.0
+pymooncake_conductor_stage_seconds_count{stage="prefill"} 3.0
+pymooncake_conductor_stage_seconds_sum{stage="prefill"} 1.5
+pymooncake_conductor_stage_seconds_bucket{le="1.0",stage="decode"} 0.0
+pymooncake_conductor_stage_seconds_bucket{le="+Inf",stage="decode"} 2.0
+pymooncake_conductor_stage_seconds_count{stage="decode"} 2.0
+pymooncake_conductor_stage_seconds_sum{stage="decode"} 4.0
+pymooncake_conductor_stage_seconds_bucket{le="+Inf",stage="schedule"} 3.0
+pymooncake_conductor_stage_seconds_count{stage="schedule"} 3.0
+pymooncake_conductor_stage_seconds_sum{stage="schedule"} 0.01
+# HELP pymooncake_conductor_failed_total placed requests that failed
+# TYPE pymooncake_conductor_failed_total counter
+pymooncake_conductor_failed_total{stage="prefill"} 7.0
+"""
+_AFTER = """\
+# HELP pymooncake_api_ttft_seconds time to first token (s)
+# TYPE pymooncake_api_ttft_seconds histogram
+pymooncake_api_ttft_seconds_bucket{le="+Inf"} 9.0
+pymooncake_api_ttft_seconds_count 9.0
+pymooncake_api_ttft_seconds_sum 99.0
+# HELP pymooncake_conductor_stage_seconds time per request stage (s)
+# TYPE pymooncake_conductor_stage_seconds histogram
+pymooncake_conductor_stage_seconds_bucket{le="1.0",stage="prefill"} 5.0
+pymooncake_conductor_stage_seconds_bucket{le="+Inf",stage="prefill"} 5.0
+pymooncake_conductor_stage_seconds_count{stage="prefill"} 5.0
+pymooncake_conductor_stage_seconds_sum{stage="prefill"} 3.0
+pymooncake_conductor_stage_seconds_bucket{le="1.0",stage="decode"} 0.0
+pymooncake_conductor_stage_seconds_bucket{le="+Inf",stage="decode"} 2.0
+pymooncake_conductor_stage_seconds_count{stage="decode"} 2.0
+pymooncake_conductor_stage_seconds_sum{stage="decode"} 4.0
+pymooncake_conductor_stage_seconds_bucket{le="+Inf",stage="schedule"} 6.0
+pymooncake_conductor_stage_seconds_count{stage="schedule"} 6.0
+pymooncake_conductor_stage_seconds_sum{stage="schedule"} 0.016
+pymooncake_conductor_stage_seconds_bucket{le="+Inf",stage="p2d_transfer"} 2.0
+pymooncake_conductor_stage_seconds_count{stage="p2d_transfer"} 2.0
+pymooncake_conductor_stage_seconds_sum{stage="p2d_transfer"} 0.3
+# HELP pymooncake_conductor_failed_total placed requests that failed
+# TYPE pymooncake_conductor_failed_total counter
+pymooncake_conductor_failed_total{stage="prefill"} 9.0
+"""
+
+
+def test_parse_stage_seconds_reads_only_the_stage_histogram() -> None:
+    from pymooncake.cli.replay import parse_stage_seconds
+
+    assert parse_stage_seconds(_BEFORE) == {"prefill": (1.5, 3.0), "decode": (4.0, 2.0),
+                                            "schedule": (0.01, 3.0)}
+    assert parse_stage_seconds("") == {}
+    for garbage in ("<html><body>Not Found</body></html>", '{"detail": "Not Found"}'):
+        with pytest.raises(ValueError, match="Prometheus"):
+            parse_stage_seconds(garbage)
+
+
+def test_stage_means_are_deltas_between_snapshots() -> None:
+    from pymooncake.cli.replay import _human, parse_stage_seconds, stage_means_s, summarize
+
+    means = stage_means_s(parse_stage_seconds(_BEFORE), parse_stage_seconds(_AFTER))
+    # prefill (3.0-1.5)/(5-3); schedule (0.016-0.01)/(6-3); p2d_transfer new: 0.3/2;
+    # decode had no new observations: left out.
+    assert means.keys() == {"prefill", "schedule", "p2d_transfer"}
+    assert means["prefill"] == pytest.approx(0.75)
+    assert means["schedule"] == pytest.approx(0.002)
+    assert means["p2d_transfer"] == pytest.approx(0.15)
+    assert stage_means_s({}, {}) == {}
+    report = {**summarize([], 1.0, 0.1, 1.0), "stage_mean_s": means}
+    assert "stages          p2d_transfer 0.150 s  prefill 0.750 s  schedule 0.002 s" in (
+        _human(report))
+
+
+def test_fetch_stage_seconds_from_a_foreign_server_is_none() -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from pymooncake.cli.replay import fetch_stage_seconds
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = {"/a/metrics": b"<html>no metrics here</html>",
+                    "/b/metrics": _AFTER.encode()}.get(self.path)
+            self.send_response(404 if body is None else 200)
+            self.end_headers()
+            self.wfile.write(body or b"not found")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{srv.server_address[1]}"
+        assert fetch_stage_seconds(base + "/a", timeout_s=5) is None    # not Prometheus
+        assert fetch_stage_seconds(base + "/none", timeout_s=5) is None  # 404
+        assert fetch_stage_seconds(base + "/b", timeout_s=5)["p2d_transfer"] == (0.3, 2.0)
+    finally:
+        srv.shutdown()
+        srv.server_close()

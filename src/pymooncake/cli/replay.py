@@ -5,7 +5,9 @@ Each trace request is materialised into token ids with the workload layer (equal
 ``POST /v1/completions`` at its (``--time-scale``d) arrival time as a streamed greedy
 request with ``max_tokens`` = its scaled output length and ``ignore_eos``, and timed per
 token (the ``return_token_ids`` extension gives one chunk per engine step). The report
-uses ``obs.slo`` — the same TTFT/TBT/SLO definitions as the simulator.
+uses ``obs.slo`` — the same TTFT/TBT/SLO definitions as the simulator. Per-stage time comes
+from the Conductor's ``pymooncake_conductor_stage_seconds`` histogram on ``URL/metrics``,
+read before the first request and after the last (a server without it: no stage figures).
 """
 
 from __future__ import annotations
@@ -115,6 +117,68 @@ async def replay(url: str, requests: list[Any], *, timeout_s: float = 600.0,
     return records
 
 
+STAGE_METRIC = "pymooncake_conductor_stage_seconds"
+"""The Conductor's per-request-stage histogram (label ``stage``), seconds."""
+
+
+def parse_stage_seconds(text: str) -> dict[str, tuple[float, float]]:
+    """``stage -> (sum_s, count)`` of ``STAGE_METRIC`` in a Prometheus text exposition.
+
+    Parsed with ``prometheus_client.parser``; stages absent from ``text`` are absent from
+    the result. Raises ``ValueError`` when ``text`` is not Prometheus text format.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.name != STAGE_METRIC:
+                continue
+            for sample in family.samples:
+                stage = sample.labels.get("stage")
+                if stage is None:
+                    continue
+                if sample.name == STAGE_METRIC + "_sum":
+                    sums[stage] = float(sample.value)
+                elif sample.name == STAGE_METRIC + "_count":
+                    counts[stage] = float(sample.value)
+    except (ValueError, TypeError, IndexError, KeyError) as e:
+        raise ValueError(f"not Prometheus text format: {e}") from None
+    return {k: (sums[k], counts[k]) for k in sums.keys() & counts.keys()}
+
+
+def stage_means_s(before: dict[str, tuple[float, float]],
+                  after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Mean seconds per stage between two ``parse_stage_seconds`` snapshots.
+
+    Per stage ``(sum_after - sum_before) / (count_after - count_before)``; a stage missing
+    from ``before`` counts from zero (the Conductor had not observed it yet); stages with no
+    new observations are left out. Sorted by stage name.
+    """
+    out: dict[str, float] = {}
+    for stage in sorted(after):
+        sum_s, count = after[stage]
+        sum0_s, count0 = before.get(stage, (0.0, 0.0))
+        if count - count0 > 0:
+            out[stage] = (sum_s - sum0_s) / (count - count0)
+    return out
+
+
+def fetch_stage_seconds(url: str, timeout_s: float = 10.0) -> dict[str, tuple[float, float]] | None:
+    """``parse_stage_seconds`` of ``GET url/metrics``; None when it is missing or unparsable
+    (a server that is not a pymooncake Conductor)."""
+    import httpx
+
+    try:
+        resp = httpx.get(f"{url}/metrics", timeout=timeout_s)
+        if resp.status_code != 200:
+            return None
+        return parse_stage_seconds(resp.text)
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
 def summarize(records: list[ReplayRecord], ttft_slo_s: float, tbt_slo_s: float,
               wall_s: float) -> dict[str, Any]:
     """The replay report (keys shared with ``pymooncake sim run --json``)."""
@@ -166,6 +230,9 @@ def _human(s: dict[str, Any]) -> str:
         f"hit ratio       {100 * s['token_hit_ratio']:.1f}% token-weighted, "
         f"{100 * s['request_hit_ratio']:.1f}% request-weighted "
         f"({s['cached_tokens']:,} of {s['prompt_tokens']:,} prompt tokens cached)",
+        "stages          " + ("  ".join(f"{k} {v:.3f} s" for k, v in
+                                        s.get("stage_mean_s", {}).items())
+                                 or "- (no Conductor stage histogram on /metrics)"),
     ])
 
 
@@ -195,10 +262,15 @@ def _run(args: argparse.Namespace) -> int:
     trace = scale_arrivals(trace, args.time_scale)
     requests = materialize_trace(trace, vocab_size=args.vocab_size, scale=args.length_scale,
                                  seed=args.seed)
+    url = args.url.rstrip("/")
+    stages_before = fetch_stage_seconds(url)
     t0 = time.monotonic()
-    records = asyncio.run(replay(args.url.rstrip("/"), requests, timeout_s=args.timeout,
-                                 model=args.model))
+    records = asyncio.run(replay(url, requests, timeout_s=args.timeout, model=args.model))
     summary = summarize(records, args.ttft_slo, args.tbt_slo, time.monotonic() - t0)
+    stages_after = fetch_stage_seconds(url) if stages_before is not None else None
+    summary["stage_mean_s"] = (stage_means_s(stages_before, stages_after)
+                               if stages_before is not None and stages_after is not None
+                               else {})
     if summary["num_served"] == 0 and records and all(r.status == 0 for r in records):
         raise CommandError(f"no response from {args.url}: {records[0].error}")
     if args.output:
