@@ -93,15 +93,52 @@ def test_console_exporter_writes_to_stderr_not_stdout(capsys):
     assert "pymooncake-test" in err
 
 
-def test_otlp_exporter_configures(monkeypatch):
-    # Nothing listens there; the span is dropped at export time, not at configuration.
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
-    tracing.configure_tracing("otlp", "t")
+def test_otlp_exporter_posts_to_the_standard_endpoint(monkeypatch):
+    """A real OTLP/HTTP export to a loopback collector, decoded with opentelemetry-proto."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    received: list[tuple[str, bytes]] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((self.path, body))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{srv.server_port}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "5")
+        tracing.configure_tracing("otlp", "pymooncake-conductor")
         assert tracing.tracing_enabled()
+        tracing.record_span("p2d_transfer", 1_700_000_000.5, 1_700_000_000.75, num_blocks=4)
+        tracing.shutdown_tracing()  # flushes the batch processor: one POST
     finally:
         tracing.shutdown_tracing()
+        srv.shutdown()
+        srv.server_close()
+    assert [path for path, _ in received] == ["/v1/traces"]
+    req = ExportTraceServiceRequest.FromString(received[0][1])
+    (rs,) = req.resource_spans
+    assert {a.key: a.value.string_value for a in rs.resource.attributes}["service.name"] == (
+        "pymooncake-conductor")
+    (sp,) = [s for ss in rs.scope_spans for s in ss.spans]
+    assert sp.name == "p2d_transfer"
+    assert sp.start_time_unix_nano == 1_700_000_000_500_000_000
+    assert sp.end_time_unix_nano == 1_700_000_000_750_000_000
+    assert {a.key: a.value.int_value for a in sp.attributes} == {"num_blocks": 4}
 
 
 @pytest.mark.parametrize(("exporter", "missing", "package"), [
@@ -114,3 +151,17 @@ def test_missing_package_is_named(monkeypatch, exporter, missing, package):
     with pytest.raises(RuntimeError, match=f"pip install {package}"):
         tracing.configure_tracing(exporter, "t")
     assert not tracing.tracing_enabled()
+
+
+def test_cli_env_default_is_validated_with_a_one_line_error():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYMOONCAKE_OTEL="jaeger")
+    out = subprocess.run([sys.executable, "-m", "pymooncake", "conductor", "--port", "0",
+                          "--worker-port", "0"], capture_output=True, text=True, timeout=60,
+                         env=env, check=False)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "PYMOONCAKE_OTEL" in out.stderr
+    assert "console, otlp" in out.stderr
