@@ -243,3 +243,23 @@ def test_wire_conversion_round_trip() -> None:
     wire = to_wire(p)
     assert wire == {"key": "key", "size_bytes": 4096, "replicas": ["a", "b"], "tag": None}
     assert from_wire(PutParams, msgpack.unpackb(msgpack.packb(wire), raw=False)) == p
+
+
+@dataclass(frozen=True)
+class Windows:
+    windows: tuple[tuple[str, float, float], ...] = ()
+    pair: tuple[int, str] | None = None
+
+
+def test_fixed_length_tuple_fields_keep_their_values() -> None:
+    """A fixed-length tuple hint converts each value with its own item type (a swapped zip
+    once returned the hint's types instead of the values)."""
+    w = Windows((("queue", 1.0, 2.5), ("prefill", 2, 3.0)), (7, "x"))
+    got = from_wire(Windows, msgpack.unpackb(msgpack.packb(to_wire(w)), raw=False))
+    assert got.windows == (("queue", 1.0, 2.5), ("prefill", 2.0, 3.0))
+    assert isinstance(got.windows[1][1], float)
+    assert got.pair == (7, "x")
+    with pytest.raises(ValueError, match=r"Windows.windows\[0\]\[1\]: expected float"):
+        from_wire(Windows, {"windows": [["queue", "soon", 2.0]]})
+    with pytest.raises(ValueError, match="expected 3 items, got 2"):
+        from_wire(Windows, {"windows": [["queue", 1.0]]})

@@ -91,3 +91,41 @@ def test_whole_block_send_keeps_prompt_order_for_any_block_ids():
             assert torch.equal(got[:, :, :, j], eng.kv.buffer[:, :, :, b])
     finally:
         te.close()
+
+
+def test_stage_clock_shows_p2d_writes_overlapping_the_prefill():
+    """Issue #6 item 7: stage windows with start/end so overlap is visible — the first
+    layer's P→D write starts before the last layer's compute ends."""
+    from pymooncake.engine import Engine, EngineConfig, SamplingParams
+    from pymooncake.engine.kv_receiver import KVReceiver
+    from pymooncake.engine.kv_sender import KVSender, LayerwiseKVSender
+    from pymooncake.engine.worker.stages import StageClock
+    from pymooncake.transfer import TransferEngine
+
+    pre = Engine.from_model_name("tiny", EngineConfig(role="prefill", num_kv_blocks=64))
+    dec = Engine.from_model_name("tiny", EngineConfig(role="decode", num_kv_blocks=64))
+    te = TransferEngine("kvclock", "embedded://").start()
+    try:
+        receiver = KVReceiver(te, dec.kv, 1 << 20)
+        clock = StageClock("prefill", "queue")
+        hook = LayerwiseKVSender(KVSender(te, pre.kv))
+        hook.clock = clock
+        pre.runner.hooks[:0] = [clock, hook]
+        prompt = [random.Random(5).randrange(256) for _ in range(300)]   # 18 full blocks
+        target = receiver.reserve("r1", len(prompt) // 16)
+        hook.add("r1", target)
+        t_arrive = time.time()
+        clock.arrive("r1", t_arrive)
+        time.sleep(0.02)                                  # queued before its first step
+        pre.add_request(prompt, SamplingParams(max_tokens=1), "r1")
+        while pre.has_unfinished():
+            pre.step()
+        assert hook.pop("r1")[:2] == (18, None)
+        windows = {name: (s, e) for name, s, e in clock.pop("r1")}
+        assert set(windows) == {"queue", "prefill", "p2d_transfer"}
+        q, pf, p2d = windows["queue"], windows["prefill"], windows["p2d_transfer"]
+        assert q[0] == t_arrive and q[1] == pf[0] and q[1] - q[0] >= 0.02
+        assert pf[0] < p2d[0] < pf[1] < p2d[1], (pf, p2d)   # overlapped, ends after compute
+        assert clock.pop("r1") == ()                          # popped once
+    finally:
+        te.close()

@@ -168,6 +168,46 @@ def test_bug_53_over_long_prompts_are_400_and_workers_survive(cluster):
     assert {k: w["pid"] for k, w in after.items()} == {k: w["pid"] for k, w in before.items()}
 
 
+def _stage_counts(url: str) -> dict[str, tuple[float, float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+    out: dict[str, list[float]] = {}
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        if fam.name != "pymooncake_conductor_stage_seconds":
+            continue
+        for smp in fam.samples:
+            cell = out.setdefault(smp.labels["stage"], [0.0, 0.0])
+            if smp.name.endswith("_count"):
+                cell[0] = smp.value
+            elif smp.name.endswith("_sum"):
+                cell[1] = smp.value
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def test_every_stage_of_a_request_is_measured(cluster):
+    """Issue #6 item 7: tokenize, schedule, prefix lookup, cache load, prefill, P→D transfer,
+    decode-side load, decode queue and decode are each recorded for a P/D request."""
+    url = cluster.url
+    a = _ids(30, 96)
+    assert complete(url, a, 4).status_code == 200
+    wait_store_blocks(url, 1)
+    before = _stage_counts(url)
+    b = a[:64] + _ids(31, 40)              # 4 blocks reusable from the Store or locally
+    r = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+        "model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    assert complete(url, b, 5).status_code == 200
+    after = _stage_counts(url)
+    grew = {k for k, (n, _) in after.items() if n > before.get(k, (0.0, 0.0))[0]}
+    want = {"tokenize", "schedule", "prepare_decode", "prefill_rpc", "ttft", "queue",
+            "store_lookup", "prefill", "p2d_transfer", "decode_queue", "decode_load",
+            "decode", "decode_stream"}
+    assert want <= grew, f"missing stages: {sorted(want - grew)}"
+    # the worker-measured prefill is part of what the Conductor waited for
+    d = {k: (after[k][0] - before.get(k, (0, 0))[0], after[k][1] - before.get(k, (0, 0))[1])
+         for k in want}
+    assert d["prefill"][1] <= d["prefill_rpc"][1] <= d["ttft"][1]
+
+
 def test_decode_worker_killed_mid_request_fails_cleanly_and_cluster_serves_on(cluster):
     url = cluster.url
     result: dict = {}

@@ -226,6 +226,7 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
     async def _serve(request: Request, endpoint: str, chat: bool) -> Response:
         try:
             req = await _parse(request, ChatCompletionRequest if chat else CompletionRequest)
+            t_tok = time.monotonic()
             if chat:
                 if not req.messages:
                     raise invalid("messages must hold at least one message", "messages")
@@ -248,7 +249,8 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
             greq = GenerateRequest(request_id=f"{'chatcmpl' if chat else 'cmpl'}-"
                                    f"{uuid.uuid4().hex}", prompt_token_ids=tuple(ids),
                                    sampling=sampling, priority=req.priority,
-                                   arrival_time_s=time.monotonic())
+                                   arrival_time_s=time.monotonic(),
+                                   tokenize_s=time.monotonic() - t_tok)
             try:
                 await gate.acquire(req.priority)
             except RequestRejected as e:

@@ -42,7 +42,7 @@ from pymooncake.conductor.policy import Rejection as PolicyRejection
 from pymooncake.identity import CacheNamespace, block_keys
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
-from pymooncake.obs.tracing import span
+from pymooncake.obs.tracing import record_span, span
 from pymooncake.rpc import RpcClient, RpcError, RpcServer, from_wire
 from pymooncake.rpc.messages import (
     DecodeTask,
@@ -71,7 +71,32 @@ FAILED = metrics.counter("pymooncake_conductor_failed_requests_total",
 HIT_TOKENS = metrics.counter("pymooncake_conductor_prefix_hit_tokens_total",
                              "prompt tokens the prefill side reused (local cache or Store)")
 STAGE_S = metrics.histogram("pymooncake_conductor_stage_seconds",
-                            "time per request stage (s)", ["stage"])
+                            "time per request stage (s): the Conductor's own (tokenize, "
+                            "schedule, prepare_decode, prefill_rpc, ttft, decode_stream) and "
+                            "the windows workers measured (queue, store_lookup, cache_load, "
+                            "prefill, p2d_transfer, decode_queue, decode_load, decode, "
+                            "generate)", ["stage"])
+
+
+def observe_stages(request_id: str, windows: Any) -> None:
+    """Histogram + OpenTelemetry span for each ``(stage, start, end)`` window (unix s) a
+    worker measured; malformed windows are skipped (a worker's report is not trusted)."""
+    for w in windows or ():
+        try:
+            name, start, end = str(w[0]), float(w[1]), float(w[2])
+        except (TypeError, ValueError, IndexError):
+            continue
+        if not end >= start:
+            continue
+        STAGE_S.labels(name).observe(end - start)
+        record_span(f"serving.{name}", start, end, request_id=request_id)
+
+
+def _stage(request_id: str, name: str, start_s: float, end_s: float) -> None:
+    """A stage the Conductor timed itself (monotonic ``start_s``/``end_s``)."""
+    STAGE_S.labels(name).observe(end_s - start_s)
+    wall = time.time() - time.monotonic()
+    record_span(f"serving.{name}", start_s + wall, end_s + wall, request_id=request_id)
 
 _REJECT_STATUS = {"saturated": 429, "ttft_slo": 429, "tbt_slo": 429, "no_instance": 503}
 
@@ -212,9 +237,11 @@ class Conductor:
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
         t0 = time.monotonic()
+        if req.tokenize_s > 0:
+            _stage(req.request_id, "tokenize", t0 - req.tokenize_s, t0)
         with span("conductor.schedule", request_id=req.request_id):
             decision = self.place(req, t0)
-        STAGE_S.labels("schedule").observe(time.monotonic() - t0)
+        _stage(req.request_id, "schedule", t0, time.monotonic())
         if isinstance(decision, PolicyRejection):
             REJECTED.labels(decision.reason).inc()
             raise RequestRejected(Rejection(
@@ -278,6 +305,7 @@ class Conductor:
         try:
             target = None
             if max_tokens > 1:
+                tp = time.monotonic()
                 try:
                     raw = await dw.client.call("prepare_decode", DecodeTask(
                         rid, req.prompt_token_ids, req.sampling, num_blocks))
@@ -289,6 +317,7 @@ class Conductor:
                             f"cannot admit the request: {e}", 1.0)) from None
                     raise
                 prepared = True
+                _stage(rid, "prepare_decode", tp, time.monotonic())
                 target = from_wire(KVTarget, raw) if raw is not None else None
             stage = "prefill"
             t1 = time.monotonic()
@@ -296,8 +325,10 @@ class Conductor:
                 res = from_wire(PrefillResult, await pw.client.call("prefill", PrefillTask(
                     rid, req.prompt_token_ids, req.sampling, target, self.config.use_store)))
             pw.prefills.pop(rid, None)
-            STAGE_S.labels("prefill").observe(time.monotonic() - t1)
-            STAGE_S.labels("p2d_transfer").observe(res.transfer_s)
+            t_first = time.monotonic()
+            _stage(rid, "prefill_rpc", t1, t_first)
+            _stage(rid, "ttft", req.arrival_time_s or t0, t_first)
+            observe_stages(rid, res.stages)
             HIT_TOKENS.inc(res.cached_tokens)
             done = max_tokens <= 1 or res.finish_reason == "stop"
             reason = (res.finish_reason or "length") if done else None
@@ -315,7 +346,8 @@ class Conductor:
                 fin = r.get("finish_reason")
                 if fin is not None:
                     finished = True
-                    STAGE_S.labels("decode").observe(time.monotonic() - t2)
+                    _stage(rid, "decode_stream", t2, time.monotonic())
+                    observe_stages(rid, r.get("stages"))
                 if r["token_ids"] or fin is not None:
                     yield TokenEvent(rid, tuple(r["token_ids"]), fin,
                                      cached_tokens=res.cached_tokens if fin else None)
@@ -345,11 +377,13 @@ class Conductor:
                 if r.get("cached_tokens") is not None and cached is None:
                     cached = int(r["cached_tokens"])
                     HIT_TOKENS.inc(cached)
-                if r["token_ids"]:
+                if r["token_ids"] and rid in w.prefills:
                     w.prefills.pop(rid, None)
+                    _stage(rid, "ttft", req.arrival_time_s or t0, time.monotonic())
                 fin = r.get("finish_reason")
                 if fin is not None:
                     finished = True
+                    observe_stages(rid, r.get("stages"))
                 if r["token_ids"] or fin is not None:
                     yield TokenEvent(rid, tuple(r["token_ids"]), fin, cached_tokens=cached)
         except RpcError as e:

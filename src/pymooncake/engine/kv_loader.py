@@ -13,6 +13,7 @@ local-cache-only policies.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,7 @@ from pymooncake.obs.tracing import span
 if TYPE_CHECKING:
     from pymooncake.engine.kv.kv_tensors import KVTensors
     from pymooncake.engine.request import Request
+    from pymooncake.engine.worker.stages import StageClock
     from pymooncake.store.client import StoreClient
 
 logger = init_logger(__name__)
@@ -48,6 +50,8 @@ class StoreKVLoader(NullHooks):
         self._lock = threading.Lock()
         self.num_loaded_blocks = 0
         self.num_put_blocks = 0
+        self.clock: StageClock | None = None
+        """Where ``store_lookup`` and ``cache_load`` windows go (``engine.worker.stages``)."""
 
     def disable(self, request_id: str) -> None:
         """No Store reuse for this request (local-cache-only placement)."""
@@ -78,6 +82,7 @@ class StoreKVLoader(NullHooks):
         have = cached[1] if cached is not None and cached[0] == first else None
         if have is None:
             have = []
+            t0 = time.time()
             try:
                 with span("prefill.store_lookup", request_id=rid, num_blocks=len(keys)):
                     skeys = [store_key(self.ns, k) for k in keys]
@@ -97,6 +102,8 @@ class StoreKVLoader(NullHooks):
                     logger.warning("store block for %s unusable: %s", rid, e)
                     break
             self._fetched[rid] = (first, have)
+            if self.clock is not None:
+                self.clock.mark(rid, "store_lookup", t0, time.time())
         return len(have) * bs
 
     def before_layer(self, layer: int, ctx: StepContext, kv: KVTensors) -> None:
@@ -107,8 +114,11 @@ class StoreKVLoader(NullHooks):
                     or len(blocks) < len(ld.block_ids)):
                 raise KVLoadError(f"request {ld.request_id}: store blocks missing",
                                   (ld.request_id,))
+            t0 = time.time()
             data = torch.cat([b[layer] for b in blocks[:len(ld.block_ids)]], dim=2)
             kv.import_layer(layer, ld.block_ids, data)
+            if self.clock is not None:
+                self.clock.mark(ld.request_id, "cache_load", t0, time.time())
 
     def end_step(self, ctx: StepContext, kv: KVTensors) -> None:
         for ld in ctx.loads:

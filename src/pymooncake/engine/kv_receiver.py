@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ from pymooncake.store.tiers.dram_segment import OffsetAllocator
 if TYPE_CHECKING:
     from pymooncake.engine.kv.kv_tensors import KVTensors
     from pymooncake.engine.request import Request
+    from pymooncake.engine.worker.stages import StageClock
     from pymooncake.transfer import TransferEngine
 
 
@@ -54,6 +56,8 @@ class KVReceiver(NullHooks):
         self._slots: dict[str, _Slot] = {}
         self._lock = threading.Lock()
         self.num_loaded_blocks = 0
+        self.clock: StageClock | None = None
+        """Where ``decode_load`` windows go (``engine.worker.stages``)."""
 
     @property
     def free_bytes(self) -> int:
@@ -113,8 +117,11 @@ class KVReceiver(NullHooks):
                                   (ld.request_id,))
             first = ld.first_token // kv.block_size
             n = len(ld.block_ids)
+            t0 = time.time()
             data = self.blocks_of(ld.request_id)[layer, :, :, first:first + n]
             kv.import_layer(layer, ld.block_ids, data.contiguous())
+            if self.clock is not None:
+                self.clock.mark(ld.request_id, "decode_load", t0, time.time())
             if layer == 0:
                 self.num_loaded_blocks += n
 

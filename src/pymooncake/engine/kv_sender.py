@@ -25,6 +25,7 @@ from pymooncake.rpc.messages import KVTarget
 
 if TYPE_CHECKING:
     from pymooncake.engine.kv.kv_tensors import KVTensors
+    from pymooncake.engine.worker.stages import StageClock
     from pymooncake.transfer import TransferEngine
 
 
@@ -116,6 +117,8 @@ class LayerwiseKVSender(NullHooks):
         writes (the part of the P→D transfer that did not overlap compute)."""
         self._step: dict[str, tuple[tuple[int, ...], int, int]] = {}
         self._batches: list[tuple[int, tuple[str, ...]]] = []
+        self.clock: StageClock | None = None
+        """Where ``p2d_transfer`` windows go (first WRITE submitted → last completed)."""
 
     def add(self, request_id: str, target: KVTarget) -> None:
         self._targets[request_id] = target
@@ -179,6 +182,10 @@ class LayerwiseKVSender(NullHooks):
             return
         self._batches.append((bid, tuple(rids)))
         self.sender.bytes_sent += sum(r.length for r in reqs)
+        if self.clock is not None:
+            t = time.time()
+            for rid in rids:
+                self.clock.mark(rid, "p2d_transfer", t, t)
 
     def end_step(self, ctx: StepContext, kv: KVTensors) -> None:
         t0 = time.monotonic()
@@ -193,9 +200,12 @@ class LayerwiseKVSender(NullHooks):
                     self.errors.setdefault(rid, f"KV write failed: "
                                            f"{getattr(bad.code, 'value', bad.code)}: "
                                            f"{bad.reason or bad.state}")
+        t_end = time.time()
         for rid, (_, _, full) in self._step.items():
             if rid not in self.errors and rid in self.sent_blocks:
                 self.sent_blocks[rid] = full
+                if self.clock is not None and self._batches:
+                    self.clock.mark(rid, "p2d_transfer", t_end, t_end)
         self._charge(t0)
         self._step = {}
         self._batches = []

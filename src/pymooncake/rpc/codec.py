@@ -94,8 +94,8 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
             return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
         if args and len(args) != len(value):
             raise ValueError(f"{where}: expected {len(args)} items, got {len(value)}")
-        return tuple(_convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(args, value,
-                                                                                   strict=False)))
+        return tuple(_convert(v, a, f"{where}[{i}]")
+                     for i, (v, a) in enumerate(zip(value, args, strict=False)))
     if origin is list:
         if not isinstance(value, list | tuple):
             raise ValueError(f"{where}: expected a list, got {type(value).__name__}")

@@ -49,6 +49,8 @@ class GenerateRequest:
     """Lower is more important (vLLM's convention); > 0 is sheddable under overload."""
     arrival_time_s: float = 0.0
     """Monotonic arrival time at the front door (s), for TTFT and queue timeouts."""
+    tokenize_s: float = 0.0
+    """Seconds the front door spent on the chat template and tokenizer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +201,9 @@ class PrefillResult:
     transfer_s: float = 0.0
     finish_reason: str | None = None
     """``"stop"`` when the first token already ends the request (EOS)."""
+    stages: tuple[tuple[str, float, float], ...] = ()
+    """``(stage, start, end)`` windows the prefill worker measured (unix seconds):
+    ``queue``, ``store_lookup``, ``cache_load``, ``prefill``, ``p2d_transfer``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 from pymooncake.engine.kv_receiver import KVReceiver
 from pymooncake.engine.worker.base import PREFILL_TOKENS, EngineWorker, to_sampling_params
+from pymooncake.engine.worker.stages import StageClock
 from pymooncake.obs.logging import init_logger
 from pymooncake.rpc import RpcError
 from pymooncake.rpc.messages import DecodeTask, KVTarget, StartDecode, TokenPoll
@@ -35,6 +36,7 @@ class _Stream:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     started: bool = False
     first_token_id: int | None = None
+    stages: tuple[tuple[str, float, float], ...] = ()
 
 
 class DecodeWorker(EngineWorker):
@@ -47,14 +49,18 @@ class DecodeWorker(EngineWorker):
         self._streams: dict[str, _Stream] = {}
         self._sent: dict[str, int] = {}
         """Engine thread: output tokens already posted, per running request."""
+        self.clock = (StageClock("decode", "decode_queue") if config.role == "decode"
+                      else StageClock("generate", "queue"))
 
     def start_resources(self) -> None:
         from pymooncake.transfer import TransferEngine
         c = self.config
         self.engine = self.build_engine(c.role)
+        self.engine.runner.hooks.insert(0, self.clock)
         if c.role == "decode":
             self.transfer = TransferEngine(f"{c.instance_id}-kv", c.metadata_url).start()
             self.receiver = KVReceiver(self.transfer, self.engine.kv, c.recv_buffer_bytes)
+            self.receiver.clock = self.clock
             self.engine.scheduler.kv_source = self.receiver
             self.engine.runner.hooks.append(self.receiver)
 
@@ -112,6 +118,7 @@ class DecodeWorker(EngineWorker):
             self._finish_stream(msg.request_id, "length")
             return True
         params = to_sampling_params(task.sampling, max_tokens)
+        self.clock.arrive(msg.request_id)
 
         def add() -> None:
             if (self.receiver is not None and msg.first_token_id is not None
@@ -138,6 +145,8 @@ class DecodeWorker(EngineWorker):
                 await asyncio.wait_for(st.changed.wait(), max(0.01, p.timeout_s))
         out = {"token_ids": st.tokens[p.start:], "finish_reason": st.finish_reason,
                "cached_tokens": st.cached_tokens, "error": st.error}
+        if st.finish_reason is not None and st.stages:
+            out["stages"] = [list(w) for w in st.stages]
         if st.finish_reason is not None or st.error is not None:
             self._streams.pop(p.request_id, None)
         return out
@@ -149,6 +158,7 @@ class DecodeWorker(EngineWorker):
         return True
 
     def _abort_engine(self, rid: str) -> None:
+        self.clock.forget(rid)
         self.engine.abort(rid)
         self._sent.pop(rid, None)
         if self.receiver is not None:
@@ -167,7 +177,8 @@ class DecodeWorker(EngineWorker):
 
     # -- engine thread --------------------------------------------------------------------
     def after_step(self, outputs: list[Any]) -> None:
-        updates: list[tuple[str, list[int], str | None, int | None]] = []
+        updates: list[tuple[str, list[int], str | None, int | None,
+                            tuple[tuple[str, float, float], ...]]] = []
         finished = {o.request_id: o for o in outputs}
         for rid, n in list(self._sent.items()):
             out = finished.get(rid)
@@ -193,11 +204,13 @@ class DecodeWorker(EngineWorker):
                 self._sent[rid] = len(toks) if reason is None else 0
                 if reason is not None:
                     self._sent.pop(rid, None)
-                updates.append((rid, list(toks[n:]), reason, cached))
+                stages = self.clock.pop(rid) if reason is not None else ()
+                updates.append((rid, list(toks[n:]), reason, cached, stages))
         if updates:
             self.post(lambda: self._apply(updates))
 
     def on_failed(self, request_id: str, reason: str) -> None:
+        self.clock.forget(request_id)
         self._sent.pop(request_id, None)
         if self.receiver is not None:
             self.receiver.release(request_id)
@@ -209,14 +222,17 @@ class DecodeWorker(EngineWorker):
                 st.changed.set()
         self.post(fail)
 
-    def _apply(self, updates: list[tuple[str, list[int], str | None, int | None]]) -> None:
-        for rid, toks, reason, cached in updates:
+    def _apply(self, updates: list[tuple[str, list[int], str | None, int | None,
+                                         tuple[tuple[str, float, float], ...]]]) -> None:
+        for rid, toks, reason, cached, stages in updates:
             st = self._streams.get(rid)
             if st is None:
                 continue
             st.tokens.extend(toks)
             if cached is not None and st.first_token_id is None:
                 st.cached_tokens = cached  # colocated: this engine's own prefix hit
+            if stages:
+                st.stages = stages
             if reason is not None:
                 st.finish_reason = "abort" if reason == "error" else reason
                 if reason == "error":

@@ -24,6 +24,7 @@ from typing import Any
 from pymooncake.engine.kv_loader import StoreKVLoader
 from pymooncake.engine.kv_sender import KVSender, KVTransferError, LayerwiseKVSender
 from pymooncake.engine.worker.base import PREFILL_TOKENS, EngineWorker, to_sampling_params
+from pymooncake.engine.worker.stages import StageClock
 from pymooncake.obs.logging import init_logger
 from pymooncake.obs.tracing import span
 from pymooncake.rpc import RpcError
@@ -52,11 +53,13 @@ class PrefillWorker(EngineWorker):
         self._pending: dict[str, _Pending] = {}
         self._puts: queue.Queue[tuple[list[str], list[bytes]] | None] = queue.Queue()
         self._put_thread: threading.Thread | None = None
+        self.clock = StageClock("prefill", "queue")
 
     def start_resources(self) -> None:
         from pymooncake.transfer import TransferEngine
         c = self.config
         self.engine = self.build_engine("prefill")
+        self.engine.runner.hooks.insert(0, self.clock)
         if c.master:
             from pymooncake.store.client import StoreClient
             self.store = StoreClient(c.master, c.metadata_url,
@@ -64,6 +67,7 @@ class PrefillWorker(EngineWorker):
                                      name=f"{c.instance_id}-store").start()
             self.loader = StoreKVLoader(self.store, self.engine.kv,
                                         self.engine.namespace.digest())
+            self.loader.clock = self.clock
             self.engine.scheduler.kv_source = self.loader
             self.engine.runner.hooks.append(self.loader)
             self._put_thread = threading.Thread(target=self._put_main, daemon=True,
@@ -73,6 +77,7 @@ class PrefillWorker(EngineWorker):
         self.sender = KVSender(self.transfer, self.engine.kv)
         if c.layerwise_kv:
             self.layerwise = LayerwiseKVSender(self.sender)
+            self.layerwise.clock = self.clock
             self.engine.runner.hooks.append(self.layerwise)
 
     def _put_main(self) -> None:
@@ -107,6 +112,7 @@ class PrefillWorker(EngineWorker):
     async def _prefill(self, task: PrefillTask) -> PrefillResult:
         fut: asyncio.Future[PrefillResult] = asyncio.get_running_loop().create_future()
         params = to_sampling_params(task.sampling, 1)
+        self.clock.arrive(task.request_id)
 
         def add() -> None:
             if task.request_id in self._pending:
@@ -130,6 +136,7 @@ class PrefillWorker(EngineWorker):
             raise
 
     def _forget(self, request_id: str) -> tuple[int, str | None, float]:
+        self.clock.forget(request_id)
         if self.loader is not None:
             self.loader.forget(request_id)
         if self.layerwise is not None:
@@ -154,11 +161,12 @@ class PrefillWorker(EngineWorker):
     def after_step(self, outputs: list[Any]) -> None:
         for out in outputs:
             p = self._pending.pop(out.request_id, None)
+            stages = self.clock.pop(out.request_id)
             layerwise = self._forget(out.request_id)
             if p is None:
                 continue
             try:
-                result = self._finish(p, out, layerwise)
+                result = self._finish(p, out, layerwise, stages)
             except Exception as e:  # noqa: BLE001 - the one request fails, the worker serves on
                 logger.warning("prefill %s: %s", out.request_id, e)
                 err = e if isinstance(e, RpcError) else RpcError("KV_TRANSFER_FAILED", str(e))
@@ -166,8 +174,8 @@ class PrefillWorker(EngineWorker):
             else:
                 self.post(lambda p=p, r=result: _done(p.future, r))
 
-    def _finish(self, p: _Pending, out: Any, layerwise: tuple[int, str | None, float]
-                ) -> PrefillResult:
+    def _finish(self, p: _Pending, out: Any, layerwise: tuple[int, str | None, float],
+                stages: tuple[tuple[str, float, float], ...] = ()) -> PrefillResult:
         """Engine thread: ship the prompt KV, put new blocks into the Store."""
         from pymooncake.engine.request import FinishReason
         prefill_s = time.monotonic() - p.start_s
@@ -196,6 +204,7 @@ class PrefillWorker(EngineWorker):
             if err is not None:
                 raise RpcError("KV_TRANSFER_FAILED", err)
         elif p.task.target is not None and block_ids:
+            w0 = time.time()
             with span("serving.p2d_transfer", request_id=p.task.request_id,
                       num_blocks=len(block_ids)):
                 try:
@@ -204,6 +213,7 @@ class PrefillWorker(EngineWorker):
                     raise RpcError("KV_TRANSFER_FAILED", str(err)) from None
             sent = min(len(block_ids), p.task.target.num_blocks)
             transfer_s = time.monotonic() - t0
+            stages = (*stages, ("p2d_transfer", w0, time.time()))
         if self.loader is not None and p.task.use_store and block_ids:
             new_from = cached // bs
             if new_from < len(block_ids):
@@ -213,7 +223,7 @@ class PrefillWorker(EngineWorker):
         first = out.output_token_ids[0]
         finish = "stop" if out.finish_reason == FinishReason.STOP else None
         return PrefillResult(p.task.request_id, first, cached, sent, prefill_s, transfer_s,
-                             finish)
+                             finish, stages)
 
 
 def _done(fut: asyncio.Future[Any], r: Any) -> None:
