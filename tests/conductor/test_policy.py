@@ -214,3 +214,39 @@ class TestEstimatorFit:
             assert est.prefill_s(n) == pytest.approx(t, rel=0.025)
         with pytest.raises(ValueError, match="at least 2"):
             fit_prefill_estimator([(10, 0, 1.0)])
+
+
+def test_queue_time_on_a_shortest_first_instance_counts_only_shorter_jobs() -> None:
+    """A shortest-first prefill instance: a job waits for the running prefill and the queued
+    jobs no longer than itself (hand arithmetic)."""
+    from pymooncake.conductor.policy import InstanceId, PrefillInstanceState, queue_s
+    inst = PrefillInstanceState(InstanceId("p0"), busy_until_s=10.5, queued_prefill_s=1.6,
+                                num_in_flight=4, queued_prefills_s=(0.1, 0.5, 1.0),
+                                shortest_first=True)
+    assert queue_s(inst, 10.0, 0.05) == pytest.approx(0.5)
+    assert queue_s(inst, 10.0, 0.5) == pytest.approx(0.5 + 0.1 + 0.5)
+    assert queue_s(inst, 10.0, 3.0) == pytest.approx(0.5 + 1.6)
+    fcfs = PrefillInstanceState(InstanceId("p1"), 10.5, 1.6, 4, None, (0.1, 0.5, 1.0), False)
+    assert queue_s(fcfs, 10.0, 0.05) == pytest.approx(2.1)
+
+
+def test_online_prefill_profile_recovers_the_measured_cost() -> None:
+    """The Conductor refits T_prefill from the compute windows workers report: samples made
+    with t = 2e-8·(n²−p²) + 1e-4·(n−p) + 3e-3 give those coefficients back."""
+    from pymooncake.conductor.config import ConductorConfig
+    from pymooncake.conductor.service import Conductor
+    c = Conductor(ConductorConfig(online_profile_every=8))
+    before = c.estimators.prefill
+    for i, (n, p) in enumerate([(100, 0), (400, 0), (900, 160), (1600, 0), (2500, 800),
+                                (300, 32), (1200, 0), (50, 0)]):
+        t = 2e-8 * (n * n - p * p) + 1e-4 * (n - p) + 3e-3
+        assert c.num_profile_fits == 0 and c.estimators.prefill == before
+        c.learn_prefill(n, p, (("queue", 0.0, 1.0), ("prefill", 5.0 + i, 5.0 + i + t)))
+    assert c.num_profile_fits == 1
+    est = c.estimators.prefill
+    assert est.quadratic_s == pytest.approx(2e-8, rel=1e-6)
+    assert est.linear_s == pytest.approx(1e-4, rel=1e-6)
+    assert est.overhead_s == pytest.approx(3e-3, rel=1e-6)
+    c.learn_prefill(100, 100, (("prefill", 0.0, 1.0),))      # nothing computed: not a sample
+    c.learn_prefill(100, 0, (("queue", 0.0, 1.0),))          # no compute window: ignored
+    assert len(c._profile) == 8

@@ -130,6 +130,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            help="host:port of the Store master (omit: no global Store)")
             w.add_argument("--global-segment-size", type=int, default=64 << 20,
                            help="DRAM contributed to the Store (bytes)")
+            w.add_argument("--prefill-batch", type=int, default=1,
+                           help="prompts prefilled together at most (1 = one at a time, "
+                                "first come first served: the queue Algorithm 1 predicts)")
+            w.add_argument("--prefill-order", choices=("shortest", "fcfs"), default="shortest",
+                           help="which queued prompt is prefilled next: fewest tokens first "
+                                "(aged, so long prompts are not starved) or arrival order")
             w.add_argument("--no-layerwise-kv", action="store_true",
                            help="ship the prompt KV in one batch after the prefill instead of "
                                 "layer by layer during it")
@@ -189,7 +195,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_cache,
             global_segment_size_bytes=getattr(args, "global_segment_size", 64 << 20),
             recv_buffer_bytes=getattr(args, "recv_buffer_size", 64 << 20),
-            layerwise_kv=not getattr(args, "no_layerwise_kv", False))
+            layerwise_kv=not getattr(args, "no_layerwise_kv", False),
+            prefill_batch=getattr(args, "prefill_batch", 1),
+            prefill_order=getattr(args, "prefill_order", "shortest"))
     except ValueError as e:
         raise UsageError(str(e)) from None
     if role == "prefill":

@@ -121,7 +121,8 @@ class ClusterState:
                 queued = sum(p for _, p in items[1:])
             prefill.append(PrefillInstanceState(
                 InstanceId(w.info.instance_id), busy_until, queued, len(w.prefills),
-                self.config.prefill_concurrency_limit))
+                self.config.prefill_concurrency_limit,
+                tuple(p for _, p in items[1:]), w.info.prefill_order == "shortest"))
         decode = []
         for w in self.decode_pool():
             ctx = sum(c for c, _ in w.decodes.values())

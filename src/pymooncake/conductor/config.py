@@ -40,6 +40,13 @@ class ConductorConfig:
     (3.3e-8, 6.6e-5, 1.8e-3) times 1.5 for cores shared with the other processes."""
     prefill_linear_s: float = 1.0e-4
     prefill_overhead_s: float = 3.0e-3
+    online_profile: bool = True
+    """Refit the prefill estimate from the compute windows prefill workers report (their
+    ``prefill`` stage with its prompt and reused lengths), every ``online_profile_every``
+    results over the last ``online_profile_window``: the predictor tracks the hardware it
+    runs on and the load it shares it with (FAST'25 Algorithm 1's T_prefill)."""
+    online_profile_every: int = 16
+    online_profile_window: int = 256
     decode_step_s: float = 0.02
     """Decode estimate: one continuous-batching step at small batch (s)."""
     seed: int = 0
@@ -55,6 +62,8 @@ class ConductorConfig:
             raise ValueError("ttft_slo_s and tbt_slo_s must be > 0 seconds")
         if self.prefill_concurrency_limit is not None and self.prefill_concurrency_limit < 1:
             raise ValueError("prefill_concurrency_limit must be >= 1 or None")
+        if self.online_profile_every < 1 or self.online_profile_window < 3:
+            raise ValueError("online_profile_every must be >= 1 and online_profile_window >= 3")
         if self.worker_timeout_s <= 0 or self.rpc_timeout_s <= 0 or self.poll_timeout_s <= 0:
             raise ValueError("timeouts must be > 0 seconds")
 

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -36,6 +38,7 @@ from pymooncake.conductor.policy import (
     PrefillEstimator,
     RequestInfo,
     TransferEstimator,
+    fit_prefill_estimator,
     schedule,
 )
 from pymooncake.conductor.policy import Rejection as PolicyRejection
@@ -53,6 +56,7 @@ from pymooncake.rpc.messages import (
     PrefillTask,
     Rejection,
     RequestRejected,
+    SetTarget,
     StartDecode,
     TokenEvent,
     TokenPoll,
@@ -135,6 +139,10 @@ class Conductor:
         self._tasks: list[asyncio.Task[Any]] = []
         self.in_flight: dict[str, tuple[str, str | None]] = {}
         """request id → (prefill instance, decode instance) while it runs."""
+        self._profile: deque[tuple[int, int, float]] = deque(
+            maxlen=self.config.online_profile_window)
+        self._profile_new = 0
+        self.num_profile_fits = 0
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -213,11 +221,43 @@ class Conductor:
                             "num_running": ld.num_running if ld else None,
                             "num_prefill_tokens_total":
                                 ld.num_prefill_tokens_total if ld else None})
+        pre = self.estimators.prefill
         return {"policy": self.config.policy, "colocated": self.config.colocated,
+                "prefill_estimator": {"quadratic_s": pre.quadratic_s,
+                                      "linear_s": pre.linear_s, "overhead_s": pre.overhead_s,
+                                      "num_online_fits": self.num_profile_fits},
                 "workers": sorted(workers, key=lambda x: x["instance_id"]),
                 "requests": {k: list(v) for k, v in self.in_flight.items()},
                 "num_indexed_blocks": len(self.state.index),
                 "num_store_blocks": len(self.state.store_keys)}
+
+    def learn_prefill(self, num_tokens: int, num_prefix_tokens: int, windows: Any) -> None:
+        """Add one measured prefill (its ``prefill`` compute window) to the online profile
+        and refit ``PrefillEstimator`` every ``online_profile_every`` samples. A fit that
+        would predict a negative time for some prompt is not taken."""
+        if not self.config.online_profile or num_prefix_tokens >= num_tokens:
+            return
+        w = next((w for w in windows if w[0] == "prefill"), None)
+        if w is None or not w[2] > w[1]:
+            return
+        self._profile.append((num_tokens, num_prefix_tokens, float(w[2] - w[1])))
+        self._profile_new += 1
+        if self._profile_new < self.config.online_profile_every or len(self._profile) < 8:
+            return
+        self._profile_new = 0
+        try:
+            est = fit_prefill_estimator(list(self._profile), with_overhead=True)
+        except ValueError:
+            return
+        if est.quadratic_s < 0 or est.linear_s <= 0 or est.overhead_s < 0:
+            try:  # overhead or curvature not supported by these samples: the simpler fit
+                est = fit_prefill_estimator(list(self._profile))
+            except ValueError:
+                return
+            if est.quadratic_s < 0 or est.linear_s <= 0:
+                return
+        self.estimators = dataclasses.replace(self.estimators, prefill=est)
+        self.num_profile_fits += 1
 
     # -- one request ----------------------------------------------------------------------
     def place(self, req: GenerateRequest, now_s: float) -> Placement | PolicyRejection:
@@ -291,6 +331,17 @@ class Conductor:
             if r.get("finish_reason") is not None:
                 return
 
+    def _store_hint(self, req: GenerateRequest) -> int:
+        """Leading prompt blocks the Store holds, per the Store's KV events."""
+        assert self.namespace is not None
+        held = self.state.store_keys
+        n = 0
+        for k in block_keys(list(req.prompt_token_ids), self.namespace):
+            if str(k) not in held:
+                break
+            n += 1
+        return n
+
     async def _run_disaggregated(self, req: GenerateRequest, p: Placement, t0: float
                                  ) -> AsyncIterator[TokenEvent]:
         rid = req.request_id
@@ -301,11 +352,18 @@ class Conductor:
         num_blocks = len(req.prompt_token_ids) // bs if max_tokens > 1 else 0
         finished = False
         prepared = False
-        stage = "prepare_decode"
+        stage = "prefill"
+        prefill_call: asyncio.Future[Any] | None = None
         try:
-            target = None
+            # The prefill is dispatched first and the decode admission runs while it waits
+            # in the prefill queue; its KVTarget follows in a SetTarget (PrefillTask docs).
+            t1 = time.monotonic()
+            prefill_call = asyncio.ensure_future(pw.client.call("prefill", PrefillTask(
+                rid, req.prompt_token_ids, req.sampling, None, self.config.use_store,
+                target_follows=max_tokens > 1,
+                store_hint_blocks=self._store_hint(req) if self.config.use_store else -1)))
             if max_tokens > 1:
-                tp = time.monotonic()
+                stage = "prepare_decode"
                 try:
                     raw = await dw.client.call("prepare_decode", DecodeTask(
                         rid, req.prompt_token_ids, req.sampling, num_blocks))
@@ -317,18 +375,18 @@ class Conductor:
                             f"cannot admit the request: {e}", 1.0)) from None
                     raise
                 prepared = True
-                _stage(rid, "prepare_decode", tp, time.monotonic())
-                target = from_wire(KVTarget, raw) if raw is not None else None
-            stage = "prefill"
-            t1 = time.monotonic()
+                _stage(rid, "prepare_decode", t1, time.monotonic())
+                if raw is not None:
+                    await pw.client.call("set_target", SetTarget(rid, from_wire(KVTarget, raw)))
+                stage = "prefill"
             with span("conductor.prefill", request_id=rid, instance=pw.info.instance_id):
-                res = from_wire(PrefillResult, await pw.client.call("prefill", PrefillTask(
-                    rid, req.prompt_token_ids, req.sampling, target, self.config.use_store)))
+                res = from_wire(PrefillResult, await prefill_call)
             pw.prefills.pop(rid, None)
             t_first = time.monotonic()
             _stage(rid, "prefill_rpc", t1, t_first)
             _stage(rid, "ttft", req.arrival_time_s or t0, t_first)
             observe_stages(rid, res.stages)
+            self.learn_prefill(len(req.prompt_token_ids), res.cached_tokens, res.stages)
             HIT_TOKENS.inc(res.cached_tokens)
             done = max_tokens <= 1 or res.finish_reason == "stop"
             reason = (res.finish_reason or "length") if done else None
@@ -355,6 +413,10 @@ class Conductor:
             logger.warning("request %s failed in %s: %s", rid, stage, e)
             raise _worker_failed(stage, e) from None
         finally:
+            if prefill_call is not None and not prefill_call.done():
+                prefill_call.cancel()
+                with contextlib.suppress(BaseException):
+                    await prefill_call
             self._unbook(rid, pw, dw)
             if not finished:
                 await self._abort(pw, rid)

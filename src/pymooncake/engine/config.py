@@ -7,6 +7,7 @@ from dataclasses import dataclass
 ROLES = ("prefill", "decode", "colocated")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
+WAITING_ORDERS = ("fcfs", "shortest")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,13 @@ class EngineConfig:
     """torch intra-op threads (0 leaves torch's default). 1 by default: on the project's
     2 shared cores, a second OpenMP thread that is descheduled makes every op wait for it
     (measured ~7x slower decode steps under load from other processes)."""
+    waiting_order: str = "fcfs"
+    """Which waiting request is admitted next: ``fcfs`` (arrival order) or ``shortest``
+    (fewest tokens left to compute first, aged by ``aging_tokens_per_s`` so a long prompt
+    is not starved: shortest-job-first lowers the mean waiting time of a queue whose job
+    sizes are heavy-tailed, like the prompt lengths of the Mooncake traces)."""
+    aging_tokens_per_s: float = 2000.0
+    """``shortest``: a waiting request counts as this many tokens shorter per second waited."""
     kv_load_failure: str = "recompute"
     """A failed external/layer-wise KV load: ``recompute`` the request, or ``fail`` it."""
 
@@ -51,6 +59,12 @@ class EngineConfig:
         if self.kv_load_failure not in KV_LOAD_FAILURE_POLICIES:
             raise ValueError(f"EngineConfig.kv_load_failure must be one of "
                              f"{KV_LOAD_FAILURE_POLICIES}, got {self.kv_load_failure!r}")
+        if self.waiting_order not in WAITING_ORDERS:
+            raise ValueError(f"EngineConfig.waiting_order must be one of {WAITING_ORDERS}, "
+                             f"got {self.waiting_order!r}")
+        if not self.aging_tokens_per_s >= 0:
+            raise ValueError(f"EngineConfig.aging_tokens_per_s must be >= 0, got "
+                             f"{self.aging_tokens_per_s!r}")
         if self.num_threads < 0:
             raise ValueError(f"EngineConfig.num_threads must be >= 0, got {self.num_threads}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:

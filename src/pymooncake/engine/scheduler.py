@@ -1,9 +1,10 @@
 """Continuous batching with chunked prefill and preemption by recompute (vLLM v1 / Orca).
 
 Every step shares one token budget: running requests first (decodes, and the next chunk of
-prefills in progress), then waiting requests in arrival order, each prefill cut to at most
-``prefill_chunk_tokens``. A waiting request first reuses its cached prefix (local prefix
-cache, then an external ``KVLoadSource``). When blocks run out, the most recently admitted
+prefills in progress), then waiting requests in arrival order (or shortest first,
+``EngineConfig.waiting_order``), each prefill cut to at most ``prefill_chunk_tokens``. A
+waiting request first reuses its cached prefix (local prefix cache, then an external
+``KVLoadSource``). When blocks run out, the most recently admitted
 running request is preempted: its blocks are freed and it goes back to the head of the
 queue with ``num_computed_tokens = 0`` (its output so far is kept and recomputed as prompt),
 so no request is lost. No torch; the runner executes the ``SchedulerOutput``.
@@ -11,6 +12,7 @@ so no request is lost. No torch; the runner executes the ``SchedulerOutput``.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,8 +53,12 @@ class Scheduler:
     def __init__(self, config: EngineConfig, kv_manager: KVCacheManager,
                  eos_token_ids: tuple[int, ...] = (),
                  detokenize: Callable[[list[int]], str] | None = None,
-                 kv_source: KVLoadSource | None = None) -> None:
+                 kv_source: KVLoadSource | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self.clock = clock
+        """Seconds; only the ``shortest`` waiting order reads it (for aging)."""
+        self._enqueued_s: dict[str, float] = {}
         self.kv = kv_manager
         self.eos_token_ids = eos_token_ids
         self.detokenize = detokenize
@@ -63,6 +69,18 @@ class Scheduler:
 
     def add_request(self, req: Request) -> None:
         self.waiting.append(req)
+        if self.config.waiting_order == "shortest":
+            self._enqueued_s[req.request_id] = self.clock()
+
+    def _next_waiting(self) -> Request:
+        """The waiting request to admit next (``EngineConfig.waiting_order``)."""
+        if self.config.waiting_order == "fcfs" or len(self.waiting) == 1:
+            return self.waiting[0]
+        now = self.clock()
+        aging = self.config.aging_tokens_per_s
+        enq = self._enqueued_s
+        return min(self.waiting, key=lambda r: (r.num_tokens - r.num_computed_tokens)
+                   - aging * (now - enq.get(r.request_id, now)))
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -103,10 +121,14 @@ class Scheduler:
             i += 1
         while (self.waiting and budget > 0 and not out.preempted
                and len(self.running) < self.config.max_num_seqs):
-            req = self.waiting[0]
+            req = self._next_waiting()
             if not self._schedule_waiting(req, budget, out):
                 break
-            self.waiting.popleft()
+            if req is self.waiting[0]:
+                self.waiting.popleft()
+            else:
+                self.waiting.remove(req)
+            self._enqueued_s.pop(req.request_id, None)
             self.running.append(req)
             req.status = RequestStatus.RUNNING
             budget -= out.scheduled[-1].num_new_tokens
@@ -177,6 +199,7 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        self._enqueued_s.pop(req.request_id, None)
 
     def abort_step(self, out: SchedulerOutput, failed_ids: set[str],
                    recompute: bool) -> list[Request]:

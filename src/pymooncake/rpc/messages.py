@@ -114,6 +114,8 @@ class WorkerInfo:
     kv_capacity_tokens: int
     max_batch_size: int
     pid: int = 0
+    prefill_order: str = "fcfs"
+    """Order its queued prompts run in: ``fcfs`` or ``shortest`` (job first)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +188,24 @@ class PrefillTask:
     use_store: bool = True
     """Load missing prefix blocks from (and put new ones into) the global Store; off for
     the local-cache-only policies (no cross-instance reuse)."""
+    target_follows: bool = False
+    """The decode side's ``KVTarget`` comes later in a ``SetTarget`` (the Conductor asks the
+    decode worker for it while this prefill waits in the queue, so the decode admission is
+    off the TTFT path). Layers computed before it arrives are sent with the next layer
+    written; a prefill that ends before it arrives sends nothing (the decode worker then
+    recomputes the prompt)."""
+    store_hint_blocks: int = -1
+    """Leading prompt blocks the Conductor's index says the Store holds (-1 = unknown).
+    0 lets the worker skip the Store lookup (a metadata round trip on its engine thread);
+    the index can lag a put by one load report, which only costs that reuse."""
+
+
+@dataclass(frozen=True, slots=True)
+class SetTarget:
+    """The receive buffer of a prefill started with ``target_follows``."""
+
+    request_id: str
+    target: KVTarget
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,9 +27,16 @@ PrefillPolicy = Callable[[RequestInfo, ClusterView, PrefixMatch, Estimators, Pol
 _MASK64 = (1 << 64) - 1
 
 
-def queue_s(inst: PrefillInstanceState, now_s: float) -> float:
-    """``EstimatePrefillQueueTime``: remaining time of the running prefill + the queued ones."""
-    return max(0.0, inst.busy_until_s - now_s) + inst.queued_prefill_s
+def queue_s(inst: PrefillInstanceState, now_s: float, job_s: float | None = None) -> float:
+    """``EstimatePrefillQueueTime``: remaining time of the running prefill + the queued ones.
+
+    On a ``shortest_first`` instance a job predicted to take ``job_s`` seconds waits only
+    for the queued ones predicted no longer than itself (ties: they came first).
+    """
+    running = max(0.0, inst.busy_until_s - now_s)
+    if inst.shortest_first and inst.queued_prefills_s and job_s is not None:
+        return running + sum(t for t in inst.queued_prefills_s if t <= job_s)
+    return running + inst.queued_prefill_s
 
 
 def mix64(seed: int, n: int) -> int:
@@ -47,10 +54,10 @@ def _option(req: RequestInfo, view: ClusterView, match: PrefixMatch, i: int, est
     inst = view.prefill[i]
     bs = cfg.block_size_tokens
     n = req.num_prompt_tokens
-    q = max(0.0, inst.busy_until_s - view.now_s) + inst.queued_prefill_s
     local = match.local_blocks[i] if i < len(match.local_blocks) else 0
     local_tokens = min(local * bs, n)
     t_prefill = est.prefill.prefill_s(n, local_tokens)
+    q = queue_s(inst, view.now_s, t_prefill)
     best = (q + t_prefill, local, 0, q, 0.0, t_prefill)
     b = match.best_blocks
     if (remote and b > local and match.best_holder is not None
@@ -60,7 +67,8 @@ def _option(req: RequestInfo, view: ClusterView, match: PrefixMatch, i: int, est
         t_transfer = est.transfer.transfer_s(prefix_tokens - local_tokens)
         t_pre = est.prefill.prefill_s(n, prefix_tokens)
         if t_transfer + t_pre < t_prefill:
-            best = (q + t_transfer + t_pre, b, b - local, q, t_transfer, t_pre)
+            q2 = queue_s(inst, view.now_s, t_transfer + t_pre)
+            best = (q2 + t_transfer + t_pre, b, b - local, q2, t_transfer, t_pre)
     return best
 
 

@@ -60,6 +60,12 @@ class PrefillInstanceState:
     """Requests running or queued on it (the saturation signal's numerator)."""
     concurrency_limit: int | None = None
     """Requests it may hold at once; ``None`` = unlimited (never saturated)."""
+    queued_prefills_s: tuple[float, ...] = ()
+    """With ``shortest_first``: the predicted prefill time of each queued request."""
+    shortest_first: bool = False
+    """The instance runs its queue shortest job first (``EngineConfig.waiting_order``): a
+    new request waits only for the running prefill and the queued ones no longer than
+    itself, not for the whole queue."""
 
     def __post_init__(self) -> None:
         if self.concurrency_limit is not None and self.concurrency_limit < 1:

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -64,6 +65,21 @@ class WorkerConfig:
     layerwise_kv: bool = True
     """Prefill: write each layer's KV to the decode worker right after the layer's compute
     (overlapped); False = all layers in one batch after the prefill."""
+    prefill_batch: int = 1
+    """Prefill role: prompts computed together at most. 1 = one at a time in arrival order,
+    the FCFS queue the Conductor's Algorithm 1 predicts (queue time = sum of the predicted
+    prefill times ahead); larger values batch prompts (processor sharing: everyone in the
+    batch finishes late, which raises the mean TTFT on compute-bound hardware)."""
+
+    switch_interval_s: float = 0.001
+    """The interpreter's GIL switch interval in this process (``sys.setswitchinterval``;
+    CPython's default is 0.005). The engine thread runs Python between torch ops most of
+    the time; with 5 ms slices every RPC the event loop answers (prepare, poll, prefill
+    results) waited up to 5 ms per GIL hand-over, which showed as ~15 ms per
+    ``prepare_decode`` on a busy decode worker."""
+    prefill_order: str = "shortest"
+    """Prefill role: which queued prompt runs next, ``shortest`` (fewest tokens first, aged)
+    or ``fcfs`` (``EngineConfig.waiting_order``)."""
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode", "colocated"):
@@ -75,6 +91,10 @@ class WorkerConfig:
             raise ValueError(f"conductor must be host:port, got {self.conductor!r}")
         if self.load_report_interval_s <= 0:
             raise ValueError("load_report_interval_s must be > 0")
+        if not 0 < self.switch_interval_s <= 1:
+            raise ValueError(f"switch_interval_s must be in (0, 1], got {self.switch_interval_s}")
+        if self.prefill_batch < 1:
+            raise ValueError(f"prefill_batch must be >= 1, got {self.prefill_batch}")
 
 
 def to_sampling_params(s: SamplingOptions, max_tokens: int | None = None) -> Any:
@@ -109,8 +129,10 @@ class EngineWorker:
     def build_engine(self, role: str, hooks: tuple = (), kv_source: Any = None) -> Any:
         from pymooncake.engine import Engine, EngineConfig
         c = self.config
+        max_seqs = min(c.max_num_seqs, c.prefill_batch) if role == "prefill" else c.max_num_seqs
         cfg = EngineConfig(block_size=c.block_size, num_kv_blocks=c.num_kv_blocks,
-                           max_num_seqs=c.max_num_seqs, max_model_len=c.max_model_len,
+                           max_num_seqs=max_seqs, max_model_len=c.max_model_len,
+                           waiting_order=c.prefill_order if role == "prefill" else "fcfs",
                            enable_prefix_caching=c.enable_prefix_caching, role=role,
                            dtype=c.dtype)
         return Engine.from_model_name(c.model, cfg, hooks=hooks, kv_source=kv_source)
@@ -189,7 +211,8 @@ class EngineWorker:
                           host=self.config.host, rpc_port=self.server.port,
                           namespace_json=json.dumps(ns), block_size=self.config.block_size,
                           kv_capacity_tokens=self.engine.config.kv_capacity_tokens,
-                          max_batch_size=self.engine.config.max_num_seqs, pid=os.getpid())
+                          max_batch_size=self.engine.config.max_num_seqs, pid=os.getpid(),
+                          prefill_order=self.engine.config.waiting_order)
 
     def load(self) -> WorkerLoad:
         e = self.engine
@@ -242,6 +265,7 @@ class EngineWorker:
     async def serve(self, ready: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Start everything, print readiness through ``ready``, serve until cancelled."""
         self.loop = asyncio.get_running_loop()
+        sys.setswitchinterval(self.config.switch_interval_s)
         await asyncio.to_thread(self.start_resources)
         self.register_methods()
         self.server.register("ping", lambda _p: "pong")

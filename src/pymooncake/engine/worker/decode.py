@@ -36,6 +36,8 @@ class _Stream:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     started: bool = False
     first_token_id: int | None = None
+    need_blocks: int = 0
+    """KV blocks admission set aside for it until it starts."""
     stages: tuple[tuple[str, float, float], ...] = ()
 
 
@@ -85,22 +87,25 @@ class DecodeWorker(EngineWorker):
         need = -(-(len(task.prompt_token_ids) + task.sampling.max_tokens)
                  // self.config.block_size)
 
-        def admit() -> KVTarget | None:
-            e = self.engine
-            if need > e.pool.num_free_blocks:
-                raise RpcError("NO_KV_SPACE", f"{need} KV blocks needed, "
-                               f"{e.pool.num_free_blocks} free")
-            if len(e.scheduler.running) + len(e.scheduler.waiting) >= e.config.max_num_seqs:
-                raise RpcError("BATCH_FULL", f"{e.config.max_num_seqs} requests running")
-            if task.num_kv_blocks and self.receiver is not None:
-                target = self.receiver.reserve(rid, task.num_kv_blocks)
-                if target is None:
-                    raise RpcError("NO_RECV_SPACE", "receive buffer arena is full")
-                return target
-            return None
-
-        target = await self.on_engine(admit)
-        self._streams[rid] = _Stream(task)
+        # Admission runs here on the event loop, not on the engine thread: waiting for the
+        # current decode step would put a whole step on the request's TTFT path. The engine's
+        # counters are read without its lock (a step may change them meanwhile); requests
+        # admitted but not started yet are counted from ``_streams``, so two admissions
+        # cannot both take the last free blocks or batch slots.
+        e = self.engine
+        pending = [st.need_blocks for st in self._streams.values() if not st.started]
+        free = e.pool.num_free_blocks - sum(pending)
+        if need > free:
+            raise RpcError("NO_KV_SPACE", f"{need} KV blocks needed, {max(free, 0)} free")
+        busy = len(e.scheduler.running) + len(e.scheduler.waiting) + len(pending)
+        if busy >= e.config.max_num_seqs:
+            raise RpcError("BATCH_FULL", f"{e.config.max_num_seqs} requests admitted")
+        target = None
+        if task.num_kv_blocks and self.receiver is not None:
+            target = self.receiver.reserve(rid, task.num_kv_blocks)
+            if target is None:
+                raise RpcError("NO_RECV_SPACE", "receive buffer arena is full")
+        self._streams[rid] = _Stream(task, need_blocks=need)
         return target
 
     async def _start(self, msg: StartDecode) -> bool:

@@ -28,9 +28,12 @@ from pymooncake.engine.worker.stages import StageClock
 from pymooncake.obs.logging import init_logger
 from pymooncake.obs.tracing import span
 from pymooncake.rpc import RpcError
-from pymooncake.rpc.messages import PrefillResult, PrefillTask
+from pymooncake.rpc.messages import KVTarget, PrefillResult, PrefillTask, SetTarget
 
 logger = init_logger(__name__)
+
+PUT_DEFER_MAX_S = 1.0
+"""Longest a Store put waits for the prefill engine to go idle (s)."""
 
 
 @dataclass(slots=True)
@@ -38,6 +41,7 @@ class _Pending:
     task: PrefillTask
     future: asyncio.Future[PrefillResult]
     start_s: float = field(default_factory=time.monotonic)
+    target: KVTarget | None = None
 
 
 class PrefillWorker(EngineWorker):
@@ -51,7 +55,7 @@ class PrefillWorker(EngineWorker):
         self.layerwise: LayerwiseKVSender | None = None
         self.transfer: Any = None
         self._pending: dict[str, _Pending] = {}
-        self._puts: queue.Queue[tuple[list[str], list[bytes]] | None] = queue.Queue()
+        self._puts: queue.Queue[tuple[float, list[str], list[bytes]] | None] = queue.Queue()
         self._put_thread: threading.Thread | None = None
         self.clock = StageClock("prefill", "queue")
 
@@ -82,12 +86,17 @@ class PrefillWorker(EngineWorker):
 
     def _put_main(self) -> None:
         """Store puts off the engine thread (not on the TTFT path); blocks are copied out of
-        the paged cache on the engine thread before they are queued here."""
+        the paged cache on the engine thread before they are queued here. A put waits while
+        the engine has prompts to compute (its RPCs and copies would take CPU and the GIL
+        from them), but never longer than ``PUT_DEFER_MAX_S``."""
         while True:
             item = self._puts.get()
             if item is None:
                 return
-            keys, data = item
+            queued_s, keys, data = item
+            while (self.engine.has_unfinished() and not self._stop.is_set()
+                   and time.monotonic() - queued_s < PUT_DEFER_MAX_S):
+                time.sleep(0.005)
             try:
                 assert self.loader is not None
                 self.add_store_keys(self.loader.put_blocks(keys, data))
@@ -107,6 +116,7 @@ class PrefillWorker(EngineWorker):
 
     def register_methods(self) -> None:
         self.server.register("prefill", self._prefill, PrefillTask)
+        self.server.register("set_target", self._set_target, SetTarget)
         self.server.register("abort", self._abort)
 
     async def _prefill(self, task: PrefillTask) -> PrefillResult:
@@ -117,7 +127,7 @@ class PrefillWorker(EngineWorker):
         def add() -> None:
             if task.request_id in self._pending:
                 raise RpcError("DUPLICATE", f"request {task.request_id} is already prefilling")
-            if self.loader is not None and not task.use_store:
+            if self.loader is not None and (not task.use_store or task.store_hint_blocks == 0):
                 self.loader.disable(task.request_id)
             if self.layerwise is not None and task.target is not None:
                 self.layerwise.add(task.request_id, task.target)
@@ -126,7 +136,7 @@ class PrefillWorker(EngineWorker):
             except ValueError as e:
                 self._forget(task.request_id)
                 raise RpcError("INVALID_REQUEST", str(e)) from None
-            self._pending[task.request_id] = _Pending(task, fut)
+            self._pending[task.request_id] = _Pending(task, fut, target=task.target)
 
         await self.on_engine(add)
         try:
@@ -134,6 +144,19 @@ class PrefillWorker(EngineWorker):
         except asyncio.CancelledError:
             self.on_engine(lambda: self._drop(task.request_id))
             raise
+
+    async def _set_target(self, msg: SetTarget) -> bool:
+        """The late ``KVTarget`` of a ``target_follows`` prefill; False when it is no longer
+        here (finished or aborted: the decode side recomputes what it did not get)."""
+        def apply() -> bool:
+            p = self._pending.get(msg.request_id)
+            if p is None or p.target is not None:
+                return False
+            p.target = msg.target
+            if self.layerwise is not None:
+                self.layerwise.add(msg.request_id, msg.target)
+            return True
+        return await self.on_engine(apply)
 
     def _forget(self, request_id: str) -> tuple[int, str | None, float]:
         self.clock.forget(request_id)
@@ -199,19 +222,19 @@ class PrefillWorker(EngineWorker):
         t0 = time.monotonic()
         sent = 0
         transfer_s = 0.0
-        if p.task.target is not None and self.layerwise is not None:
+        if p.target is not None and self.layerwise is not None:
             sent, err, transfer_s = layerwise  # written layer by layer during the prefill
             if err is not None:
                 raise RpcError("KV_TRANSFER_FAILED", err)
-        elif p.task.target is not None and block_ids:
+        elif p.target is not None and block_ids:
             w0 = time.time()
             with span("serving.p2d_transfer", request_id=p.task.request_id,
                       num_blocks=len(block_ids)):
                 try:
-                    self.sender.send(block_ids[:p.task.target.num_blocks], p.task.target)
+                    self.sender.send(block_ids[:p.target.num_blocks], p.target)
                 except KVTransferError as err:
                     raise RpcError("KV_TRANSFER_FAILED", str(err)) from None
-            sent = min(len(block_ids), p.task.target.num_blocks)
+            sent = min(len(block_ids), p.target.num_blocks)
             transfer_s = time.monotonic() - t0
             stages = (*stages, ("p2d_transfer", w0, time.time()))
         if self.loader is not None and p.task.use_store and block_ids:
@@ -219,7 +242,7 @@ class PrefillWorker(EngineWorker):
             if new_from < len(block_ids):
                 put_keys = [str(k) for k in keys[new_from:len(block_ids)]]
                 data = [e.kv.export_block_bytes(b) for b in block_ids[new_from:]]
-                self._puts.put((put_keys, data))
+                self._puts.put((time.monotonic(), put_keys, data))
         first = out.output_token_ids[0]
         finish = "stop" if out.finish_reason == FinishReason.STOP else None
         return PrefillResult(p.task.request_id, first, cached, sent, prefill_s, transfer_s,
