@@ -696,20 +696,6 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     b.set_defaults(handler=_cmd_bench_serving)
 
 
-def _stage_means(url: str) -> dict[str, float]:
-    """Mean seconds per request stage from the Conductor's ``stage_seconds`` histogram."""
-    import re
-
-    import httpx
-    text = httpx.get(url + "/metrics", timeout=10).text
-    sums: dict[str, float] = {}
-    counts: dict[str, float] = {}
-    for m in re.finditer(r'^pymooncake_conductor_stage_seconds_(sum|count)\{stage="(\w+)"\} '
-                         r'(\S+)$', text, re.M):
-        (sums if m.group(1) == "sum" else counts)[m.group(2)] = float(m.group(3))
-    return {k: sums[k] / counts[k] for k in sums if counts.get(k)}
-
-
 def _cmd_bench_serving(args: argparse.Namespace) -> int:
     import os
     import platform
@@ -741,8 +727,7 @@ def _cmd_bench_serving(args: argparse.Namespace) -> int:
             if r.returncode != 0:
                 raise CommandError(f"replay against {name} failed: "
                                    f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
-            results[name] = json.loads(r.stdout)
-            results[name]["stage_mean_s"] = _stage_means(cluster.url)
+            results[name] = json.loads(r.stdout)   # with replay's per-stage means
         except (RuntimeError, TimeoutError) as e:
             raise CommandError(f"{name}: cluster did not start: {e}") from None
         finally:
