@@ -355,13 +355,22 @@ class Conductor:
         stage = "prefill"
         prefill_call: asyncio.Future[Any] | None = None
         try:
-            # The prefill is dispatched first and the decode admission runs while it waits
-            # in the prefill queue; its KVTarget follows in a SetTarget (PrefillTask docs).
+            # With a prefill queue to hide it under, the prefill is dispatched first and the
+            # decode admission runs while it waits; its KVTarget follows in a SetTarget
+            # (PrefillTask docs). With no queue the prefill would start (and might end)
+            # before its target arrives, so admission goes first.
+            overlap = (max_tokens > 1
+                       and p.predicted_queue_s >= self.config.overlap_admission_min_queue_s)
             t1 = time.monotonic()
-            prefill_call = asyncio.ensure_future(pw.client.call("prefill", PrefillTask(
-                rid, req.prompt_token_ids, req.sampling, None, self.config.use_store,
-                target_follows=max_tokens > 1,
-                store_hint_blocks=self._store_hint(req) if self.config.use_store else -1)))
+            hint = self._store_hint(req) if self.config.use_store else -1
+
+            def dispatch(target: KVTarget | None) -> asyncio.Future[Any]:
+                return asyncio.ensure_future(pw.client.call("prefill", PrefillTask(
+                    rid, req.prompt_token_ids, req.sampling, target, self.config.use_store,
+                    target_follows=overlap, store_hint_blocks=hint)))
+
+            if overlap or max_tokens <= 1:
+                prefill_call = dispatch(None)
             if max_tokens > 1:
                 stage = "prepare_decode"
                 try:
@@ -376,10 +385,14 @@ class Conductor:
                     raise
                 prepared = True
                 _stage(rid, "prepare_decode", t1, time.monotonic())
-                if raw is not None:
-                    await pw.client.call("set_target", SetTarget(rid, from_wire(KVTarget, raw)))
+                target = from_wire(KVTarget, raw) if raw is not None else None
+                if prefill_call is None:
+                    prefill_call = dispatch(target)
+                elif target is not None:
+                    await pw.client.call("set_target", SetTarget(rid, target))
                 stage = "prefill"
             with span("conductor.prefill", request_id=rid, instance=pw.info.instance_id):
+                assert prefill_call is not None
                 res = from_wire(PrefillResult, await prefill_call)
             pw.prefills.pop(rid, None)
             t_first = time.monotonic()
@@ -413,10 +426,10 @@ class Conductor:
             logger.warning("request %s failed in %s: %s", rid, stage, e)
             raise _worker_failed(stage, e) from None
         finally:
-            if prefill_call is not None and not prefill_call.done():
-                prefill_call.cancel()
+            if prefill_call is not None:
+                prefill_call.cancel()            # no-op when it is done
                 with contextlib.suppress(BaseException):
-                    await prefill_call
+                    await prefill_call           # (also retrieves an unread failure)
             self._unbook(rid, pw, dw)
             if not finished:
                 await self._abort(pw, rid)
