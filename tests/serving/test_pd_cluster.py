@@ -208,6 +208,37 @@ def test_every_stage_of_a_request_is_measured(cluster):
     assert d["prefill"][1] <= d["prefill_rpc"][1] <= d["ttft"][1]
 
 
+def _counter(url: str, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        for smp in fam.samples:
+            if smp.name == name:
+                return smp.value
+    return 0.0
+
+
+def test_burst_overlaps_decode_admission_and_output_stays_exact(cluster):
+    """A burst queues prompts on the prefill workers, so the Conductor admits on the decode
+    side while they wait and sends the KVTarget later (SetTarget): the KV still arrives
+    intact (greedy output == one colocated engine's) and no prompt is recomputed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pymooncake.engine import Engine, EngineConfig, SamplingParams
+    url = cluster.url
+    prompts = [_ids(40 + i, 600 + 37 * i) for i in range(8)]
+    ref = Engine.from_model_name("tiny", EngineConfig(max_model_len=CONTEXT)).generate(
+        prompts, SamplingParams(max_tokens=6, ignore_eos=True))
+    before = _counter(url, "pymooncake_conductor_overlapped_admissions_total")
+    late0 = _counter(url, "pymooncake_conductor_late_targets_total")
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(lambda p: stream_token_ids(url, p, 6, ignore_eos=True), prompts))
+    for (ids, _usage, errors), r in zip(got, ref, strict=True):
+        assert not errors
+        assert ids == list(r.output_token_ids)
+    assert _counter(url, "pymooncake_conductor_overlapped_admissions_total") > before
+    assert _counter(url, "pymooncake_conductor_late_targets_total") == late0
+
+
 def test_decode_worker_killed_mid_request_fails_cleanly_and_cluster_serves_on(cluster):
     url = cluster.url
     result: dict = {}
@@ -241,3 +272,4 @@ def test_decode_worker_killed_mid_request_fails_cleanly_and_cluster_serves_on(cl
 
 def workers_requests(url: str) -> dict:
     return httpx.get(url + "/health", timeout=10).json()["requests"]
+

@@ -74,6 +74,12 @@ FAILED = metrics.counter("pymooncake_conductor_failed_requests_total",
                          "placed requests that failed (worker lost, transfer failed)", ["stage"])
 HIT_TOKENS = metrics.counter("pymooncake_conductor_prefix_hit_tokens_total",
                              "prompt tokens the prefill side reused (local cache or Store)")
+OVERLAPPED = metrics.counter("pymooncake_conductor_overlapped_admissions_total",
+                             "P/D requests whose decode admission ran while their prefill "
+                             "was queued (KVTarget sent with SetTarget)")
+LATE_TARGETS = metrics.counter("pymooncake_conductor_late_targets_total",
+                               "overlapped requests whose prefill ended before its KVTarget "
+                               "arrived (the decode worker recomputed the prompt)")
 STAGE_S = metrics.histogram("pymooncake_conductor_stage_seconds",
                             "time per request stage (s): the Conductor's own (tokenize, "
                             "schedule, prepare_decode, prefill_rpc, ttft, decode_stream) and "
@@ -371,6 +377,8 @@ class Conductor:
 
             if overlap or max_tokens <= 1:
                 prefill_call = dispatch(None)
+            if overlap:
+                OVERLAPPED.inc()
             if max_tokens > 1:
                 stage = "prepare_decode"
                 try:
@@ -388,8 +396,9 @@ class Conductor:
                 target = from_wire(KVTarget, raw) if raw is not None else None
                 if prefill_call is None:
                     prefill_call = dispatch(target)
-                elif target is not None:
-                    await pw.client.call("set_target", SetTarget(rid, target))
+                elif (target is not None
+                      and not await pw.client.call("set_target", SetTarget(rid, target))):
+                    LATE_TARGETS.inc()
                 stage = "prefill"
             with span("conductor.prefill", request_id=rid, instance=pw.info.instance_id):
                 assert prefill_call is not None
