@@ -383,8 +383,14 @@ class Conductor:
                 stage = "prepare_decode"
                 try:
                     raw = await dw.client.call("prepare_decode", DecodeTask(
-                        rid, req.prompt_token_ids, req.sampling, num_blocks))
+                        rid, req.prompt_token_ids, req.sampling, num_blocks,
+                        self.config.tbt_slo_s if self.config.early_rejection else 0.0))
                 except RpcError as e:
+                    if e.code == "TBT_SLO":
+                        REJECTED.labels("tbt_slo").inc()
+                        raise RequestRejected(Rejection(
+                            429, "tbt_slo", f"decode instance {dw.info.instance_id}: {e}",
+                            1.0)) from None
                     if e.code in ("NO_KV_SPACE", "BATCH_FULL", "NO_RECV_SPACE"):
                         REJECTED.labels("decode_full").inc()
                         raise RequestRejected(Rejection(

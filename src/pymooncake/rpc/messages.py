@@ -164,6 +164,9 @@ class DecodeTask:
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingOptions
     num_kv_blocks: int = 0
+    tbt_slo_s: float = 0.0
+    """The TBT objective (s) the worker re-checks against its own measured step times
+    (0 = no TBT check): DESIGN.md §1 step 4, "local admission re-checked"."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -151,8 +151,11 @@ class EngineWorker:
                 except queue.Empty:
                     cmd = None
             if self.engine.has_unfinished():
+                batch = len(self.engine.scheduler.running)
+                t0 = time.perf_counter()
                 try:
                     outs = self.engine.step()
+                    self.on_step_timed(batch, time.perf_counter() - t0)
                 except Exception:  # noqa: BLE001 - keep serving; fail what was running
                     logger.exception("engine step failed")
                     outs = []
@@ -186,6 +189,10 @@ class EngineWorker:
 
     def after_step(self, outputs: list[Any]) -> None:  # engine thread
         raise NotImplementedError
+
+    def on_step_timed(self, batch_size: int, seconds: float) -> None:  # engine thread
+        """One step took ``seconds`` with ``batch_size`` requests running before it."""
+        return None
 
     def on_failed(self, request_id: str, reason: str) -> None:  # engine thread
         return None

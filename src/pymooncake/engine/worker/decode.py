@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,38 @@ from pymooncake.rpc import RpcError
 from pymooncake.rpc.messages import DecodeTask, KVTarget, StartDecode, TokenPoll
 
 logger = init_logger(__name__)
+
+
+class StepTimeModel:
+    """This worker's measured decode step time as a line in the batch size, ``t(n) = a +
+    b·n`` (least squares over the last ``window`` steps; seconds). It is what the running
+    requests see as their TBT, so admission can re-check the TBT SLO with the hardware's
+    real speed rather than the Conductor's estimate. Pure: steps are ``add``-ed."""
+
+    def __init__(self, window: int = 256) -> None:
+        if window < 2:
+            raise ValueError(f"window must be >= 2 steps, got {window}")
+        self._steps: deque[tuple[int, float]] = deque(maxlen=window)
+
+    def add(self, batch_size: int, seconds: float) -> None:
+        if batch_size > 0 and seconds >= 0:
+            self._steps.append((batch_size, seconds))
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def predict_s(self, batch_size: int) -> float | None:
+        """Predicted step time at ``batch_size``; None before any step was measured."""
+        if not self._steps:
+            return None
+        n = len(self._steps)
+        mx = sum(b for b, _ in self._steps) / n
+        my = sum(t for _, t in self._steps) / n
+        sxx = sum((b - mx) ** 2 for b, _ in self._steps)
+        slope = 0.0
+        if sxx > 0:
+            slope = max(0.0, sum((b - mx) * (t - my) for b, t in self._steps) / sxx)
+        return max(0.0, my + slope * (batch_size - mx))
 
 
 @dataclass(slots=True)
@@ -51,6 +84,8 @@ class DecodeWorker(EngineWorker):
         self._streams: dict[str, _Stream] = {}
         self._sent: dict[str, int] = {}
         """Engine thread: output tokens already posted, per running request."""
+        self.step_times = StepTimeModel()
+        """Measured step time vs batch size (engine thread adds; admission reads)."""
         self.clock = (StageClock("decode", "decode_queue") if config.role == "decode"
                       else StageClock("generate", "queue"))
 
@@ -100,6 +135,11 @@ class DecodeWorker(EngineWorker):
         busy = len(e.scheduler.running) + len(e.scheduler.waiting) + len(pending)
         if busy >= e.config.max_num_seqs:
             raise RpcError("BATCH_FULL", f"{e.config.max_num_seqs} requests admitted")
+        if task.tbt_slo_s > 0 and len(self.step_times) >= 8:
+            tbt = self.step_times.predict_s(busy + 1)
+            if tbt is not None and tbt > task.tbt_slo_s:
+                raise RpcError("TBT_SLO", f"predicted TBT {tbt:.4f} s at batch {busy + 1} "
+                               f"(measured here) exceeds the SLO {task.tbt_slo_s} s")
         target = None
         if task.num_kv_blocks and self.receiver is not None:
             target = self.receiver.reserve(rid, task.num_kv_blocks)
@@ -181,6 +221,9 @@ class DecodeWorker(EngineWorker):
             st.changed.set()
 
     # -- engine thread --------------------------------------------------------------------
+    def on_step_timed(self, batch_size: int, seconds: float) -> None:
+        self.step_times.add(batch_size, seconds)
+
     def after_step(self, outputs: list[Any]) -> None:
         updates: list[tuple[str, list[int], str | None, int | None,
                             tuple[tuple[str, float, float], ...]]] = []

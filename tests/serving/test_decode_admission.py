@@ -1,0 +1,68 @@
+"""The decode worker's own admission re-check (DESIGN.md §1 step 4): KV blocks and batch
+slots counted with requests admitted but not started, and the TBT SLO against the step
+times it measured (``StepTimeModel``). Unit level: the worker's handler on a real tiny
+engine, no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("torch")
+
+from pymooncake.engine.worker.decode import StepTimeModel  # noqa: E402
+from pymooncake.rpc import RpcError  # noqa: E402
+from pymooncake.rpc.messages import DecodeTask, SamplingOptions  # noqa: E402
+
+
+def test_step_time_model_is_the_least_squares_line() -> None:
+    m = StepTimeModel(window=4)
+    assert m.predict_s(3) is None
+    for n in (1, 2, 4, 8, 16):                        # t = 2 ms + 1 ms per sequence
+        m.add(n, 0.002 + 0.001 * n)
+    assert len(m) == 4                                # the oldest step fell out
+    assert m.predict_s(10) == pytest.approx(0.012)
+    m2 = StepTimeModel()
+    for _ in range(3):
+        m2.add(4, 0.01)                               # one batch size: flat line
+    assert m2.predict_s(40) == pytest.approx(0.01)
+    with pytest.raises(ValueError):
+        StepTimeModel(window=1)
+
+
+def _worker(num_kv_blocks: int = 64, max_num_seqs: int = 4):
+    from pymooncake.engine.worker.base import WorkerConfig
+    from pymooncake.engine.worker.decode import DecodeWorker
+    w = DecodeWorker(WorkerConfig("d0", "colocated", "127.0.0.1:1",
+                                  num_kv_blocks=num_kv_blocks, max_num_seqs=max_num_seqs))
+    w.engine = w.build_engine("colocated")
+    return w
+
+
+def _task(rid: str, n_prompt: int = 40, max_tokens: int = 8, tbt: float = 0.0) -> DecodeTask:
+    return DecodeTask(rid, tuple([5] * n_prompt), SamplingOptions(max_tokens=max_tokens), 0,
+                      tbt)
+
+
+def test_admission_refuses_when_measured_steps_miss_the_tbt_slo() -> None:
+    w = _worker()
+    for n in range(1, 9):
+        w.on_step_timed(n, 0.004 + 0.002 * n)         # measured: 6 ms … 20 ms
+    # one more request → batch 1 → predicted 6 ms: within 10 ms, admitted
+    assert asyncio.run(w._prepare(_task("a", tbt=0.010))) is None
+    # the next one would make batch 2 → 8 ms; with a 7 ms SLO it is refused, named
+    with pytest.raises(RpcError) as e:
+        asyncio.run(w._prepare(_task("b", tbt=0.007)))
+    assert e.value.code == "TBT_SLO" and "0.0080" in str(e.value)
+    assert "b" not in w._streams                      # nothing reserved for it
+    assert asyncio.run(w._prepare(_task("c", tbt=0.0))) is None   # 0 = no TBT check
+
+
+def test_admission_counts_requests_admitted_but_not_started() -> None:
+    w = _worker(num_kv_blocks=8, max_num_seqs=8)      # 8 blocks of 16 tokens
+    assert asyncio.run(w._prepare(_task("a", n_prompt=40, max_tokens=24))) is None  # 4 blocks
+    assert asyncio.run(w._prepare(_task("b", n_prompt=40, max_tokens=24))) is None  # 4 more
+    with pytest.raises(RpcError) as e:                # the engine still shows 8 free blocks
+        asyncio.run(w._prepare(_task("c", n_prompt=10, max_tokens=2)))
+    assert e.value.code == "NO_KV_SPACE" and "0 free" in str(e.value)
