@@ -66,3 +66,16 @@ def test_admission_counts_requests_admitted_but_not_started() -> None:
     with pytest.raises(RpcError) as e:                # the engine still shows 8 free blocks
         asyncio.run(w._prepare(_task("c", n_prompt=10, max_tokens=2)))
     assert e.value.code == "NO_KV_SPACE" and "0 free" in str(e.value)
+
+
+@pytest.mark.parametrize(("hint", "cached", "n_prompt", "want"), [
+    (10, 160, 200, (10, 10)),   # every hinted block was reused: nothing stale
+    (10, 64, 200, (4, 10)),     # the Store lost blocks 4..9
+    (-1, 0, 200, (0, 0)),       # no hint (unknown)
+    (0, 0, 200, (0, 0)),        # hint: none held
+    (4, 48, 64, (3, 3)),        # 64 tokens = 4 blocks; block 3 is always computed (BUG-09)
+    (4, 0, 64, (0, 3)),
+])
+def test_stale_store_blocks_hand_cases(hint, cached, n_prompt, want) -> None:
+    from pymooncake.engine.worker.prefill import stale_store_blocks
+    assert stale_store_blocks(hint, cached, n_prompt, 16) == want

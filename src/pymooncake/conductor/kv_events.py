@@ -3,8 +3,9 @@
 Workers report the block keys their local prefix cache gains and loses, and the keys they
 put into the global Store (holder ``"store"``); Algorithm 1 reads the index through
 ``PrefixIndex.match`` (Mooncake FAST'25 §4, STYLE.md: "Conductor = KV indexer fed by KV
-events"). Store evictions are not reported: a stale ``store`` entry only makes a prefill
-worker find fewer blocks than predicted, and it recomputes them.
+events"). Store evictions reach it lazily: a prefill worker that was told the Store held
+leading blocks it then could not read reports them as ``store`` removals (the master does
+not publish its evictions); a put of a key the Store still holds reports it stored again.
 """
 
 from __future__ import annotations

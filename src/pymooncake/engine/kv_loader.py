@@ -127,7 +127,9 @@ class StoreKVLoader(NullHooks):
 
     # -- put ------------------------------------------------------------------------------
     def put_blocks(self, block_keys: Sequence[str], block_bytes: Sequence[bytes]) -> list[str]:
-        """Put blocks not yet in the Store; returns the keys now stored by this call."""
+        """Put blocks not yet in the Store; returns the keys the Store holds after this call
+        (those put now and those it already held: a holder's report heals a removal that
+        was reported for a key which is in fact still there)."""
         if not block_keys:
             return []
         skeys = [store_key(self.ns, k) for k in block_keys]
@@ -136,10 +138,11 @@ class StoreKVLoader(NullHooks):
         except Exception as e:  # noqa: BLE001
             logger.warning("store exist failed: %s", e)
             return []
+        held = [block_keys[i] for i, x in enumerate(exists) if x is True]
         todo = [i for i, x in enumerate(exists) if x is not True]
         if not todo:
-            return []
+            return held
         errs = self.store.batch_put([skeys[i] for i in todo], [block_bytes[i] for i in todo])
         stored = [block_keys[i] for i, e in zip(todo, errs, strict=True) if e is None]
         self.num_put_blocks += len(stored)
-        return stored
+        return held + stored

@@ -121,6 +121,7 @@ class EngineWorker:
         self._stored: list[str] = []
         self._removed: list[str] = []
         self._store_stored: list[str] = []
+        self._store_removed: list[str] = []
         self.num_prefill_tokens_total = 0
         self._conductor: RpcClient | None = None
         self._registered = False
@@ -211,6 +212,11 @@ class EngineWorker:
         with self._events_lock:
             self._store_stored.extend(keys)
 
+    def drop_store_keys(self, keys: list[str]) -> None:
+        """Keys found missing from the Store (evicted): reported as ``store`` removals."""
+        with self._events_lock:
+            self._store_removed.extend(keys)
+
     # -- conductor link -------------------------------------------------------------------
     def worker_info(self) -> WorkerInfo:
         ns = asdict(self.engine.namespace)
@@ -243,13 +249,16 @@ class EngineWorker:
                         with self._events_lock:
                             self._stored = keys + self._stored
                 with self._events_lock:
-                    stored, removed, sstored = self._stored, self._removed, self._store_stored
-                    self._stored, self._removed, self._store_stored = [], [], []
+                    stored, removed = self._stored, self._removed
+                    sstored, sremoved = self._store_stored, self._store_removed
+                    self._stored, self._removed = [], []
+                    self._store_stored, self._store_removed = [], []
                 if stored or removed:
                     await c.notify("kv_events", KVEvents(self.config.instance_id,
                                                          tuple(stored), tuple(removed)))
-                if sstored:
-                    await c.notify("kv_events", KVEvents("store", tuple(sstored)))
+                if sstored or sremoved:
+                    await c.notify("kv_events", KVEvents("store", tuple(sstored),
+                                                         tuple(sremoved)))
                 known = await c.call("worker_load", self.load())
                 if not known:
                     self._registered = False

@@ -237,6 +237,10 @@ class PrefillWorker(EngineWorker):
             sent = min(len(block_ids), p.target.num_blocks)
             transfer_s = time.monotonic() - t0
             stages = (*stages, ("p2d_transfer", w0, time.time()))
+        if self.loader is not None and p.task.use_store:
+            lo, hi = stale_store_blocks(p.task.store_hint_blocks, cached, len(prompt), bs)
+            if hi > lo:
+                self.drop_store_keys([str(k) for k in keys[lo:hi]])
         if self.loader is not None and p.task.use_store and block_ids:
             new_from = cached // bs
             if new_from < len(block_ids):
@@ -247,6 +251,17 @@ class PrefillWorker(EngineWorker):
         finish = "stop" if out.finish_reason == FinishReason.STOP else None
         return PrefillResult(p.task.request_id, first, cached, sent, prefill_s, transfer_s,
                              finish, stages)
+
+
+def stale_store_blocks(hint_blocks: int, cached_tokens: int, num_prompt_tokens: int,
+                       block_size: int) -> tuple[int, int]:
+    """Block range ``[lo, hi)`` the Conductor's index says the Store holds but this prefill
+    did not get from any cache: evicted since (lazy invalidation of the index). Blocks past
+    ``(num_prompt_tokens - 1) // block_size`` are never loaded (CASES BUG-09: at least one
+    token is computed), so they prove nothing."""
+    lo = cached_tokens // block_size
+    hi = min(hint_blocks, (num_prompt_tokens - 1) // block_size)
+    return (lo, hi) if hi > lo else (lo, lo)
 
 
 def _done(fut: asyncio.Future[Any], r: Any) -> None:
