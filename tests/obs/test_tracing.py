@@ -47,6 +47,38 @@ def test_record_span_is_child_of_current_span(exported):
         assert c.context.trace_id == root.context.trace_id
 
 
+def test_explicit_root_span_groups_one_request_across_awaits(exported):
+    """The Conductor's request span: opened at arrival, stages recorded under it from
+    anywhere (no current-span context needed), closed at the end; two requests are two
+    traces."""
+    roots = [tracing.start_root_span("serving.request", 100.0 + i, request_id=f"r{i}")
+             for i in range(2)]
+    tracing.record_span("serving.queue", 100.0, 100.25, parent=roots[0])
+    tracing.record_span("serving.prefill", 101.0, 101.5, parent=roots[1])
+    with tracing.span("unrelated"):
+        tracing.record_span("serving.decode", 100.5, 101.0, parent=roots[0])
+    for i, r in enumerate(roots):
+        tracing.end_span(r, 102.0 + i)
+    by = {s.name: s for s in exported.get_finished_spans()}
+    r0 = next(s for s in exported.get_finished_spans()
+              if s.name == "serving.request" and s.attributes["request_id"] == "r0")
+    r1 = next(s for s in exported.get_finished_spans()
+              if s.name == "serving.request" and s.attributes["request_id"] == "r1")
+    assert r0.start_time == 100 * 10**9 and r0.end_time == 102 * 10**9 and r0.parent is None
+    for name, root in (("serving.queue", r0), ("serving.decode", r0), ("serving.prefill", r1)):
+        assert by[name].parent.span_id == root.context.span_id
+        assert by[name].context.trace_id == root.context.trace_id
+    assert r0.context.trace_id != r1.context.trace_id
+
+
+def test_root_span_helpers_are_no_ops_while_off():
+    tracing.shutdown_tracing()
+    h = tracing.start_root_span("serving.request", 1.0)
+    assert h is None
+    tracing.record_span("x", 1.0, 2.0, parent=h)
+    tracing.end_span(h, 3.0)
+
+
 def test_record_span_reversed_times_give_zero_length(exported):
     tracing.record_span("decode_load", 5.5, 5.0)
     (s,) = exported.get_finished_spans()

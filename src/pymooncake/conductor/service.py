@@ -45,7 +45,7 @@ from pymooncake.conductor.policy import Rejection as PolicyRejection
 from pymooncake.identity import CacheNamespace, block_keys
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
-from pymooncake.obs.tracing import record_span, span
+from pymooncake.obs.tracing import end_span, record_span, start_root_span
 from pymooncake.rpc import RpcClient, RpcError, RpcServer, from_wire
 from pymooncake.rpc.messages import (
     DecodeTask,
@@ -88,7 +88,7 @@ STAGE_S = metrics.histogram("pymooncake_conductor_stage_seconds",
                             "generate)", ["stage"])
 
 
-def observe_stages(request_id: str, windows: Any) -> None:
+def observe_stages(request_id: str, windows: Any, parent: Any = None) -> None:
     """Histogram + OpenTelemetry span for each ``(stage, start, end)`` window (unix s) a
     worker measured; malformed windows are skipped (a worker's report is not trusted)."""
     for w in windows or ():
@@ -99,14 +99,16 @@ def observe_stages(request_id: str, windows: Any) -> None:
         if not end >= start:
             continue
         STAGE_S.labels(name).observe(end - start)
-        record_span(f"serving.{name}", start, end, request_id=request_id)
+        record_span(f"serving.{name}", start, end, parent, request_id=request_id)
 
 
-def _stage(request_id: str, name: str, start_s: float, end_s: float) -> None:
+def _stage(request_id: str, name: str, start_s: float, end_s: float, parent: Any = None
+           ) -> None:
     """A stage the Conductor timed itself (monotonic ``start_s``/``end_s``)."""
     STAGE_S.labels(name).observe(end_s - start_s)
     wall = time.time() - time.monotonic()
-    record_span(f"serving.{name}", start_s + wall, end_s + wall, request_id=request_id)
+    record_span(f"serving.{name}", start_s + wall, end_s + wall, parent,
+                request_id=request_id)
 
 _REJECT_STATUS = {"saturated": 429, "ttft_slo": 429, "tbt_slo": 429, "no_instance": 503}
 
@@ -149,6 +151,8 @@ class Conductor:
             maxlen=self.config.online_profile_window)
         self._profile_new = 0
         self.num_profile_fits = 0
+        self._roots: dict[str, Any] = {}
+        """request id → its ``serving.request`` span (OpenTelemetry; None while off)."""
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -266,6 +270,12 @@ class Conductor:
         self.num_profile_fits += 1
 
     # -- one request ----------------------------------------------------------------------
+    def _stage(self, rid: str, name: str, start_s: float, end_s: float) -> None:
+        _stage(rid, name, start_s, end_s, self._roots.get(rid))
+
+    def _observe(self, rid: str, windows: Any) -> None:
+        observe_stages(rid, windows, self._roots.get(rid))
+
     def place(self, req: GenerateRequest, now_s: float) -> Placement | PolicyRejection:
         """The policy's decision for ``req`` on the cluster as it is at ``now_s``."""
         view = self.state.view(now_s)
@@ -282,12 +292,31 @@ class Conductor:
                         PREFILL_POLICIES[self.config.policy], colocated=self.config.colocated)
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        """Place, dispatch and stream one request; every stage is recorded under one
+        ``serving.request`` span (one trace per request when tracing is on)."""
         t0 = time.monotonic()
+        arrival = req.arrival_time_s or t0
+        root = start_root_span("serving.request", time.time() - (t0 - arrival) - req.tokenize_s,
+                               request_id=req.request_id,
+                               prompt_tokens=len(req.prompt_token_ids),
+                               max_tokens=req.sampling.max_tokens)
+        if root is None:
+            async for ev in self._generate(req, t0):
+                yield ev
+            return
+        self._roots[req.request_id] = root
+        try:
+            async for ev in self._generate(req, t0):
+                yield ev
+        finally:
+            self._roots.pop(req.request_id, None)
+            end_span(root)
+
+    async def _generate(self, req: GenerateRequest, t0: float) -> AsyncIterator[TokenEvent]:
         if req.tokenize_s > 0:
-            _stage(req.request_id, "tokenize", t0 - req.tokenize_s, t0)
-        with span("conductor.schedule", request_id=req.request_id):
-            decision = self.place(req, t0)
-        _stage(req.request_id, "schedule", t0, time.monotonic())
+            self._stage(req.request_id, "tokenize", t0 - req.tokenize_s, t0)
+        decision = self.place(req, t0)
+        self._stage(req.request_id, "schedule", t0, time.monotonic())
         if isinstance(decision, PolicyRejection):
             REJECTED.labels(decision.reason).inc()
             raise RequestRejected(Rejection(
@@ -398,7 +427,7 @@ class Conductor:
                             f"cannot admit the request: {e}", 1.0)) from None
                     raise
                 prepared = True
-                _stage(rid, "prepare_decode", t1, time.monotonic())
+                self._stage(rid, "prepare_decode", t1, time.monotonic())
                 target = from_wire(KVTarget, raw) if raw is not None else None
                 if prefill_call is None:
                     prefill_call = dispatch(target)
@@ -406,14 +435,13 @@ class Conductor:
                       and not await pw.client.call("set_target", SetTarget(rid, target))):
                     LATE_TARGETS.inc()
                 stage = "prefill"
-            with span("conductor.prefill", request_id=rid, instance=pw.info.instance_id):
-                assert prefill_call is not None
-                res = from_wire(PrefillResult, await prefill_call)
+            assert prefill_call is not None
+            res = from_wire(PrefillResult, await prefill_call)
             pw.prefills.pop(rid, None)
             t_first = time.monotonic()
-            _stage(rid, "prefill_rpc", t1, t_first)
-            _stage(rid, "ttft", req.arrival_time_s or t0, t_first)
-            observe_stages(rid, res.stages)
+            self._stage(rid, "prefill_rpc", t1, t_first)
+            self._stage(rid, "ttft", req.arrival_time_s or t0, t_first)
+            self._observe(rid, res.stages)
             self.learn_prefill(len(req.prompt_token_ids), res.cached_tokens, res.stages)
             HIT_TOKENS.inc(res.cached_tokens)
             done = max_tokens <= 1 or res.finish_reason == "stop"
@@ -432,8 +460,8 @@ class Conductor:
                 fin = r.get("finish_reason")
                 if fin is not None:
                     finished = True
-                    _stage(rid, "decode_stream", t2, time.monotonic())
-                    observe_stages(rid, r.get("stages"))
+                    self._stage(rid, "decode_stream", t2, time.monotonic())
+                    self._observe(rid, r.get("stages"))
                 if r["token_ids"] or fin is not None:
                     yield TokenEvent(rid, tuple(r["token_ids"]), fin,
                                      cached_tokens=res.cached_tokens if fin else None)
@@ -469,11 +497,11 @@ class Conductor:
                     HIT_TOKENS.inc(cached)
                 if r["token_ids"] and rid in w.prefills:
                     w.prefills.pop(rid, None)
-                    _stage(rid, "ttft", req.arrival_time_s or t0, time.monotonic())
+                    self._stage(rid, "ttft", req.arrival_time_s or t0, time.monotonic())
                 fin = r.get("finish_reason")
                 if fin is not None:
                     finished = True
-                    observe_stages(rid, r.get("stages"))
+                    self._observe(rid, r.get("stages"))
                 if r["token_ids"] or fin is not None:
                     yield TokenEvent(rid, tuple(r["token_ids"]), fin, cached_tokens=cached)
         except RpcError as e:

@@ -133,12 +133,31 @@ def _to_ns(t_s: float) -> int:
     return whole * 1_000_000_000 + round((t_s - whole) * 1e9)
 
 
-def record_span(name: str, start_s: float, end_s: float, **attributes: Any) -> None:
+def start_root_span(name: str, start_s: float | None = None, **attributes: Any) -> Any:
+    """Open a span that spans await points (an async generator cannot keep a span current
+    across its yields); pass it as ``parent`` to ``record_span`` and close it with
+    ``end_span``. Returns None while tracing is off (every function here accepts that)."""
+    tracer = _tracer
+    if tracer is None:
+        return None
+    return tracer.start_span(name, start_time=None if start_s is None else _to_ns(start_s),
+                             attributes=_clean(attributes))
+
+
+def end_span(handle: Any, end_s: float | None = None) -> None:
+    """Close a span from ``start_root_span`` (at ``end_s`` Unix seconds, default now)."""
+    if handle is not None:
+        handle.end(end_time=None if end_s is None else _to_ns(end_s))
+
+
+def record_span(name: str, start_s: float, end_s: float, parent: Any = None,
+                **attributes: Any) -> None:
     """Export one finished span that ran from ``start_s`` to ``end_s``.
 
     Times are Unix seconds (``time.time()``), e.g. a stage a worker measured and reported as
     ``(stage, start_unix_s, end_unix_s)``; they are exported in integer nanoseconds. The
-    span is a child of the current span, if any. An ``end_s`` before ``start_s`` (a clock
+    span is a child of ``parent`` (a ``start_root_span`` handle) or else of the current
+    span, if any. An ``end_s`` before ``start_s`` (a clock
     step between the two readings) is exported as a zero-length span at ``start_s``.
     Attributes whose value is None are left out. Does nothing (and checks nothing) while
     tracing is off. Raises ``ValueError`` for a non-finite time.
@@ -151,5 +170,9 @@ def record_span(name: str, start_s: float, end_s: float, **attributes: Any) -> N
                          f"got start_s={start_s}, end_s={end_s}")
     start_ns = _to_ns(start_s)
     end_ns = max(start_ns, _to_ns(end_s))
-    s = tracer.start_span(name, start_time=start_ns, attributes=_clean(attributes))
+    context = None
+    if parent is not None and _otel_trace is not None:
+        context = _otel_trace.set_span_in_context(parent)
+    s = tracer.start_span(name, context=context, start_time=start_ns,
+                          attributes=_clean(attributes))
     s.end(end_time=end_ns)
