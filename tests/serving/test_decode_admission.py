@@ -79,3 +79,42 @@ def test_admission_counts_requests_admitted_but_not_started() -> None:
 def test_stale_store_blocks_hand_cases(hint, cached, n_prompt, want) -> None:
     from pymooncake.engine.worker.prefill import stale_store_blocks
     assert stale_store_blocks(hint, cached, n_prompt, 16) == want
+
+
+class _CountingStore:
+    """The two StoreClient calls the loader's lookup makes, counted (unit-test fake)."""
+
+    def __init__(self, values: dict[str, bytes]) -> None:
+        self.values = values
+        self.calls = 0
+
+    def batch_exist(self, keys):
+        self.calls += 1
+        return [k in self.values for k in keys]
+
+    def batch_get(self, keys):
+        self.calls += 1
+        return [self.values[k] for k in keys]
+
+
+def test_store_lookup_is_skipped_when_the_hint_says_local_covers_it() -> None:
+    from pymooncake.engine import Engine, EngineConfig
+    from pymooncake.engine.kv_loader import StoreKVLoader, store_key
+    from pymooncake.engine.request import Request
+    from pymooncake.engine.sampling import SamplingParams
+    eng = Engine.from_model_name("tiny", EngineConfig(num_kv_blocks=32))
+    ns = eng.namespace.digest()
+    prompt = list(range(3, 3 + 80))                       # 5 full blocks
+    req = Request("r", prompt, SamplingParams(max_tokens=1), eng.namespace)
+    assert len(req.block_keys) == 5
+    blob = bytes(eng.kv.block_nbytes)
+    store = _CountingStore({store_key(ns, str(k)): blob for k in req.block_keys[:3]})
+    loader = StoreKVLoader(store, eng.kv, ns)
+    loader.hint("r", 3)
+    assert loader.get_num_matched_tokens(req, 48) == 0    # local has 3 blocks: no round trip
+    assert store.calls == 0
+    assert loader.get_num_matched_tokens(req, 16) == 32   # local 1 block: the Store has 2 more
+    assert store.calls == 2
+    loader.forget("r")
+    loader.hint("r", -1)                                  # unknown: always look
+    assert loader.get_num_matched_tokens(req, 48) == 0 and store.calls == 3

@@ -47,6 +47,7 @@ class StoreKVLoader(NullHooks):
         self._fetched: dict[str, tuple[int, list[torch.Tensor]]] = {}
         """request id → (first block index, fetched blocks from there)."""
         self._disabled: set[str] = set()
+        self._hints: dict[str, int] = {}
         self._lock = threading.Lock()
         self.num_loaded_blocks = 0
         self.num_put_blocks = 0
@@ -57,8 +58,15 @@ class StoreKVLoader(NullHooks):
         """No Store reuse for this request (local-cache-only placement)."""
         self._disabled.add(request_id)
 
+    def hint(self, request_id: str, num_blocks: int) -> None:
+        """The Conductor's count of the prompt's leading blocks the Store holds: no Store
+        round trip when the local cache already covers them (``num_blocks < 0``: unknown)."""
+        if num_blocks >= 0:
+            self._hints[request_id] = num_blocks
+
     def forget(self, request_id: str) -> None:
         self._disabled.discard(request_id)
+        self._hints.pop(request_id, None)
         self._fetched.pop(request_id, None)
 
     def _as_tensor(self, data: bytes) -> torch.Tensor:
@@ -76,7 +84,7 @@ class StoreKVLoader(NullHooks):
         bs = self.kv.block_size
         first = num_local_computed_tokens // bs
         keys = req.block_keys[first:]
-        if not keys:
+        if not keys or self._hints.get(rid, len(req.block_keys)) <= first:
             return 0
         cached = self._fetched.get(rid)
         have = cached[1] if cached is not None and cached[0] == first else None

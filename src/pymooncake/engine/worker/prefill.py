@@ -34,6 +34,8 @@ logger = init_logger(__name__)
 
 PUT_DEFER_MAX_S = 1.0
 """Longest a Store put waits for the prefill engine to go idle (s)."""
+PUT_BATCH_MAX_BLOCKS = 1024
+"""Most blocks merged into one Store batch put."""
 
 
 @dataclass(slots=True)
@@ -97,11 +99,31 @@ class PrefillWorker(EngineWorker):
             while (self.engine.has_unfinished() and not self._stop.is_set()
                    and time.monotonic() - queued_s < PUT_DEFER_MAX_S):
                 time.sleep(0.005)
+            # what queued up meanwhile goes in the same batch (one exist + one put round
+            # trip to the master for a whole burst of prefills)
+            keys, data = list(keys), list(data)
+            seen = set(keys)
+            last = False
+            while len(keys) < PUT_BATCH_MAX_BLOCKS:
+                try:
+                    more = self._puts.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    last = True
+                    break
+                for k, d in zip(more[1], more[2], strict=True):
+                    if k not in seen:
+                        seen.add(k)
+                        keys.append(k)
+                        data.append(d)
             try:
                 assert self.loader is not None
                 self.add_store_keys(self.loader.put_blocks(keys, data))
             except Exception as err:  # noqa: BLE001 - a full Store only costs reuse
                 logger.warning("store put failed: %s", err)
+            if last:
+                return
 
     def close_resources(self) -> None:
         if self._put_thread is not None:
@@ -129,6 +151,8 @@ class PrefillWorker(EngineWorker):
                 raise RpcError("DUPLICATE", f"request {task.request_id} is already prefilling")
             if self.loader is not None and (not task.use_store or task.store_hint_blocks == 0):
                 self.loader.disable(task.request_id)
+            elif self.loader is not None:
+                self.loader.hint(task.request_id, task.store_hint_blocks)
             if self.layerwise is not None and task.target is not None:
                 self.layerwise.add(task.request_id, task.target)
             try:
