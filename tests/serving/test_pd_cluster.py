@@ -168,6 +168,41 @@ def test_bug_53_over_long_prompts_are_400_and_workers_survive(cluster):
     assert {k: w["pid"] for k, w in after.items()} == {k: w["pid"] for k, w in before.items()}
 
 
+def test_bug_54_max_tokens_and_params_against_the_real_cluster(cluster):
+    """CASES BUG-54 end to end (P/D workers behind the front door): ``max_tokens: null``
+    means "the rest of the context" (2048 here), bad values are 400 naming the field, and
+    nothing is a 500."""
+    from pymooncake.engine.model.tokenizer import ByteTokenizer
+    url = cluster.url
+    prompt = _ids(54, CONTEXT - 8)
+    r = httpx.post(url + "/v1/completions", timeout=60, json={
+        "model": "tiny", "prompt": prompt, "max_tokens": None, "temperature": 0})
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    assert usage["prompt_tokens"] == CONTEXT - 8
+    assert r.json()["choices"][0]["finish_reason"] in ("length", "stop")
+    assert usage["completion_tokens"] <= 8
+    if r.json()["choices"][0]["finish_reason"] == "length":
+        assert usage["completion_tokens"] == 8
+    overhead = len(ByteTokenizer().apply_chat_template([{"role": "user", "content": ""}]))
+    r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "max_tokens": None,
+        "messages": [{"role": "user", "content": "a" * (CONTEXT - 8 - overhead)}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] <= 8
+    for path, base in (("/v1/completions", {"prompt": "hi"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user",
+                                                               "content": "hi"}]})):
+        for field, value in (("max_tokens", 0), ("max_tokens", -1), ("max_tokens", "abc"),
+                             ("max_tokens", CONTEXT + 1), ("temperature", -1),
+                             ("stream_options", {"include_usage": True})):
+            r = httpx.post(url + path, timeout=60, json={"model": "tiny", **base,
+                                                          field: value})
+            assert r.status_code == 400, (path, field, value, r.text)
+            assert r.json()["error"]["param"] == field
+    assert complete(url, _ids(55, 20), 3).status_code == 200
+
+
 def _stage_counts(url: str) -> dict[str, tuple[float, float]]:
     from prometheus_client.parser import text_string_to_metric_families
     out: dict[str, list[float]] = {}
@@ -191,16 +226,16 @@ def test_every_stage_of_a_request_is_measured(cluster):
     assert complete(url, a, 4).status_code == 200
     wait_store_blocks(url, 1)
     before = _stage_counts(url)
-    b = a[:64] + _ids(31, 40)              # 4 blocks reusable from the Store or locally
+    b = a[:64] + _ids(31, 40)     # 4 blocks; round-robin puts b on the other prefill
+    assert complete(url, b, 5).status_code == 200     # worker: they come from the Store
     r = httpx.post(url + "/v1/chat/completions", timeout=30, json={
         "model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200, r.text
-    assert complete(url, b, 5).status_code == 200
     after = _stage_counts(url)
     grew = {k for k, (n, _) in after.items() if n > before.get(k, (0.0, 0.0))[0]}
     want = {"tokenize", "schedule", "prepare_decode", "prefill_rpc", "ttft", "queue",
-            "store_lookup", "prefill", "p2d_transfer", "decode_queue", "decode_load",
-            "decode", "decode_stream"}
+            "store_lookup", "cache_load", "prefill", "p2d_transfer", "decode_queue",
+            "decode_load", "decode", "decode_stream"}
     assert want <= grew, f"missing stages: {sorted(want - grew)}"
     # the worker-measured prefill is part of what the Conductor waited for
     d = {k: (after[k][0] - before.get(k, (0, 0))[0], after[k][1] - before.get(k, (0, 0))[1])
