@@ -79,6 +79,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--profile", default=None, help="prefill profile JSON (pymooncake profile)")
     s.add_argument("--max-concurrency", type=int, default=64,
                    help="front-door admission: requests in flight at once")
+    s.add_argument("--metadata", default=None,
+                   help="Transfer Engine metadata service for the workers (etcd://host:port, "
+                        "http://…/metadata); default: the master's embedded HTTP one")
     s.add_argument("--demo", action="store_true",
                    help="send a few chat requests and a short trace replay, print, stop")
     _add_engine_flags(s)
@@ -313,7 +316,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                        ttft_slo_s=args.ttft_slo, tbt_slo_s=args.tbt_slo, profile=args.profile,
                        max_concurrency=args.max_concurrency, quiet=args.demo,
-                       global_store=args.global_store, otel=args.otel)
+                       global_store=args.global_store, otel=args.otel, metadata=args.metadata)
+    if args.metadata and not args.metadata.startswith(("etcd://", "http://", "https://")):
+        raise UsageError(f"--metadata must be etcd://host:port or http(s)://…, got "
+                         f"{args.metadata!r}")
     import signal
 
     from pymooncake.obs.tracing import shutdown_tracing
@@ -403,6 +409,9 @@ class ClusterSpec:
         self.global_store: bool | None = kw.pop("global_store", None)
         self.global_segment_size: int = kw.pop("global_segment_size", 64 << 20)
         self.extra_conductor_flags: list[str] = kw.pop("extra_conductor_flags", [])
+        self.metadata: str | None = kw.pop("metadata", None)
+        """Transfer Engine metadata URL for the workers (``etcd://…``, ``http://…``);
+        None = the master's embedded HTTP metadata server."""
         self.otel: str | None = kw.pop("otel", None)
         if kw:
             raise TypeError(f"unknown ClusterSpec fields {sorted(kw)}")
@@ -475,10 +484,15 @@ class LocalCluster:
         import httpx
         s = self.spec
         try:
-            m = self._spawn("master", ["master", "--port", "0", "--enable-http-metadata-server",
-                                       "--http-metadata-server-port", "0"])
+            if s.metadata:
+                m = self._spawn("master", ["master", "--port", "0"])
+                self.metadata_url = s.metadata
+            else:
+                m = self._spawn("master", ["master", "--port", "0",
+                                           "--enable-http-metadata-server",
+                                           "--http-metadata-server-port", "0"])
+                self.metadata_url = m["metadata_url"]
             self.master_addr = f"127.0.0.1:{m['port']}"
-            self.metadata_url = m["metadata_url"]
             cflags = ["conductor", "--port", str(s.port), "--worker-port", "0", "--policy",
                       s.policy, "--model", s.model, "--context-length", str(s.max_model_len),
                       "--ttft-slo", str(s.ttft_slo_s), "--tbt-slo", str(s.tbt_slo_s),
