@@ -272,7 +272,10 @@ class TestBug52And51Overload:
                 rs = await client.post(CHAT, json=chat_body(stream=True))
             assert r.status_code == 429 and r.headers["retry-after"] == "3"
             assert r.json()["error"]["code"] == "slo_ttft"
-            assert "slo_ttft" in rs.text and rs.text.rstrip().endswith("data: [DONE]")
+            # a stream refused before its first token gets the same status, not a 200
+            # with an error event (newcomer check, session 2)
+            assert rs.status_code == 429 and rs.headers["retry-after"] == "3"
+            assert rs.json()["error"]["code"] == "slo_ttft"
             assert client._transport.app.state.gate.in_flight == 0
         run(main())
 
@@ -290,4 +293,20 @@ def test_models_health_metrics() -> None:
         assert "pymooncake_api_ttft_seconds_bucket" in text
         assert "pymooncake_api_inter_token_seconds_bucket" in text
         assert "pymooncake_api_cached_tokens_total" in text
+    run(main())
+
+
+@pytest.mark.parametrize("path", [COMPL])
+@pytest.mark.parametrize("prompt", [[1, 2**32], [2**70], [5, 2**40, 7]])
+def test_token_ids_beyond_any_vocabulary_are_400(path, prompt) -> None:
+    """Ids >= 2**32 cannot be keyed (DESIGN.md §3); with no codec vocabulary that is the
+    bound (newcomer check: 2**70 was a 500)."""
+    async def main():
+        client, backend = make_client()
+        async with client:
+            r = await client.post(path, json={"model": "tiny", "prompt": prompt,
+                                              "max_tokens": 2})
+        err = assert_error(r, 400, "prompt")
+        assert "vocabulary" in err["message"]
+        assert backend.requests == []
     run(main())

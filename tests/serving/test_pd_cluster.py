@@ -200,6 +200,12 @@ def test_bug_54_max_tokens_and_params_against_the_real_cluster(cluster):
                                                           field: value})
             assert r.status_code == 400, (path, field, value, r.text)
             assert r.json()["error"]["param"] == field
+    # token ids the model cannot embed: 400 naming the prompt, never a 500 or a 503
+    for prompt in ([1, 2, 300], [1180591620717411303424], [4294967295]):
+        r = httpx.post(url + "/v1/completions", timeout=60,
+                       json={"model": "tiny", "prompt": prompt, "max_tokens": 2})
+        assert r.status_code == 400, (prompt, r.text)
+        assert r.json()["error"]["param"] == "prompt" and "[0, 259)" in r.text
     assert complete(url, _ids(55, 20), 3).status_code == 200
 
 

@@ -39,6 +39,10 @@ from pymooncake.rpc.messages import GenerateRequest, RequestRejected, TokenEvent
 
 logger = init_logger(__name__)
 
+MAX_TOKEN_ID = 2**32
+"""Token ids are < 2**32 whatever the model (the block-key encoding, DESIGN.md §3); a
+codec's ``vocab_size`` narrows it."""
+
 REQUESTS = metrics.counter("pymooncake_api_requests_total",
                            "HTTP requests by endpoint and status", ["endpoint", "status"])
 TTFT = metrics.histogram("pymooncake_api_ttft_seconds", "time to first token (s)")
@@ -92,6 +96,8 @@ def _error_response(err: ApiError, endpoint: str) -> JSONResponse:
 
 def _rejected(e: RequestRejected) -> ApiError:
     r = e.rejection
+    if 400 <= r.status < 429:      # the request itself is wrong: retrying cannot help
+        return ApiError(r.status, r.message, type="invalid_request_error", code=r.code)
     retry = max(1, int(-(-r.retry_after_s // 1)))
     return ApiError(r.status, r.message,
                     type="rate_limit_error" if r.status == 429 else "overloaded_error",
@@ -242,6 +248,11 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
                 if not req.prompt or min(req.prompt) < 0:
                     raise invalid("prompt token ids must be a non-empty list of ids >= 0",
                                   "prompt")
+                vocab = getattr(codec, "vocab_size", None) or MAX_TOKEN_ID
+                if max(req.prompt) >= vocab:
+                    bad = [t for t in req.prompt if t >= vocab][:5]
+                    raise invalid(f"prompt token ids {bad} are outside the model's vocabulary "
+                                  f"[0, {vocab})", "prompt")
                 ids = list(req.prompt)
                 prompt_param = "prompt"
             sampling = to_sampling(req, len(ids), cfg.context_length, cfg.default_max_tokens,
@@ -260,8 +271,24 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
         job = _Job(backend, codec, greq)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_stream(job, chat, include_usage, req.return_token_ids,
-                                             endpoint),
+            # Wait for the first event before the 200 goes out: a request the backend
+            # refuses (placement, decode admission) must get its 429/503 + Retry-After,
+            # not an error event inside a 200 stream (nothing has been streamed yet).
+            events = job.deltas()
+            try:
+                first = await events.__anext__()
+            except StopAsyncIteration:
+                first = None
+            except RequestRejected as e:
+                gate.release()
+                await events.aclose()
+                return _error_response(_rejected(e), endpoint)
+            except BaseException:
+                gate.release()
+                await events.aclose()
+                raise
+            return StreamingResponse(_stream(job, events, first, chat, include_usage,
+                                             req.return_token_ids, endpoint),
                                      media_type="text/event-stream")
         try:
             text = "".join([d async for d, _ in job.deltas()])
@@ -283,7 +310,9 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
         return JSONResponse({"id": greq.request_id, "object": obj, "created": created,
                              "model": cfg.model_name, "choices": [choice], "usage": usage})
 
-    async def _stream(job: _Job, chat: bool, include_usage: bool, return_token_ids: bool,
+    async def _stream(job: _Job, events: AsyncIterator[tuple[str, tuple[int, ...]]],
+                      first: tuple[str, tuple[int, ...]] | None, chat: bool,
+                      include_usage: bool, return_token_ids: bool,
                       endpoint: str) -> AsyncIterator[bytes]:
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -315,7 +344,14 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
         try:
             if chat:
                 yield chunk([choice("", None, role=True)])
-            async for delta, ids in job.deltas():
+
+            async def all_events() -> AsyncIterator[tuple[str, tuple[int, ...]]]:
+                if first is not None:
+                    yield first
+                    async for ev in events:
+                        yield ev
+
+            async for delta, ids in all_events():
                 if return_token_ids:
                     yield chunk([choice(delta, None, token_ids=ids)])
                 elif delta:
@@ -337,6 +373,7 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
         finally:
             gate.release()
             REQUESTS.labels(endpoint, status).inc()
+            await events.aclose()
         yield b"data: [DONE]\n\n"
 
     @app.post("/v1/completions")

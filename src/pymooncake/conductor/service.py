@@ -127,6 +127,9 @@ def estimators_from(cfg: ConductorConfig, prefill: PrefillEstimator | None = Non
 
 
 def _worker_failed(stage: str, err: BaseException) -> RequestRejected:
+    if isinstance(err, RpcError) and err.code == "INVALID_REQUEST":
+        # the worker refused the request itself (e.g. token ids outside its vocabulary)
+        return RequestRejected(Rejection(400, "invalid_request", f"{stage}: {err.message}"))
     FAILED.labels(stage).inc()
     return RequestRejected(Rejection(503, "worker_failed",
                                      f"{stage} failed: {err}", retry_after_s=1.0))

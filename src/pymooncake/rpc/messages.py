@@ -76,15 +76,15 @@ class Rejection:
 
     status: int
     """429 = too many requests now (queue full, SLO unreachable); 503 = queue timeout or
-    no instance able to serve."""
+    no instance able to serve; 400 = a worker refused the request itself (no retry)."""
     code: str
     """``queue_full``, ``queue_timeout``, ``slo_ttft``, ``slo_tbt``, ``no_instance``…"""
     message: str
     retry_after_s: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.status not in (429, 503):
-            raise ValueError(f"a rejection is HTTP 429 or 503, got {self.status}")
+        if self.status not in (400, 429, 503):
+            raise ValueError(f"a rejection is HTTP 400, 429 or 503, got {self.status}")
 
 
 class RequestRejected(Exception):

@@ -6,6 +6,7 @@ namespace (``identity.tokenizer_fingerprint`` of the files and chat template).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Protocol
@@ -37,6 +38,8 @@ class ByteTokenizer:
 
     def __init__(self) -> None:
         self.eos_token_ids = (self.EOS,)
+        self.vocab_size = self.VOCAB_SIZE
+        """Token ids the model embeds: ``[0, vocab_size)``."""
         self.fingerprint = tokenizer_fingerprint(
             None, chat_template="byte-level/v1\x00" + BYTE_CHAT_TEMPLATE)
 
@@ -76,6 +79,13 @@ class HFTokenizer:
             eos_tok = json.loads(cfg.read_text()).get("eos_token") if cfg.is_file() else None
             eos = self._raw.token_to_id(eos_tok) if isinstance(eos_tok, str) else None
         self.eos_token_ids = () if eos is None else (int(eos),)
+        self.vocab_size: int | None = None
+        """Token ids the model embeds (``config.json``'s ``vocab_size``; None if unknown)."""
+        cfg_path = d / "config.json"
+        if cfg_path.is_file():
+            with contextlib.suppress(ValueError, OSError):
+                v = json.loads(cfg_path.read_text()).get("vocab_size")
+                self.vocab_size = int(v) if isinstance(v, int) and v > 0 else None
 
     def encode(self, text: str) -> list[int]:
         if self._hf is not None:
