@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.serving.conftest import workers
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -90,3 +92,39 @@ def test_conductor_on_a_used_port_is_a_one_line_error(flag):
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and flag in lines[0] and "in use" in lines[0], r.stderr
+
+
+def test_worker_that_cannot_join_exits_with_one_line():
+    """A worker the Conductor refuses (different cache namespace: block size 32 vs 16) or
+    never reaches exits 1 with one line instead of printing "ready" and hanging."""
+    from pymooncake.cli.serve import ClusterSpec, LocalCluster
+    cluster = LocalCluster(ClusterSpec(port=0, quiet=True, num_prefill=1, num_decode=1))
+    try:
+        cluster.start()
+        base = [sys.executable, "-m", "pymooncake", "decode", "--metadata",
+                cluster.metadata_url, "--register-timeout", "2"]
+        r = subprocess.run([*base, "--id", "d-odd", "--conductor", cluster.worker_addr,
+                            "--block-size", "32"], capture_output=True, text=True, timeout=90)
+        assert r.returncode == 1, r.stderr
+        last = r.stderr.strip().splitlines()[-1]
+        assert "refused this worker" in last and "namespace" in last, r.stderr
+        assert set(workers(cluster.url)) == {"prefill-0", "decode-0"}
+        r = subprocess.run([*base, "--id", "d-lost", "--conductor", "127.0.0.1:1"],
+                           capture_output=True, text=True, timeout=90)
+        assert r.returncode == 1
+        assert "not reachable for" in r.stderr.strip().splitlines()[-1], r.stderr
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--port", "70000"], "--port"), (["--model", "/nonexistent"], "--model"),
+    (["--max-model-len", "0"], "--max-model-len"), (["--ttft-slo", "-1"], "--ttft-slo"),
+    (["--metadata", "zk://x"], "--metadata"),
+])
+def test_serve_refuses_bad_flags_before_starting_anything(flags, named):
+    r = subprocess.run([sys.executable, "-m", "pymooncake", "serve", *flags],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], r.stderr

@@ -128,6 +128,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="Transfer Engine metadata URL (http://…, etcd://…)")
         w.add_argument("--host", default="127.0.0.1")
         w.add_argument("--port", type=int, default=0, help="RPC port (0 = any free port)")
+        w.add_argument("--register-timeout", type=float, default=60.0, metavar="S",
+                       help="exit when the Conductor was not reachable for S seconds after "
+                            "start (default 60)")
         if role == "prefill":
             w.add_argument("--master", default=None,
                            help="host:port of the Store master (omit: no global Store)")
@@ -200,7 +203,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             recv_buffer_bytes=getattr(args, "recv_buffer_size", 64 << 20),
             layerwise_kv=not getattr(args, "no_layerwise_kv", False),
             prefill_batch=getattr(args, "prefill_batch", 1),
-            prefill_order=getattr(args, "prefill_order", "shortest"))
+            prefill_order=getattr(args, "prefill_order", "shortest"),
+            register_timeout_s=args.register_timeout)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if role == "prefill":
@@ -209,10 +213,18 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     else:
         from pymooncake.engine.worker.decode import DecodeWorker
         worker = DecodeWorker(cfg)
+    from pymooncake.cli.main import CommandError
+    from pymooncake.engine.worker.base import WorkerFatal
     from pymooncake.obs.tracing import shutdown_tracing
+    from pymooncake.store.errors import StoreError
+    from pymooncake.transfer.batch import TransferError
     _start_tracing(args, role)
     try:
         return _run_until_signal(lambda: worker.serve(_ready))
+    except (WorkerFatal, StoreError, TransferError, OSError) as e:
+        # cannot start or cannot join (Store master, metadata service or Conductor refused
+        # or unreachable, segment name taken): one line, not a traceback
+        raise CommandError(f"{role} {args.id}: {e}") from None
     finally:
         shutdown_tracing()
 
@@ -305,10 +317,33 @@ def _cmd_conductor(args: argparse.Namespace) -> int:
 
 
 # -- serve (all in one) ---------------------------------------------------------------------
+def _check_serve_flags(args: argparse.Namespace) -> None:
+    """Refuse bad ``serve`` flags before any child starts (exit 2, one line naming the flag)
+    rather than letting a child fail with a traceback."""
+    import os
+
+    from pymooncake.cli.main import UsageError
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {args.port}")
+    if args.model != "tiny" and not os.path.isdir(args.model):
+        raise UsageError(f"--model must be 'tiny' or a model directory; {args.model!r} is not "
+                         "a directory")
+    for flag, v in (("--num-kv-blocks", args.num_kv_blocks), ("--block-size", args.block_size),
+                    ("--max-num-seqs", args.max_num_seqs),
+                    ("--max-model-len", args.max_model_len),
+                    ("--max-concurrency", args.max_concurrency)):
+        if v < 1:
+            raise UsageError(f"{flag} must be >= 1, got {v}")
+    for flag, f in (("--ttft-slo", args.ttft_slo), ("--tbt-slo", args.tbt_slo)):
+        if not f > 0:
+            raise UsageError(f"{flag} must be > 0 seconds, got {f}")
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from pymooncake.cli.main import CommandError, UsageError
     if args.prefill < 1 or (not args.colocated and args.decode < 1):
         raise UsageError("need --prefill >= 1 and --decode >= 1 (or --colocated)")
+    _check_serve_flags(args)
     spec = ClusterSpec(num_prefill=args.prefill, num_decode=0 if args.colocated else args.decode,
                        colocated=args.colocated, prefix_cache=not args.no_prefix_cache,
                        policy=args.policy, model=args.model, port=args.port,
@@ -330,6 +365,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)   # also when started with SIGINT ignored (nohup, &)
     try:
         try:
             cluster.start()

@@ -62,6 +62,8 @@ class WorkerConfig:
     recv_buffer_bytes: int = 64 << 20
     """Receive arena of a decode worker (P→D KV lands here)."""
     load_report_interval_s: float = 0.1
+    register_timeout_s: float = 60.0
+    """Exit (``WorkerFatal``) when the Conductor was not reachable this long after start."""
     layerwise_kv: bool = True
     """Prefill: write each layer's KV to the decode worker right after the layer's compute
     (overlapped); False = all layers in one batch after the prefill."""
@@ -91,10 +93,23 @@ class WorkerConfig:
             raise ValueError(f"conductor must be host:port, got {self.conductor!r}")
         if self.load_report_interval_s <= 0:
             raise ValueError("load_report_interval_s must be > 0")
+        if not self.register_timeout_s > 0:
+            raise ValueError(f"--register-timeout must be > 0 seconds, got "
+                             f"{self.register_timeout_s}")
         if not 0 < self.switch_interval_s <= 1:
             raise ValueError(f"switch_interval_s must be in (0, 1], got {self.switch_interval_s}")
         if self.prefill_batch < 1:
             raise ValueError(f"prefill_batch must be >= 1, got {self.prefill_batch}")
+
+
+class WorkerFatal(RuntimeError):
+    """The worker cannot serve in this cluster (refused by the Conductor, or never reached
+    it); the process exits with this message."""
+
+
+_RETRYABLE = ("TIMEOUT", "CONNECTION", "INTERNAL")
+"""RpcError codes of a Conductor that is down or slow (retried); any other code is its
+answer, and a refusal is fatal."""
 
 
 def to_sampling_params(s: SamplingOptions, max_tokens: int | None = None) -> Any:
@@ -234,15 +249,37 @@ class EngineWorker:
                           e.config.num_kv_blocks, self.num_prefill_tokens_total)
 
     async def _report_loop(self) -> None:
+        """Register, then report load and KV events every ``load_report_interval_s``.
+        Raises ``WorkerFatal`` when the Conductor refuses the worker (e.g. a different cache
+        namespace) or was not reachable for ``register_timeout_s`` since the start."""
         host, port = self.config.conductor.rsplit(":", 1)
         self._conductor = RpcClient(host, int(port), timeout_s=5.0, connect_timeout_s=2.0)
         c = self._conductor
         info = self.worker_info()
+        started = time.monotonic()
+        ever_registered = False
+        warned_s = -1e9
         while True:
             try:
                 if not self._registered:
-                    await c.call("register_worker", info)
+                    try:
+                        await c.call("register_worker", info)
+                    except RpcError as e:
+                        if e.code not in _RETRYABLE:
+                            raise WorkerFatal(f"the Conductor at {self.config.conductor} "
+                                              f"refused this worker: {e.message}") from None
+                        waited = time.monotonic() - started
+                        if not ever_registered and waited > self.config.register_timeout_s:
+                            raise WorkerFatal(
+                                f"the Conductor at {self.config.conductor} was not reachable "
+                                f"for {waited:.0f} s: {e.message}") from None
+                        if time.monotonic() - warned_s > 10.0:
+                            warned_s = time.monotonic()
+                            logger.warning("conductor %s unreachable (%s); retrying",
+                                           self.config.conductor, e.message)
+                        raise
                     self._registered = True
+                    ever_registered = True
                     # a (re)registered worker reports its whole prefix cache again
                     keys = await self.on_engine(lambda: list(self.engine.pool.cached_keys()))
                     if self.config.role == "prefill":
@@ -279,7 +316,8 @@ class EngineWorker:
         return None
 
     async def serve(self, ready: Callable[[dict[str, Any]], None] | None = None) -> None:
-        """Start everything, print readiness through ``ready``, serve until cancelled."""
+        """Start everything, print readiness through ``ready``, serve until cancelled.
+        Raises ``WorkerFatal`` when the worker cannot join the cluster."""
         self.loop = asyncio.get_running_loop()
         sys.setswitchinterval(self.config.switch_interval_s)
         await asyncio.to_thread(self.start_resources)
@@ -294,7 +332,7 @@ class EngineWorker:
             ready({"event": "ready", "instance_id": self.config.instance_id,
                    "role": self.config.role, "rpc_port": self.server.port, "pid": os.getpid()})
         try:
-            await asyncio.Event().wait()
+            await reporter          # runs until cancelled; raises WorkerFatal
         finally:
             reporter.cancel()
             with contextlib.suppress(BaseException):
