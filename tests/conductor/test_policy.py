@@ -159,6 +159,15 @@ class TestDecodePlacement:
         out = place_decode(REQ, _view((d0,)), p, EST, PolicyConfig(early_rejection=False))
         assert isinstance(out, Placement) and out.decode_instance == "d0"
 
+    def test_no_batch_slot_or_kv_room_is_decode_full_not_tbt(self) -> None:
+        """A decode pool without a free batch slot / KV room is ``decode_full`` even when its
+        TBT would be fine (newcomer check: it was labelled ``tbt_slo``)."""
+        full = DecodeInstanceState(InstanceId("d0"), 64, 64, 10**7, 64, (50.0,) * 64)
+        small = DecodeInstanceState(InstanceId("d1"), 0, 0, 2000, 64)      # 2048 + 10 > 2000
+        p = PREFILL_POLICIES["load"](REQ, _view(), PrefixMatch((0, 0, 0)), EST, PolicyConfig())
+        out = place_decode(REQ, _view((full, small)), p, EST, PolicyConfig(tbt_slo_s=100.0))
+        assert isinstance(out, Rejection) and out.reason == "decode_full"
+
 
     def test_predicted_tbt_counts_growth_and_the_first_interval(self) -> None:
         d = DecodeInstanceState(InstanceId("d0"), 3, 30_000, 10**7, 64, (0.1,) * 3,

@@ -110,7 +110,8 @@ def _stage(request_id: str, name: str, start_s: float, end_s: float, parent: Any
     record_span(f"serving.{name}", start_s + wall, end_s + wall, parent,
                 request_id=request_id)
 
-_REJECT_STATUS = {"saturated": 429, "ttft_slo": 429, "tbt_slo": 429, "no_instance": 503}
+_REJECT_STATUS = {"saturated": 429, "ttft_slo": 429, "tbt_slo": 429, "decode_full": 503,
+                  "no_instance": 503}
 
 
 def estimators_from(cfg: ConductorConfig, prefill: PrefillEstimator | None = None
@@ -322,11 +323,16 @@ class Conductor:
         self._stage(req.request_id, "schedule", t0, time.monotonic())
         if isinstance(decision, PolicyRejection):
             REJECTED.labels(decision.reason).inc()
+            msg = (f"request refused ({decision.reason}): predicted TTFT "
+                   f"{decision.predicted_ttft_s:.3f} s, TBT {decision.predicted_tbt_s:.3f} s "
+                   f"against SLOs {self.config.ttft_slo_s} s / {self.config.tbt_slo_s} s")
+            if decision.reason == "decode_full":
+                msg = ("request refused (decode_full): no decode instance has a free batch "
+                       "slot and KV room for it now")
+            elif decision.reason == "no_instance":
+                msg = "request refused (no_instance): no worker of a needed role is registered"
             raise RequestRejected(Rejection(
-                _REJECT_STATUS.get(decision.reason, 429), decision.reason,
-                f"request refused ({decision.reason}): predicted TTFT "
-                f"{decision.predicted_ttft_s:.3f} s, TBT {decision.predicted_tbt_s:.3f} s "
-                f"against SLOs {self.config.ttft_slo_s} s / {self.config.tbt_slo_s} s",
+                _REJECT_STATUS.get(decision.reason, 429), decision.reason, msg,
                 retry_after_s=decision.retry_after_s))
         PLACED.labels(decision.prefill_instance).inc()
         if self.config.colocated:

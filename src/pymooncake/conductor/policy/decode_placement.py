@@ -67,28 +67,32 @@ def place_decode(req: RequestInfo, view: ClusterView, placement: Placement, est:
     ``max_batch_size``, context + ``max_output_tokens`` fits ``kv_capacity_tokens`` and the
     conservative ``predicted_tbt_s`` (whole decode, longest-10 % intervals) is within
     ``tbt_slo_s``. The smallest predicted batch wins (ties: smaller TBT, then the earliest
-    instance). When none is admissible: ``Rejection("tbt_slo")``
-    with early rejection on, else the least-loaded instance regardless.
+    instance). When none is admissible, with early rejection on: ``Rejection("decode_full")``
+    when no instance has the batch slot and KV capacity, else ``Rejection("tbt_slo")``;
+    with it off, the least-loaded instance regardless.
     """
     if not view.decode:
         return Rejection(reason="no_instance", retry_after_s=1.0)
     at = view.now_s + placement.predicted_ttft_s
     best_key: tuple[int, float, int] | None = None
     any_key: tuple[int, float, int] | None = None
+    room = False
     for j, inst in enumerate(view.decode):
         batch, ctx = predicted_decode_load(inst, at, req)
         tbt = predicted_tbt_s(inst, req, est)
         key = (batch, tbt, j)
         if any_key is None or key < any_key:
             any_key = key
-        if (batch <= inst.max_batch_size
-                and ctx + req.max_output_tokens <= inst.kv_capacity_tokens
-                and tbt <= cfg.tbt_slo_s and (best_key is None or key < best_key)):
+        fits = (batch <= inst.max_batch_size
+                and ctx + req.max_output_tokens <= inst.kv_capacity_tokens)
+        room = room or fits
+        if fits and tbt <= cfg.tbt_slo_s and (best_key is None or key < best_key):
             best_key = key
     if best_key is None:
         assert any_key is not None
         if cfg.early_rejection:
-            return Rejection(reason="tbt_slo", retry_after_s=max(1.0, placement.predicted_ttft_s),
+            return Rejection(reason="tbt_slo" if room else "decode_full",
+                             retry_after_s=max(1.0, placement.predicted_ttft_s),
                              predicted_ttft_s=placement.predicted_ttft_s,
                              predicted_tbt_s=any_key[1])
         best_key = any_key

@@ -150,7 +150,8 @@ class Rejection:
     """The request is refused before any prefill runs (HTTP 429 with ``Retry-After``)."""
 
     reason: str
-    """``"ttft_slo"``, ``"tbt_slo"``, ``"saturated"`` or ``"no_instance"``."""
+    """``"ttft_slo"``, ``"tbt_slo"``, ``"decode_full"`` (no decode batch slot or KV
+    capacity), ``"saturated"`` or ``"no_instance"``."""
     retry_after_s: float
     predicted_ttft_s: float = 0.0
     predicted_tbt_s: float = 0.0
