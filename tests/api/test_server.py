@@ -310,3 +310,27 @@ def test_token_ids_beyond_any_vocabulary_are_400(path, prompt) -> None:
         assert "vocabulary" in err["message"]
         assert backend.requests == []
     run(main())
+
+
+def test_unknown_paths_methods_and_huge_bodies_get_the_openai_error_shape() -> None:
+    async def main():
+        client, backend = make_client(max_body_bytes=4096)
+        async with client:
+            r404 = await client.post("/v1/nope", json={})
+            r405 = await client.get(CHAT)
+            big = await client.post(COMPL, content=b'{"prompt": "' + b"a" * 10_000 + b'"}',
+                                    headers={"content-type": "application/json"})
+
+            async def chunks():
+                for _ in range(5):
+                    yield b"a" * 2000
+            nolen = await client.post(COMPL, content=chunks())
+            ok = await client.post(COMPL, json={"model": "tiny", "prompt": "hi",
+                                                "max_tokens": 2})
+        assert r404.status_code == 404 and r404.json()["error"]["type"] == "not_found_error"
+        assert r405.status_code == 405 and "error" in r405.json()
+        for r in (big, nolen):
+            assert r.status_code == 413, r.text
+            assert r.json()["error"]["code"] == "request_too_large" and "4096" in r.text
+        assert ok.status_code == 200 and len(backend.requests) == 1
+    run(main())

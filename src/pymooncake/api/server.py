@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pymooncake.api.admission import AdmissionConfig, AdmissionGate
 from pymooncake.api.errors import ApiError, invalid
@@ -81,8 +82,12 @@ class ApiConfig:
     default_max_tokens: int | None = None
     """Cap for requests without ``max_tokens`` (None = the remaining context)."""
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    max_body_bytes: int = 32 << 20
+    """Largest request body read (bytes); larger is 413 before it is read."""
 
     def __post_init__(self) -> None:
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.context_length < 2:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
@@ -199,6 +204,15 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
     app = FastAPI(title="pymooncake", version="0.1.0")
     app.state.gate = gate
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Unknown paths and methods in the OpenAI error shape too (404, 405)."""
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        body = {"error": {"message": str(exc.detail), "type": kind, "param": None,
+                          "code": None}}
+        return JSONResponse(body, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
     @app.get("/health")
     async def _health() -> JSONResponse:
         body = {"status": "ok", "in_flight": gate.in_flight, "queued": gate.num_queued,
@@ -218,7 +232,19 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
              "max_model_len": cfg.context_length}]})
 
     async def _parse(request: Request, model_cls: type) -> Any:
-        body = await request.body()
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
+            raise ApiError(413, f"request body of {declared} bytes exceeds the "
+                           f"{cfg.max_body_bytes}-byte limit", code="request_too_large")
+        chunks = []
+        size = 0
+        async for part in request.stream():      # also bounds bodies sent without a length
+            size += len(part)
+            if size > cfg.max_body_bytes:
+                raise ApiError(413, f"request body exceeds the {cfg.max_body_bytes}-byte "
+                               "limit", code="request_too_large")
+            chunks.append(part)
+        body = b"".join(chunks)
         try:
             req = model_cls.model_validate_json(body)
         except ValidationError as e:
