@@ -334,3 +334,29 @@ def test_unknown_paths_methods_and_huge_bodies_get_the_openai_error_shape() -> N
             assert r.json()["error"]["code"] == "request_too_large" and "4096" in r.text
         assert ok.status_code == 200 and len(backend.requests) == 1
     run(main())
+
+
+@pytest.mark.parametrize("path, body", [(CHAT, chat_body), (COMPL, compl_body)])
+@pytest.mark.parametrize("field, value", [
+    ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("response_format", {"type": "json_object"}), ("logit_bias", {"5": 10}),
+    ("frequency_penalty", 0.5), ("presence_penalty", 5), ("best_of", 3),
+    ("logprobs", True), ("top_logprobs", 3),
+])
+def test_unimplemented_openai_features_are_refused_by_name(path, body, field, value) -> None:
+    """Newcomer check: these were accepted and silently ignored (a 200 that did not do what
+    was asked). Neutral defaults stay accepted."""
+    if field == "logprobs" and path == COMPL:
+        value = 2
+    async def main():
+        client, backend = make_client()
+        async with client:
+            r = await client.post(path, json=body(**{field: value}))
+            ok = await client.post(path, json=body(frequency_penalty=0, presence_penalty=0.0,
+                                                   logit_bias={}, tools=[], best_of=1,
+                                                   response_format={"type": "text"},
+                                                   vendor_extension={"x": 1}))
+        err = assert_error(r, 400, field)
+        assert err["code"] == "unsupported_parameter"
+        assert ok.status_code == 200, ok.text
+    run(main())

@@ -17,7 +17,7 @@ Rules where the OpenAI reference leaves room (CASES BUG-53/BUG-54):
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
 
@@ -33,7 +33,10 @@ class StreamOptions(BaseModel):
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # unknown fields are kept (``model_extra``) so that OpenAI features this server does not
+    # implement can be refused by name (``check_unsupported``); other unknown fields —
+    # vendor extensions — are ignored
+    model_config = ConfigDict(extra="allow")
 
     model: StrictStr | None = None
     max_tokens: StrictInt | None = None
@@ -98,8 +101,42 @@ def requested_max_tokens(req: _Common) -> int | None:
     return value
 
 
+_UNSUPPORTED: dict[str, Any] = {
+    "tools": lambda v: v not in (None, []),
+    "tool_choice": lambda v: v not in (None, "none", "auto"),
+    "functions": lambda v: v not in (None, []),
+    "function_call": lambda v: v not in (None, "none", "auto"),
+    "response_format": lambda v: v not in (None, {"type": "text"}),
+    "logit_bias": lambda v: v not in (None, {}),
+    "frequency_penalty": lambda v: v not in (None, 0, 0.0),
+    "presence_penalty": lambda v: v not in (None, 0, 0.0),
+    "repetition_penalty": lambda v: v not in (None, 1, 1.0),
+    "best_of": lambda v: v not in (None, 1),
+    "suffix": lambda v: v not in (None, ""),
+    "top_logprobs": lambda v: v not in (None, 0),
+    "logprobs": lambda v: v not in (None, False, 0),
+    "echo": lambda v: v not in (None, False),
+}
+"""OpenAI request fields this server does not implement, with the test for a value that
+would change the result. Such a value is refused (400 naming the field) rather than
+silently ignored; the neutral values clients send by default are accepted."""
+
+
+def check_unsupported(req: _Common) -> None:
+    """400 naming the first OpenAI feature requested that this server does not implement."""
+    values = dict(req.model_extra or {})
+    for name in ("logprobs", "echo"):
+        if name in type(req).model_fields:
+            values[name] = getattr(req, name)
+    for name, changes in _UNSUPPORTED.items():
+        if name in values and changes(values[name]):
+            raise invalid(f"{name}={values[name]!r} is not supported by this server",
+                          name, code="unsupported_parameter")
+
+
 def check_common(req: _Common) -> None:
     """Range and combination checks shared by both endpoints (400 naming the field)."""
+    check_unsupported(req)
     if req.n not in (None, 1):
         raise invalid(f"only n=1 is supported, got n={req.n}", "n")
     if req.temperature is not None and not 0.0 <= req.temperature <= 2.0:
