@@ -360,3 +360,20 @@ def test_unimplemented_openai_features_are_refused_by_name(path, body, field, va
         assert err["code"] == "unsupported_parameter"
         assert ok.status_code == 200, ok.text
     run(main())
+
+
+def test_union_field_errors_say_what_is_accepted() -> None:
+    """Not pydantic's member paths (``prompt.str: Input should be a valid string``)."""
+    async def main():
+        client, _ = make_client()
+        async with client:
+            r1 = await client.post(COMPL, json={"model": "tiny", "prompt": [True, 2]})
+            r2 = await client.post(CHAT, json={"model": "tiny", "messages": [
+                {"role": "user", "content": 5}]})
+        e1 = assert_error(r1, 400, "prompt")
+        assert e1["message"] == ("prompt must be a string or a list of token ids (integers) "
+                                 "(got a list)")
+        e2 = assert_error(r2, 400, "messages")
+        assert e2["message"].startswith("messages.0.content must be a string or a list of "
+                                        "text parts")
+    run(main())
