@@ -19,6 +19,7 @@ install-core: $(BIN)/python
 
 # Everything: the engine (torch 2.13.0 CPU build from the local disk), the HTTP API, tests.
 install: $(BIN)/python
+	@echo "installing pymooncake and its dependencies into $(VENV) (about a minute the first time)"
 	$(BIN)/pip install --quiet -e '.[engine,api,dev]' $(PIP_QUIET)
 
 # Real etcd for the etcd metadata backend's tests (Debian's etcd-server). Best effort: the
