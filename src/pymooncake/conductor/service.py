@@ -280,13 +280,20 @@ class Conductor:
     def _observe(self, rid: str, windows: Any) -> None:
         observe_stages(rid, windows, self._roots.get(rid))
 
-    def place(self, req: GenerateRequest, now_s: float) -> Placement | PolicyRejection:
-        """The policy's decision for ``req`` on the cluster as it is at ``now_s``."""
+    def block_keys_of(self, req: GenerateRequest) -> list[str]:
+        """The prompt's block keys in the cluster's cache namespace."""
+        assert self.namespace is not None
+        return [str(k) for k in block_keys(list(req.prompt_token_ids), self.namespace)]
+
+    def place(self, req: GenerateRequest, now_s: float, keys: list[str] | None = None
+              ) -> Placement | PolicyRejection:
+        """The policy's decision for ``req`` on the cluster as it is at ``now_s``
+        (``keys``: its ``block_keys_of``, when already computed)."""
         view = self.state.view(now_s)
         if not view.prefill or (not self.config.colocated and not view.decode):
             return PolicyRejection("no_instance", 1.0)
         assert self.namespace is not None and self.policy_config is not None
-        keys = [str(k) for k in block_keys(list(req.prompt_token_ids), self.namespace)]
+        keys = self.block_keys_of(req) if keys is None else keys
         match = self.state.index.match(keys, [p.instance_id for p in view.prefill],
                                        remote=self.config.use_store)
         info = RequestInfo(req.request_id, len(req.prompt_token_ids), tuple(keys),
@@ -304,11 +311,7 @@ class Conductor:
                                request_id=req.request_id,
                                prompt_tokens=len(req.prompt_token_ids),
                                max_tokens=req.sampling.max_tokens)
-        if root is None:
-            async for ev in self._generate(req, t0):
-                yield ev
-            return
-        self._roots[req.request_id] = root
+        self._roots[req.request_id] = root      # None while tracing is off
         try:
             async for ev in self._generate(req, t0):
                 yield ev
@@ -319,7 +322,8 @@ class Conductor:
     async def _generate(self, req: GenerateRequest, t0: float) -> AsyncIterator[TokenEvent]:
         if req.tokenize_s > 0:
             self._stage(req.request_id, "tokenize", t0 - req.tokenize_s, t0)
-        decision = self.place(req, t0)
+        keys = self.block_keys_of(req) if self.namespace is not None else None
+        decision = self.place(req, t0, keys)
         self._stage(req.request_id, "schedule", t0, time.monotonic())
         if isinstance(decision, PolicyRejection):
             REJECTED.labels(decision.reason).inc()
@@ -338,7 +342,7 @@ class Conductor:
         if self.config.colocated:
             stream = self._run_colocated(req, decision, t0)
         else:
-            stream = self._run_disaggregated(req, decision, t0)
+            stream = self._run_disaggregated(req, decision, t0, keys or [])
         async for ev in stream:
             yield ev
 
@@ -375,19 +379,13 @@ class Conductor:
             if r.get("finish_reason") is not None:
                 return
 
-    def _store_hint(self, req: GenerateRequest) -> int:
+    def _store_hint(self, keys: list[str]) -> int:
         """Leading prompt blocks the Store holds, per the Store's KV events."""
-        assert self.namespace is not None
         held = self.state.store_keys
-        n = 0
-        for k in block_keys(list(req.prompt_token_ids), self.namespace):
-            if str(k) not in held:
-                break
-            n += 1
-        return n
+        return next((i for i, k in enumerate(keys) if k not in held), len(keys))
 
-    async def _run_disaggregated(self, req: GenerateRequest, p: Placement, t0: float
-                                 ) -> AsyncIterator[TokenEvent]:
+    async def _run_disaggregated(self, req: GenerateRequest, p: Placement, t0: float,
+                                 keys: list[str]) -> AsyncIterator[TokenEvent]:
         rid = req.request_id
         pw, dw = self._book(req, p, t0)
         assert dw is not None and self.namespace is not None
@@ -406,7 +404,7 @@ class Conductor:
             overlap = (max_tokens > 1
                        and p.predicted_queue_s >= self.config.overlap_admission_min_queue_s)
             t1 = time.monotonic()
-            hint = self._store_hint(req) if self.config.use_store else -1
+            hint = self._store_hint(keys) if self.config.use_store else -1
 
             def dispatch(target: KVTarget | None) -> asyncio.Future[Any]:
                 return asyncio.ensure_future(pw.client.call("prefill", PrefillTask(

@@ -140,6 +140,7 @@ class EngineWorker:
         self.num_prefill_tokens_total = 0
         self._conductor: RpcClient | None = None
         self._registered = False
+        self._warned_s = -1e9
 
     # -- engine ---------------------------------------------------------------------------
     def build_engine(self, role: str, hooks: tuple = (), kv_source: Any = None) -> Any:
@@ -191,9 +192,9 @@ class EngineWorker:
             try:
                 r = fn()
             except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
-                loop.call_soon_threadsafe(_set_exc, fut, e)
+                loop.call_soon_threadsafe(set_exception_if_pending, fut, e)
             else:
-                loop.call_soon_threadsafe(_set_res, fut, r)
+                loop.call_soon_threadsafe(set_result_if_pending, fut, r)
 
         self._cmds.put(run)
         return fut
@@ -258,33 +259,11 @@ class EngineWorker:
         info = self.worker_info()
         started = time.monotonic()
         ever_registered = False
-        warned_s = -1e9
         while True:
             try:
                 if not self._registered:
-                    try:
-                        await c.call("register_worker", info)
-                    except RpcError as e:
-                        if e.code not in _RETRYABLE:
-                            raise WorkerFatal(f"the Conductor at {self.config.conductor} "
-                                              f"refused this worker: {e.message}") from None
-                        waited = time.monotonic() - started
-                        if not ever_registered and waited > self.config.register_timeout_s:
-                            raise WorkerFatal(
-                                f"the Conductor at {self.config.conductor} was not reachable "
-                                f"for {waited:.0f} s: {e.message}") from None
-                        if time.monotonic() - warned_s > 10.0:
-                            warned_s = time.monotonic()
-                            logger.warning("conductor %s unreachable (%s); retrying",
-                                           self.config.conductor, e.message)
-                        raise
-                    self._registered = True
-                    ever_registered = True
-                    # a (re)registered worker reports its whole prefix cache again
-                    keys = await self.on_engine(lambda: list(self.engine.pool.cached_keys()))
-                    if self.config.role == "prefill":
-                        with self._events_lock:
-                            self._stored = keys + self._stored
+                    await self._register(c, info, started, ever_registered)
+                    self._registered = ever_registered = True
                 with self._events_lock:
                     stored, removed = self._stored, self._removed
                     sstored, sremoved = self._store_stored, self._store_removed
@@ -304,6 +283,31 @@ class EngineWorker:
                     logger.warning("conductor unreachable: %s", e)
                 self._registered = False
             await asyncio.sleep(self.config.load_report_interval_s)
+
+    async def _register(self, c: RpcClient, info: WorkerInfo, started_s: float,
+                        ever_registered: bool) -> None:
+        """One registration attempt; a (re)registered worker then reports its whole prefix
+        cache again. Raises ``RpcError`` to be retried, ``WorkerFatal`` for a refusal or
+        when a first registration has not succeeded within ``register_timeout_s``."""
+        try:
+            await c.call("register_worker", info)
+        except RpcError as e:
+            if e.code not in _RETRYABLE:
+                raise WorkerFatal(f"the Conductor at {self.config.conductor} refused this "
+                                  f"worker: {e.message}") from None
+            waited = time.monotonic() - started_s
+            if not ever_registered and waited > self.config.register_timeout_s:
+                raise WorkerFatal(f"the Conductor at {self.config.conductor} was not "
+                                  f"reachable for {waited:.0f} s: {e.message}") from None
+            if time.monotonic() - self._warned_s > 10.0:
+                self._warned_s = time.monotonic()
+                logger.warning("conductor %s unreachable (%s); retrying",
+                               self.config.conductor, e.message)
+            raise
+        keys = await self.on_engine(lambda: list(self.engine.pool.cached_keys()))
+        if self.config.role == "prefill":
+            with self._events_lock:
+                self._stored = keys + self._stored
 
     def register_methods(self) -> None:
         raise NotImplementedError
@@ -346,12 +350,14 @@ class EngineWorker:
             self.close_resources()
 
 
-def _set_res(fut: asyncio.Future[Any], r: Any) -> None:
+def set_result_if_pending(fut: asyncio.Future[Any], r: Any) -> None:
+    """Resolve ``fut`` unless it is done already (cancelled by its caller, say)."""
     if not fut.done():
         fut.set_result(r)
 
 
-def _set_exc(fut: asyncio.Future[Any], e: BaseException) -> None:
+def set_exception_if_pending(fut: asyncio.Future[Any], e: BaseException) -> None:
+    """Fail ``fut`` unless it is done already."""
     if not fut.done():
         fut.set_exception(e)
 

@@ -23,7 +23,13 @@ from typing import Any
 
 from pymooncake.engine.kv_loader import StoreKVLoader
 from pymooncake.engine.kv_sender import KVSender, KVTransferError, LayerwiseKVSender
-from pymooncake.engine.worker.base import PREFILL_TOKENS, EngineWorker, to_sampling_params
+from pymooncake.engine.worker.base import (
+    PREFILL_TOKENS,
+    EngineWorker,
+    set_exception_if_pending,
+    set_result_if_pending,
+    to_sampling_params,
+)
 from pymooncake.engine.worker.stages import StageClock
 from pymooncake.obs.logging import init_logger
 from pymooncake.obs.tracing import span
@@ -149,9 +155,9 @@ class PrefillWorker(EngineWorker):
         def add() -> None:
             if task.request_id in self._pending:
                 raise RpcError("DUPLICATE", f"request {task.request_id} is already prefilling")
-            if self.loader is not None and (not task.use_store or task.store_hint_blocks == 0):
+            if self.loader is not None and not task.use_store:
                 self.loader.disable(task.request_id)
-            elif self.loader is not None:
+            elif self.loader is not None:   # a hint of 0 blocks skips the lookup as well
                 self.loader.hint(task.request_id, task.store_hint_blocks)
             if self.layerwise is not None and task.target is not None:
                 self.layerwise.add(task.request_id, task.target)
@@ -203,7 +209,8 @@ class PrefillWorker(EngineWorker):
         self._forget(request_id)
         p = self._pending.pop(request_id, None)
         if p is not None:
-            self.post(lambda: _fail(p.future, RpcError("PREFILL_FAILED", reason)))
+            err = RpcError("PREFILL_FAILED", reason)
+            self.post(lambda: set_exception_if_pending(p.future, err))
 
     def after_step(self, outputs: list[Any]) -> None:
         for out in outputs:
@@ -217,9 +224,9 @@ class PrefillWorker(EngineWorker):
             except Exception as e:  # noqa: BLE001 - the one request fails, the worker serves on
                 logger.warning("prefill %s: %s", out.request_id, e)
                 err = e if isinstance(e, RpcError) else RpcError("KV_TRANSFER_FAILED", str(e))
-                self.post(lambda p=p, err=err: _fail(p.future, err))
+                self.post(lambda p=p, err=err: set_exception_if_pending(p.future, err))
             else:
-                self.post(lambda p=p, r=result: _done(p.future, r))
+                self.post(lambda p=p, r=result: set_result_if_pending(p.future, r))
 
     def _finish(self, p: _Pending, out: Any, layerwise: tuple[int, str | None, float],
                 stages: tuple[tuple[str, float, float], ...] = ()) -> PrefillResult:
@@ -287,12 +294,3 @@ def stale_store_blocks(hint_blocks: int, cached_tokens: int, num_prompt_tokens: 
     hi = min(hint_blocks, (num_prompt_tokens - 1) // block_size)
     return (lo, hi) if hi > lo else (lo, lo)
 
-
-def _done(fut: asyncio.Future[Any], r: Any) -> None:
-    if not fut.done():
-        fut.set_result(r)
-
-
-def _fail(fut: asyncio.Future[Any], e: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(e)
