@@ -53,3 +53,21 @@ def test_every_subcommand_has_help() -> None:
         out = run_cli(*path, "--help")
         assert out.returncode == 0, (path, out.stderr)
         assert "usage:" in out.stdout
+
+
+def test_bench_serving_cpu_accounting_reads_proc_stat() -> None:
+    """``bench serving`` charges each cluster process its utime + stime from /proc: for this
+    process it agrees with getrusage (both count clock ticks) after a second of busy work."""
+    import os
+    import resource
+    import time
+
+    from pymooncake.cli.serve import _proc_cpu_s
+    end = time.process_time() + 1.0
+    while time.process_time() < end:
+        sum(i * i for i in range(1000))
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    got = _proc_cpu_s(os.getpid())
+    assert got is not None and got >= 1.0
+    assert got == pytest.approx(ru.ru_utime + ru.ru_stime, abs=0.05)
+    assert _proc_cpu_s(2 ** 22 + 12345) is None      # beyond pid_max: no such process

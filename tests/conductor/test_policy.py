@@ -259,3 +259,31 @@ def test_online_prefill_profile_recovers_the_measured_cost() -> None:
     c.learn_prefill(100, 100, (("prefill", 0.0, 1.0),))      # nothing computed: not a sample
     c.learn_prefill(100, 0, (("queue", 0.0, 1.0),))          # no compute window: ignored
     assert len(c._profile) == 8
+
+
+def test_least_ttft_counts_the_delay_a_short_job_imposes_on_a_shortest_first_queue() -> None:
+    """Two idle-ish shortest-first instances (hand arithmetic, EST: 1 ms/token, no prefix).
+    p0 runs a job until t=0.1 and queues a 2.0 s one; p1 runs one until t=0.15. A 40-token
+    request (0.04 s) finishes first on p0 (0.14 s vs 0.19 s) and there starts before the
+    2.0 s job, delaying it by 0.04 s: cost 0.18 s on p0 vs 0.19 s on p1 -> p0. At 60 tokens:
+    p0 0.16 + 0.06 = 0.22 s, p1 0.21 s -> p1, although its own TTFT is 0.05 s longer there.
+    FIFO instances keep Algorithm 1's own-TTFT choice (p0)."""
+    from pymooncake.conductor.policy.prefill_placement import delay_imposed_s
+    sjf = (PrefillInstanceState(IDS[0], 0.1, 2.0, 2, None, (2.0,), True),
+           PrefillInstanceState(IDS[1], 0.15, 0.0, 1, None, (), True))
+    fifo = tuple(PrefillInstanceState(i.instance_id, i.busy_until_s, 0.0, i.num_in_flight)
+                 for i in sjf)
+    assert delay_imposed_s(sjf[0], 0.06) == pytest.approx(0.06)
+    assert delay_imposed_s(sjf[0], 2.5) == 0.0 and delay_imposed_s(fifo[0], 0.06) == 0.0
+    none = PrefixMatch((0, 0))
+    for n, want in ((40, "p0"), (60, "p1")):
+        req = RequestInfo("r", n, (), 10, 0.0)
+        for name in ("global-cache", "local-cache"):
+            p = PREFILL_POLICIES[name](req, ClusterView(0.0, sjf, ()), none, EST,
+                                       PolicyConfig())
+            assert isinstance(p, Placement) and p.prefill_instance == want, (n, name)
+        if want == "p1":      # the reported prediction is still the request's own TTFT
+            assert p.predicted_ttft_s == pytest.approx(0.21)
+        p = PREFILL_POLICIES["global-cache"](req, ClusterView(0.0, fifo, ()), none, EST,
+                                             PolicyConfig())
+        assert isinstance(p, Placement) and p.prefill_instance == "p0"

@@ -280,6 +280,63 @@ def test_burst_overlaps_decode_admission_and_output_stays_exact(cluster):
     assert _counter(url, "pymooncake_conductor_late_targets_total") == late0
 
 
+def test_prefill_done_before_its_late_target_ships_its_kv_from_the_cache(cluster):
+    """A ``target_follows`` prefill that ends before its ``SetTarget`` waits for it, then
+    writes every full block from the prefix cache: the decode worker gets all of them
+    (nothing to recompute) and the greedy output equals one colocated engine's."""
+    import asyncio
+
+    from pymooncake.engine import Engine, EngineConfig, SamplingParams
+    from pymooncake.rpc import RpcClient
+    from pymooncake.rpc.codec import from_wire
+    from pymooncake.rpc.messages import (
+        DecodeTask,
+        KVTarget,
+        PrefillResult,
+        PrefillTask,
+        SamplingOptions,
+        SetTarget,
+        StartDecode,
+        TokenPoll,
+    )
+    prompt = _ids(77, 16 * 9 + 5)        # 9 full blocks
+    max_tokens = 6
+    (ref,) = Engine.from_model_name("tiny", EngineConfig(max_model_len=CONTEXT)).generate(
+        [prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    ws = workers(cluster.url)
+    pre = next(w for k, w in sorted(ws.items()) if w["role"] == "prefill")
+    dec = next(w for k, w in sorted(ws.items()) if w["role"] == "decode")
+    sampling = SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+    async def run() -> tuple[PrefillResult, list[int]]:
+        pc = RpcClient("127.0.0.1", pre["rpc_port"], timeout_s=20)
+        dc = RpcClient("127.0.0.1", dec["rpc_port"], timeout_s=20)
+        try:
+            call = asyncio.ensure_future(pc.call("prefill", PrefillTask(
+                "late-target", tuple(prompt), sampling, None, False, target_follows=True)))
+            await asyncio.sleep(1.0)       # the prefill (~20 ms) is over: parked
+            assert not call.done(), "a target_follows prefill returned before its target"
+            target = from_wire(KVTarget, await dc.call("prepare_decode", DecodeTask(
+                "late-target", tuple(prompt), sampling, 9)))
+            assert await pc.call("set_target", SetTarget("late-target", target))
+            res = from_wire(PrefillResult, await asyncio.wait_for(call, 20))
+            await dc.call("start_decode", StartDecode("late-target", res.first_token_id,
+                                                      res.num_sent_blocks))
+            toks: list[int] = [res.first_token_id]
+            while True:
+                r = await dc.call("poll", TokenPoll("late-target", len(toks) - 1))
+                toks += r["token_ids"]
+                if r["finish_reason"] is not None:
+                    return res, toks
+        finally:
+            await pc.close()
+            await dc.close()
+
+    res, toks = asyncio.run(run())
+    assert res.num_sent_blocks == 9
+    assert toks == list(ref.output_token_ids)
+
+
 def test_decode_worker_killed_mid_request_fails_cleanly_and_cluster_serves_on(cluster):
     url = cluster.url
     result: dict = {}

@@ -460,6 +460,18 @@ def _set_pdeathsig() -> None:  # runs in the child before exec (Linux): die with
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of ``pid`` in seconds from ``/proc/<pid>/stat``; None if unreadable."""
+    import os
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()   # after "pid (comm) "; state is fields[0]
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class LocalCluster:
     """Master, Conductor and workers as child processes on 127.0.0.1.
 
@@ -581,6 +593,11 @@ class LocalCluster:
 
     def pids(self) -> dict[str, int]:
         return {n: p.pid for n, p in self.procs.items()}
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """User + system CPU seconds each live child has used so far (Linux ``/proc``;
+        children whose ``stat`` cannot be read are left out)."""
+        return {n: t for n, p in self.procs.items() if (t := _proc_cpu_s(p.pid)) is not None}
 
     def wait(self) -> None:
         """Block until a child exits (then the cluster is broken: return)."""
@@ -749,6 +766,7 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
 def _cmd_bench_serving(args: argparse.Namespace) -> int:
     import os
     import platform
+    import resource
     import subprocess
 
     from pymooncake.cli.common import emit
@@ -773,11 +791,17 @@ def _cmd_bench_serving(args: argparse.Namespace) -> int:
                     "--limit", str(args.limit), "--time-scale", str(args.time_scale),
                     "--length-scale", str(args.length_scale), "--ttft-slo", str(args.ttft_slo),
                     "--tbt-slo", str(args.tbt_slo), "--json"]
+            cpu0, ru0 = cluster.cpu_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
             r = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+            cpu1, ru1 = cluster.cpu_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
             if r.returncode != 0:
                 raise CommandError(f"replay against {name} failed: "
                                    f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
             results[name] = json.loads(r.stdout)   # with replay's per-stage means
+            cpu = {n: round(cpu1[n] - cpu0[n], 2) for n in cpu1 if n in cpu0}
+            results[name]["cluster_cpu_s"] = {"total": round(sum(cpu.values()), 2), **cpu}
+            results[name]["replay_client_cpu_s"] = round(
+                ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime, 2)
         except (RuntimeError, TimeoutError) as e:
             raise CommandError(f"{name}: cluster did not start: {e}") from None
         finally:

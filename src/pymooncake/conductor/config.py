@@ -40,9 +40,11 @@ class ConductorConfig:
     (3.3e-8, 6.6e-5, 1.8e-3) times 1.5 for cores shared with the other processes."""
     prefill_linear_s: float = 1.0e-4
     prefill_overhead_s: float = 3.0e-3
-    overlap_admission_min_queue_s: float = 0.05
-    """Decode admission overlaps the prefill queue when the predicted queue time is at least
-    this (s); below it the prefill could start before its ``KVTarget`` arrives."""
+    overlap_admission_min_queue_s: float = 0.0
+    """Decode admission overlaps the prefill (its queue and compute) when the predicted
+    queue time is at least this (s); below it admission goes first and the prefill waits
+    for it. 0 = always overlap: a prefill that ends before its ``KVTarget`` arrives waits
+    for it and ships its blocks from the prefix cache in one batch."""
     online_profile: bool = True
     """Refit the prefill estimate from the compute windows prefill workers report (their
     ``prefill`` stage with its prompt and reused lengths), every ``online_profile_every``

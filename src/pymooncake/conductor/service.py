@@ -45,7 +45,7 @@ from pymooncake.conductor.policy import Rejection as PolicyRejection
 from pymooncake.identity import CacheNamespace, block_keys
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
-from pymooncake.obs.tracing import end_span, record_span, start_root_span
+from pymooncake.obs.tracing import end_span, record_span, set_span_attributes, start_root_span
 from pymooncake.rpc import RpcClient, RpcError, RpcServer, from_wire
 from pymooncake.rpc.messages import (
     DecodeTask,
@@ -339,6 +339,13 @@ class Conductor:
                 _REJECT_STATUS.get(decision.reason, 429), decision.reason, msg,
                 retry_after_s=decision.retry_after_s))
         PLACED.labels(decision.prefill_instance).inc()
+        set_span_attributes(self._roots.get(req.request_id),
+                            prefill_instance=decision.prefill_instance,
+                            decode_instance=decision.decode_instance,
+                            prefix_blocks=decision.prefix_blocks,
+                            predicted_queue_s=decision.predicted_queue_s,
+                            predicted_prefill_s=decision.predicted_prefill_s,
+                            predicted_ttft_s=decision.predicted_ttft_s)
         if self.config.colocated:
             stream = self._run_colocated(req, decision, t0)
         else:
@@ -397,11 +404,12 @@ class Conductor:
         stage = "prefill"
         prefill_call: asyncio.Future[Any] | None = None
         try:
-            # With a prefill queue to hide it under, the prefill is dispatched first and the
-            # decode admission runs while it waits; its KVTarget follows in a SetTarget
-            # (PrefillTask docs). With no queue the prefill would start (and might end)
-            # before its target arrives, so admission goes first.
-            overlap = (max_tokens > 1
+            # The prefill is dispatched first and the decode admission runs while it
+            # queues or computes; its KVTarget follows in a SetTarget (PrefillTask docs: a
+            # prefill done before then waits for it and ships its blocks from the cache).
+            # Only a predicted queue below overlap_admission_min_queue_s puts admission
+            # first. With no full block to ship there is no target to wait for.
+            overlap = (max_tokens > 1 and num_blocks > 0
                        and p.predicted_queue_s >= self.config.overlap_admission_min_queue_s)
             t1 = time.monotonic()
             hint = self._store_hint(keys) if self.config.use_store else -1
@@ -411,7 +419,7 @@ class Conductor:
                     rid, req.prompt_token_ids, req.sampling, target, self.config.use_store,
                     target_follows=overlap, store_hint_blocks=hint)))
 
-            if overlap or max_tokens <= 1:
+            if overlap or num_blocks == 0:
                 prefill_call = dispatch(None)
             if overlap:
                 OVERLAPPED.inc()

@@ -144,6 +144,13 @@ def start_root_span(name: str, start_s: float | None = None, **attributes: Any) 
                              attributes=_clean(attributes))
 
 
+def set_span_attributes(handle: Any, **attributes: Any) -> None:
+    """Add attributes to a span from ``start_root_span`` (None values are left out); does
+    nothing while tracing is off."""
+    if handle is not None:
+        handle.set_attributes(_clean(attributes) or {})
+
+
 def end_span(handle: Any, end_s: float | None = None) -> None:
     """Close a span from ``start_root_span`` (at ``end_s`` Unix seconds, default now)."""
     if handle is not None:

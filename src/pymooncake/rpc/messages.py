@@ -195,8 +195,9 @@ class PrefillTask:
     """The decode side's ``KVTarget`` comes later in a ``SetTarget`` (the Conductor asks the
     decode worker for it while this prefill waits in the queue, so the decode admission is
     off the TTFT path). Layers computed before it arrives are sent with the next layer
-    written; a prefill that ends before it arrives sends nothing (the decode worker then
-    recomputes the prompt)."""
+    written; a prefill that ends before it arrives waits for it (at most 30 s, then fails
+    ``KV_TARGET_MISSING``) and then writes its blocks from the prefix cache in one batch —
+    blocks evicted meanwhile are not sent, and the decode worker recomputes them."""
     store_hint_blocks: int = -1
     """Leading prompt blocks the Conductor's index says the Store holds (-1 = unknown).
     0 lets the worker skip the Store lookup (a metadata round trip on its engine thread);

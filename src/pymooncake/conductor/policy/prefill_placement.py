@@ -39,6 +39,16 @@ def queue_s(inst: PrefillInstanceState, now_s: float, job_s: float | None = None
     return running + inst.queued_prefill_s
 
 
+def delay_imposed_s(inst: PrefillInstanceState, job_s: float) -> float:
+    """How much a job of ``job_s`` seconds placed on ``inst`` delays the requests already
+    there: on a ``shortest_first`` instance it runs before every queued one predicted
+    longer than itself, each of which then starts ``job_s`` later; on a FIFO instance it
+    runs last and delays nobody."""
+    if not inst.shortest_first:
+        return 0.0
+    return job_s * sum(1 for t in inst.queued_prefills_s if t > job_s)
+
+
 def mix64(seed: int, n: int) -> int:
     """SplitMix64 of ``(seed, n)``: the random policy's deterministic, stateless draw."""
     z = (seed * 0x9E3779B97F4A7C15 + n + 0x9E3779B97F4A7C15) & _MASK64
@@ -94,11 +104,16 @@ def evaluate_instance(req: RequestInfo, view: ClusterView, match: PrefixMatch, i
 
 def _least_ttft(req: RequestInfo, view: ClusterView, match: PrefixMatch, est: Estimators,
                 cfg: PolicyConfig, remote: bool) -> Placement:
-    best_i, best = 0, _option(req, view, match, 0, est, cfg, remote)
-    for i in range(1, len(view.prefill)):
+    """The instance where the request adds the least to the sum of TTFTs: its own predicted
+    TTFT plus ``delay_imposed_s`` on the longer requests a shortest-first queue will run
+    after it (FIFO instances: its own TTFT alone, Algorithm 1 as published). Ties: earliest."""
+    best_i, best, best_cost = 0, None, 0.0
+    for i in range(len(view.prefill)):
         o = _option(req, view, match, i, est, cfg, remote)
-        if o[0] < best[0]:
-            best_i, best = i, o
+        cost = o[0] + delay_imposed_s(view.prefill[i], o[4] + o[5])
+        if best is None or cost < best_cost:
+            best_i, best, best_cost = i, o, cost
+    assert best is not None
     return _placement(view, best_i, match, best)
 
 
@@ -110,7 +125,11 @@ def place_prefill_global_cache(req: RequestInfo, view: ClusterView, match: Prefi
                                est: Estimators, cfg: PolicyConfig) -> Placement | Rejection:
     """Algorithm 1 (global cache-aware): least predicted TTFT, cross-instance reuse allowed.
 
-    Ties go to the earliest instance in ``view.prefill``.
+    On shortest-first instances the comparison also counts the delay the request imposes
+    on the longer ones queued there (``_least_ttft``): greedy least-own-TTFT sends every
+    short request of a burst to the instance holding a long one (short requests do not wait
+    for it there), which then starts last. Ties go to the earliest instance in
+    ``view.prefill``.
     """
     if not view.prefill:
         return _no_instance()

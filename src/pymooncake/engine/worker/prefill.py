@@ -42,6 +42,11 @@ PUT_DEFER_MAX_S = 1.0
 """Longest a Store put waits for the prefill engine to go idle (s)."""
 PUT_BATCH_MAX_BLOCKS = 1024
 """Most blocks merged into one Store batch put."""
+Stages = tuple[tuple[str, float, float], ...]
+"""``(stage, start_unix_s, end_unix_s)`` windows (worker.stages.StageClock)."""
+PARKED_MAX_S = 30.0
+"""Longest a finished ``target_follows`` prefill waits for its ``SetTarget`` before it
+fails (the Conductor sends one or aborts the request; this bounds a lost message)."""
 
 
 @dataclass(slots=True)
@@ -63,6 +68,9 @@ class PrefillWorker(EngineWorker):
         self.layerwise: LayerwiseKVSender | None = None
         self.transfer: Any = None
         self._pending: dict[str, _Pending] = {}
+        self._parked: dict[str, tuple[float, _Pending, Any, Stages]] = {}
+        """Engine thread: finished ``target_follows`` prefills whose ``KVTarget`` has not come
+        yet (monotonic park time, request, engine output, stage windows)."""
         self._puts: queue.Queue[tuple[float, list[str], list[bytes]] | None] = queue.Queue()
         self._put_thread: threading.Thread | None = None
         self.clock = StageClock("prefill", "queue")
@@ -179,6 +187,12 @@ class PrefillWorker(EngineWorker):
         """The late ``KVTarget`` of a ``target_follows`` prefill; False when it is no longer
         here (finished or aborted: the decode side recomputes what it did not get)."""
         def apply() -> bool:
+            parked = self._parked.pop(msg.request_id, None)
+            if parked is not None:      # the prefill is done: ship its KV from the cache now
+                _, p, out, stages = parked
+                p.target = msg.target
+                self._resolve(p, out, None, stages)
+                return True
             p = self._pending.get(msg.request_id)
             if p is None or p.target is not None:
                 return False
@@ -198,6 +212,7 @@ class PrefillWorker(EngineWorker):
 
     def _drop(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
+        self._parked.pop(request_id, None)
         self.engine.abort(request_id)
         self._forget(request_id)
 
@@ -219,18 +234,40 @@ class PrefillWorker(EngineWorker):
             layerwise = self._forget(out.request_id)
             if p is None:
                 continue
-            try:
-                result = self._finish(p, out, layerwise, stages)
-            except Exception as e:  # noqa: BLE001 - the one request fails, the worker serves on
-                logger.warning("prefill %s: %s", out.request_id, e)
-                err = e if isinstance(e, RpcError) else RpcError("KV_TRANSFER_FAILED", str(e))
-                self.post(lambda p=p, err=err: set_exception_if_pending(p.future, err))
-            else:
-                self.post(lambda p=p, r=result: set_result_if_pending(p.future, r))
+            if p.task.target_follows and p.target is None and self.sender is not None:
+                # Done before its KVTarget came: the blocks stay in the prefix cache and are
+                # shipped in one batch when the SetTarget arrives (_set_target).
+                self._parked[out.request_id] = (time.monotonic(), p, out, stages)
+                continue
+            self._resolve(p, out, layerwise, stages)
+        if self._parked:
+            self._expire_parked()
 
-    def _finish(self, p: _Pending, out: Any, layerwise: tuple[int, str | None, float],
+    def _resolve(self, p: _Pending, out: Any, layerwise: tuple[int, str | None, float] | None,
+                 stages: tuple[tuple[str, float, float], ...]) -> None:
+        """Engine thread: finish ``p`` and hand the result (or error) to its RPC."""
+        try:
+            result = self._finish(p, out, layerwise, stages)
+        except Exception as e:  # noqa: BLE001 - the one request fails, the worker serves on
+            logger.warning("prefill %s: %s", out.request_id, e)
+            err = e if isinstance(e, RpcError) else RpcError("KV_TRANSFER_FAILED", str(e))
+            self.post(lambda p=p, err=err: set_exception_if_pending(p.future, err))
+        else:
+            self.post(lambda p=p, r=result: set_result_if_pending(p.future, r))
+
+    def _expire_parked(self) -> None:
+        now = time.monotonic()
+        for rid, (t, p, _, _) in list(self._parked.items()):
+            if now - t > PARKED_MAX_S:
+                del self._parked[rid]
+                err = RpcError("KV_TARGET_MISSING",
+                               f"no KVTarget for {rid} within {PARKED_MAX_S:.0f} s")
+                self.post(lambda p=p, err=err: set_exception_if_pending(p.future, err))
+
+    def _finish(self, p: _Pending, out: Any, layerwise: tuple[int, str | None, float] | None,
                 stages: tuple[tuple[str, float, float], ...] = ()) -> PrefillResult:
-        """Engine thread: ship the prompt KV, put new blocks into the Store."""
+        """Engine thread: ship the prompt KV (``layerwise``: what the layer-wise writes
+        did; None = send it all now in one batch), put new blocks into the Store."""
         from pymooncake.engine.request import FinishReason
         prefill_s = time.monotonic() - p.start_s
         if out.finish_reason not in (FinishReason.LENGTH, FinishReason.STOP):
@@ -253,7 +290,7 @@ class PrefillWorker(EngineWorker):
         t0 = time.monotonic()
         sent = 0
         transfer_s = 0.0
-        if p.target is not None and self.layerwise is not None:
+        if p.target is not None and self.layerwise is not None and layerwise is not None:
             sent, err, transfer_s = layerwise  # written layer by layer during the prefill
             if err is not None:
                 raise RpcError("KV_TRANSFER_FAILED", err)
