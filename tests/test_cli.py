@@ -71,3 +71,21 @@ def test_bench_serving_cpu_accounting_reads_proc_stat() -> None:
     assert got is not None and got >= 1.0
     assert got == pytest.approx(ru.ru_utime + ru.ru_stime, abs=0.05)
     assert _proc_cpu_s(2 ** 22 + 12345) is None      # beyond pid_max: no such process
+
+
+def test_bench_serving_aggregates_repeats_as_means_with_per_repeat_values() -> None:
+    from pymooncake.cli.serve import _aggregate
+    a = {"num_requests": 300, "ttft_mean_s": 0.2, "ttft_p99_s": 1.0, "token_hit_ratio": 0.08,
+         "stage_mean_s": {"queue": 0.1, "prefill": 0.08}, "cluster_cpu_s": {"total": 30.0}}
+    b = {"num_requests": 300, "ttft_mean_s": 0.3, "ttft_p99_s": 1.4, "token_hit_ratio": 0.08,
+         "stage_mean_s": {"queue": 0.2, "prefill": 0.1}, "cluster_cpu_s": {"total": 34.0}}
+    assert _aggregate([a]) is a
+    got = _aggregate([a, b])
+    assert got["num_requests"] == 300 and isinstance(got["num_requests"], int)
+    assert got["ttft_mean_s"] == pytest.approx(0.25)
+    assert got["ttft_p99_s"] == pytest.approx(1.2)
+    assert got["stage_mean_s"] == pytest.approx({"queue": 0.15, "prefill": 0.09})
+    assert got["cluster_cpu_s"]["total"] == pytest.approx(32.0)
+    assert got["repeats"] == 2
+    assert got["per_repeat"]["ttft_mean_s"] == [0.2, 0.3]
+    assert got["per_repeat"]["tbt_mean_s"] == [None, None]
