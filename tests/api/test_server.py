@@ -255,6 +255,8 @@ class TestBug52And51Overload:
                     max_tokens=2, priority=1)) for _ in range(6)))
                 assert time.monotonic() - t0 < 0.05 * 6 + 0.2
                 assert [r.status_code for r in extra] == [429] * 6
+                assert {r.json()["error"]["code"] for r in extra} == {"saturated"}
+                assert all(int(r.headers["retry-after"]) >= 1 for r in extra)
                 high = await client.post(CHAT, json=chat_body(max_tokens=2, priority=0))
                 assert high.status_code == 200
                 assert [r.status_code for r in await asyncio.gather(*low)] == [200] * 4

@@ -4,7 +4,7 @@ Overload is signalled the way clients and proxies back off from (CASES BUG-52): 
 queue is HTTP 429, a queue timeout is HTTP 503, both with ``Retry-After`` (integer
 seconds ≥ 1) and the codes ``queue_full`` / ``queue_timeout``. Requests with
 ``priority > 0`` are sheddable: once saturation reaches 1.0 they are refused at once
-instead of queued, while ``priority <= 0`` requests wait (CASES BUG-51). Saturation is
+(429 ``saturated``, as the Conductor's own saturation refusal) instead of queued, while ``priority <= 0`` requests wait (CASES BUG-51). Saturation is
 computed from the live counters at each call, never from a snapshot.
 """
 
@@ -67,16 +67,17 @@ class AdmissionGate:
     async def acquire(self, priority: int = 0) -> None:
         """Take a slot, waiting in the queue if needed.
 
-        Raises ``RequestRejected`` (429 ``queue_full``) when the queue is full or the
-        request is sheddable (``priority > 0``) and the gate is saturated, and (503
-        ``queue_timeout``) when no slot frees up within ``queue_timeout_s``.
+        Raises ``RequestRejected``: 429 ``saturated`` when the request is sheddable
+        (``priority > 0``) and the gate is saturated (CASES BUG-51), 429 ``queue_full``
+        when the queue is full, 503 ``queue_timeout`` when no slot frees up within
+        ``queue_timeout_s`` (BUG-52).
         """
         cfg = self.config
         if self.in_flight < cfg.max_concurrency and not self._waiters:
             self.in_flight += 1
             return
         if priority > 0 and self.saturation >= 1.0:
-            raise self._reject(429, "queue_full",
+            raise self._reject(429, "saturated",
                                f"server saturated ({self.in_flight} requests in flight); "
                                f"sheddable request (priority {priority}) refused")
         if self.num_queued >= cfg.queue_capacity:
