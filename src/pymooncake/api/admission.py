@@ -4,8 +4,9 @@ Overload is signalled the way clients and proxies back off from (CASES BUG-52): 
 queue is HTTP 429, a queue timeout is HTTP 503, both with ``Retry-After`` (integer
 seconds ≥ 1) and the codes ``queue_full`` / ``queue_timeout``. Requests with
 ``priority > 0`` are sheddable: once saturation reaches 1.0 they are refused at once
-(429 ``saturated``, as the Conductor's own saturation refusal) instead of queued, while ``priority <= 0`` requests wait (CASES BUG-51). Saturation is
-computed from the live counters at each call, never from a snapshot.
+(429 ``saturated``, as the Conductor's own saturation refusal) instead of queued, while
+``priority <= 0`` requests wait (CASES BUG-51). Saturation is computed from the live
+counters at each call, never from a snapshot.
 """
 
 from __future__ import annotations

@@ -48,6 +48,9 @@ class WorkerConfig:
     master: str | None = None
     """``host:port`` of the Store master (prefill workers; None = no global Store)."""
     host: str = "127.0.0.1"
+    """This worker's address on the cluster's network: its RPC server, its Transfer Engine
+    segment(s) and its Store client bind to it and publish it, so it must be one the other
+    hosts can reach (not 0.0.0.0)."""
     port: int = 0
     """RPC port (0 = any free port)."""
     model: str = "tiny"

@@ -90,12 +90,13 @@ class DecodeWorker(EngineWorker):
                       else StageClock("generate", "queue"))
 
     def start_resources(self) -> None:
-        from pymooncake.transfer import TransferEngine
+        from pymooncake.transfer import TransferConfig, TransferEngine
         c = self.config
         self.engine = self.build_engine(c.role)
         self.engine.runner.hooks.insert(0, self.clock)
         if c.role == "decode":
-            self.transfer = TransferEngine(f"{c.instance_id}-kv", c.metadata_url).start()
+            self.transfer = TransferEngine(f"{c.instance_id}-kv", c.metadata_url,
+                                           config=TransferConfig(host=c.host)).start()
             self.receiver = KVReceiver(self.transfer, self.engine.kv, c.recv_buffer_bytes)
             self.receiver.clock = self.clock
             self.engine.scheduler.kv_source = self.receiver

@@ -76,14 +76,15 @@ class PrefillWorker(EngineWorker):
         self.clock = StageClock("prefill", "queue")
 
     def start_resources(self) -> None:
-        from pymooncake.transfer import TransferEngine
+        from pymooncake.transfer import TransferConfig, TransferEngine
         c = self.config
         self.engine = self.build_engine("prefill")
         self.engine.runner.hooks.insert(0, self.clock)
         if c.master:
             from pymooncake.store.client import StoreClient
-            self.store = StoreClient(c.master, c.metadata_url,
+            self.store = StoreClient(c.master, c.metadata_url, local_hostname=c.host,
                                      global_segment_size=c.global_segment_size_bytes,
+                                     transfer_config=TransferConfig(host=c.host),
                                      name=f"{c.instance_id}-store").start()
             self.loader = StoreKVLoader(self.store, self.engine.kv,
                                         self.engine.namespace.digest())
@@ -93,7 +94,8 @@ class PrefillWorker(EngineWorker):
             self._put_thread = threading.Thread(target=self._put_main, daemon=True,
                                                 name=f"store-put-{c.instance_id}")
             self._put_thread.start()
-        self.transfer = TransferEngine(f"{c.instance_id}-kv", c.metadata_url).start()
+        self.transfer = TransferEngine(f"{c.instance_id}-kv", c.metadata_url,
+                                       config=TransferConfig(host=c.host)).start()
         self.sender = KVSender(self.transfer, self.engine.kv)
         if c.layerwise_kv:
             self.layerwise = LayerwiseKVSender(self.sender)
