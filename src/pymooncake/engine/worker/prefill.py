@@ -186,8 +186,10 @@ class PrefillWorker(EngineWorker):
             raise
 
     async def _set_target(self, msg: SetTarget) -> bool:
-        """The late ``KVTarget`` of a ``target_follows`` prefill; False when it is no longer
-        here (finished or aborted: the decode side recomputes what it did not get)."""
+        """The late ``KVTarget`` of a ``target_follows`` prefill: applied to the layers still
+        to come, or — when the prefill is already done (parked) — its blocks are written
+        from the prefix cache now and the prefill RPC answers. False when the request is no
+        longer here (aborted) or already has a target."""
         def apply() -> bool:
             parked = self._parked.pop(msg.request_id, None)
             if parked is not None:      # the prefill is done: ship its KV from the cache now
