@@ -42,8 +42,21 @@ def test_replay_reports_exact_token_counts_and_hits(server_url: str, tmp_path) -
     assert len(rows) == n + 1
 
 
+@pytest.mark.integration
+def test_replay_where_every_request_fails_exits_1_and_says_why(server_url: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "pymooncake", "replay", "--url", server_url, "--limit", "3",
+         "--time-scale", "200", "--model", "no-such-model", "--json"],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 1
+    assert json.loads(out.stdout)["num_failed"] == 3
+    last = out.stderr.strip().splitlines()[-1]
+    assert "3 of 3 requests failed" in last and "HTTP 404" in last, out.stderr
+
+
 def test_replay_bad_arguments() -> None:
-    for args in (["--length-scale", "7"], ["--limit", "0"], ["--time-scale", "-1"]):
+    for args in (["--length-scale", "7"], ["--limit", "0"], ["--time-scale", "-1"],
+                 ["--timeout", "0"], ["--vocab-size", "1"]):
         out = subprocess.run([sys.executable, "-m", "pymooncake", "replay", "--url",
                               "http://127.0.0.1:9", *args], capture_output=True, text=True,
                              timeout=60, check=False)

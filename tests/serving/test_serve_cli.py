@@ -33,12 +33,13 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT])
-def test_serve_starts_answers_and_stops_every_child(sig):
+def test_serve_starts_answers_and_stops_every_child(sig, tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    errfile = open(tmp_path / "serve.err", "wb")  # noqa: SIM115 - children log here, not a pipe
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     p = subprocess.Popen([sys.executable, "-m", "pymooncake", "serve", "--port", "0",
-                          "--num-kv-blocks", "256"], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+                          "--decode", "2", "--num-kv-blocks", "256"], stdout=subprocess.PIPE,
+                         stderr=errfile, env=env, cwd=ROOT)
     pids: dict[str, int] = {}
     try:
         sel = selectors.DefaultSelector()
@@ -53,7 +54,7 @@ def test_serve_starts_answers_and_stops_every_child(sig):
         sel.close()
         assert info is not None and info["event"] == "ready", "serve did not get ready"
         pids = info["pids"]
-        assert set(pids) == {"master", "conductor", "prefill-0", "decode-0"}
+        assert set(pids) == {"master", "conductor", "prefill-0", "decode-0", "decode-1"}
         r = httpx.post(info["url"] + "/v1/chat/completions", timeout=60, json={
             "model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
         assert r.status_code == 200, r.text
@@ -61,8 +62,21 @@ def test_serve_starts_answers_and_stops_every_child(sig):
         metrics = httpx.get(info["url"] + "/metrics", timeout=10).text
         assert "pymooncake_api_ttft_seconds_bucket" in metrics
         assert "pymooncake_api_cached_tokens_total" in metrics
+        # a worker that dies is reported and the others serve on (docs/serving.md)
+        os.kill(pids["decode-1"], signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while "decode-1" in workers(info["url"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert set(workers(info["url"])) == {"prefill-0", "decode-0"}
+        r = httpx.post(info["url"] + "/v1/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        assert p.poll() is None, "serve stopped when one worker died"
         p.send_signal(sig)
         assert p.wait(30) == 0
+        errfile.close()
+        err = (tmp_path / "serve.err").read_text(errors="replace")
+        assert "decode-1 exited with status -9" in err, err
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(_alive(x) for x in pids.values()):
             time.sleep(0.1)
@@ -74,6 +88,7 @@ def test_serve_starts_answers_and_stops_every_child(sig):
         for x in pids.values():
             if _alive(x):
                 os.kill(x, signal.SIGKILL)
+        errfile.close()
 
 
 @pytest.mark.parametrize("flag", ["--port", "--worker-port"])
@@ -121,6 +136,8 @@ def test_worker_that_cannot_join_exits_with_one_line():
     (["--port", "70000"], "--port"), (["--model", "/nonexistent"], "--model"),
     (["--max-model-len", "0"], "--max-model-len"), (["--ttft-slo", "-1"], "--ttft-slo"),
     (["--metadata", "zk://x"], "--metadata"),
+    (["--colocated", "--decode", "2"], "--decode"), (["--no-prefix-cache"], "--no-prefix-cache"),
+    (["--json"], "--json"),
 ])
 def test_serve_refuses_bad_flags_before_starting_anything(flags, named):
     r = subprocess.run([sys.executable, "-m", "pymooncake", "serve", *flags],

@@ -17,6 +17,7 @@ import asyncio
 import csv
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -232,7 +233,8 @@ def _human(s: dict[str, Any]) -> str:
         f"({s['cached_tokens']:,} of {s['prompt_tokens']:,} prompt tokens cached)",
         "stages          " + ("  ".join(f"{k} {v:.3f} s" for k, v in
                                         s.get("stage_mean_s", {}).items())
-                                 or "- (no Conductor stage histogram on /metrics)"),
+                                 or "- (none: no Conductor stage histogram on /metrics, "
+                                    "or no request reached a stage)"),
     ])
 
 
@@ -250,6 +252,10 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--limit must be >= 1, got {args.limit}")
     if args.time_scale <= 0:
         raise UsageError(f"--time-scale must be > 0, got {args.time_scale}")
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.vocab_size is not None and args.vocab_size < 2:
+        raise UsageError(f"--vocab-size must be >= 2, got {args.vocab_size}")
     if args.length_scale < 1 or 512 % args.length_scale:
         raise UsageError(f"--length-scale must divide the trace block size 512, "
                          f"got {args.length_scale}")
@@ -282,6 +288,13 @@ def _run(args: argparse.Namespace) -> int:
                 w.writerow([r.index, r.status, r.prompt_tokens, r.cached_tokens,
                             r.completion_tokens, r.ttft_s, r.tbt_s, r.error or ""])
     emit(summary, args.json, _human)
+    failed = [r for r in records if not r.served and r.status not in (429, 503)]
+    if failed:
+        # the figures above leave them out; say why once, and fail when nothing was served
+        sys.stderr.write(f"pymooncake: {len(failed)} of {len(records)} requests failed; "
+                         f"first: HTTP {failed[0].status or '-'}: {failed[0].error}\n")
+        if summary["num_served"] == 0:
+            return 1
     return 0
 
 

@@ -47,11 +47,14 @@ def _start_tracing(args: argparse.Namespace, role: str) -> None:
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="'tiny' (embedded) or a HF model directory")
-    p.add_argument("--num-kv-blocks", type=int, default=1024, help="paged KV blocks")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="running requests at most")
+    p.add_argument("--num-kv-blocks", type=int, default=1024,
+                   help="paged KV blocks (default %(default)s)")
+    p.add_argument("--block-size", type=int, default=16,
+                   help="tokens per KV block (default %(default)s)")
+    p.add_argument("--max-num-seqs", type=int, default=64,
+                   help="running requests at most (default %(default)s)")
     p.add_argument("--max-model-len", type=int, default=8192,
-                   help="prompt + output tokens at most")
+                   help="prompt + output tokens at most (default %(default)s)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -62,9 +65,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "API, N prefill and M decode workers as separate processes on 127.0.0.1; "
                     "Ctrl-C stops them all. --demo sends a few requests and a short trace "
                     "replay, prints the results and exits.")
-    s.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI API")
-    s.add_argument("--prefill", type=int, default=1, help="prefill workers (N)")
-    s.add_argument("--decode", type=int, default=1, help="decode workers (M)")
+    s.add_argument("--port", type=int, default=8000,
+                   help="HTTP port of the OpenAI API (default %(default)s; 0 = any free port)")
+    s.add_argument("--prefill", type=int, default=1, help="prefill workers (N; default 1)")
+    s.add_argument("--decode", type=int, default=None, help="decode workers (M; default 1)")
     s.add_argument("--colocated", action="store_true",
                    help="baseline: --prefill N workers that prefill and decode together")
     s.add_argument("--no-prefix-cache", action="store_true",
@@ -74,11 +78,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--global-store", action=argparse.BooleanOptionalAction, default=None,
                    help="cross-instance reuse through the Store (default: on for "
                         "global-cache only)")
-    s.add_argument("--ttft-slo", type=float, default=10.0, help="TTFT objective (s)")
-    s.add_argument("--tbt-slo", type=float, default=1.0, help="TBT objective (s)")
+    s.add_argument("--ttft-slo", type=float, default=10.0,
+                   help="TTFT objective (s; default %(default)s)")
+    s.add_argument("--tbt-slo", type=float, default=1.0,
+                   help="TBT objective (s; default %(default)s)")
     s.add_argument("--profile", default=None, help="prefill profile JSON (pymooncake profile)")
     s.add_argument("--max-concurrency", type=int, default=64,
-                   help="front-door admission: requests in flight at once")
+                   help="front-door admission: requests in flight at once (default "
+                        "%(default)s)")
     s.add_argument("--metadata", default=None,
                    help="Transfer Engine metadata service for the workers (etcd://host:port, "
                         "http://…/metadata); default: the master's embedded HTTP one")
@@ -341,6 +348,17 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from pymooncake.cli.main import CommandError, UsageError
+    if args.colocated and args.decode is not None:
+        raise UsageError("--decode does not apply with --colocated (--prefill N colocated "
+                         "workers prefill and decode)")
+    if args.no_prefix_cache and not args.colocated:
+        raise UsageError("--no-prefix-cache is for the --colocated baseline; P/D prefill "
+                         "workers always keep their local prefix cache")
+    if args.json and not args.demo:
+        raise UsageError("--json only applies to --demo (serve prints one JSON 'ready' line "
+                         "on stdout anyway)")
+    if args.decode is None:
+        args.decode = 1
     if args.prefill < 1 or (not args.colocated and args.decode < 1):
         raise UsageError("need --prefill >= 1 and --decode >= 1 (or --colocated)")
     _check_serve_flags(args)
@@ -600,12 +618,23 @@ class LocalCluster:
         return {n: t for n, p in self.procs.items() if (t := _proc_cpu_s(p.pid)) is not None}
 
     def wait(self) -> None:
-        """Block until a child exits (then the cluster is broken: return)."""
+        """Block while the cluster can serve. A worker that exits is reported on stderr and
+        the others serve on (the Conductor drops it after its load reports stop); return
+        when the Store master or the Conductor exits, or when no worker is left."""
         import time
-        while all(p.poll() is None for p in self.procs.values()):
+        reported: set[str] = set()
+        while True:
+            dead = {n for n, p in self.procs.items() if p.poll() is not None}
+            for n in sorted(dead - reported):
+                sys.stderr.write(f"pymooncake: {n} exited with status "
+                                 f"{self.procs[n].returncode}\n")
+            reported |= dead
+            workers = set(self.procs) - {"master", "conductor"}
+            if dead & {"master", "conductor"} or (workers and workers <= dead):
+                sys.stderr.write(f"pymooncake: {', '.join(sorted(dead))} exited; "
+                                 "stopping the cluster\n")
+                return
             time.sleep(0.5)
-        dead = [n for n, p in self.procs.items() if p.poll() is not None]
-        sys.stderr.write(f"pymooncake: {', '.join(dead)} exited; stopping the cluster\n")
 
     def stop(self) -> None:
         """SIGTERM every child (workers, then conductor, then master), then kill leftovers."""
