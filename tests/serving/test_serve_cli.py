@@ -123,11 +123,13 @@ def test_worker_that_cannot_join_exits_with_one_line():
         assert r.returncode == 1, r.stderr
         last = r.stderr.strip().splitlines()[-1]
         assert "refused this worker" in last and "namespace" in last, r.stderr
+        assert '"ready"' not in r.stdout, "a refused worker printed its ready line"
         assert set(workers(cluster.url)) == {"prefill-0", "decode-0"}
         r = subprocess.run([*base, "--id", "d-lost", "--conductor", "127.0.0.1:1"],
                            capture_output=True, text=True, timeout=90)
         assert r.returncode == 1
         assert "not reachable for" in r.stderr.strip().splitlines()[-1], r.stderr
+        assert '"ready"' not in r.stdout
     finally:
         cluster.stop()
 

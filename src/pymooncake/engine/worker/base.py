@@ -143,6 +143,8 @@ class EngineWorker:
         self.num_prefill_tokens_total = 0
         self._conductor: RpcClient | None = None
         self._registered = False
+        self._on_registered: Callable[[], None] | None = None
+        """Called once, after the first registration the Conductor accepted (``serve``)."""
         self._warned_s = -1e9
 
     # -- engine ---------------------------------------------------------------------------
@@ -266,6 +268,8 @@ class EngineWorker:
             try:
                 if not self._registered:
                     await self._register(c, info, started, ever_registered)
+                    if not ever_registered and self._on_registered is not None:
+                        self._on_registered()
                     self._registered = ever_registered = True
                 with self._events_lock:
                     stored, removed = self._stored, self._removed
@@ -323,8 +327,9 @@ class EngineWorker:
         return None
 
     async def serve(self, ready: Callable[[dict[str, Any]], None] | None = None) -> None:
-        """Start everything, print readiness through ``ready``, serve until cancelled.
-        Raises ``WorkerFatal`` when the worker cannot join the cluster."""
+        """Start everything, serve until cancelled; ``ready`` gets the readiness event once
+        the Conductor has accepted the worker's registration. Raises ``WorkerFatal`` when
+        the worker cannot join the cluster."""
         self.loop = asyncio.get_running_loop()
         sys.setswitchinterval(self.config.switch_interval_s)
         await asyncio.to_thread(self.start_resources)
@@ -334,10 +339,12 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._engine_main, daemon=True,
                                         name=f"engine-{self.config.instance_id}")
         self._thread.start()
+        if ready is not None:   # once the Conductor has accepted it, not before (a refused
+            # worker must not look ready to a script watching for the line)
+            self._on_registered = lambda: ready({
+                "event": "ready", "instance_id": self.config.instance_id,
+                "role": self.config.role, "rpc_port": self.server.port, "pid": os.getpid()})
         reporter = asyncio.ensure_future(self._report_loop())
-        if ready is not None:
-            ready({"event": "ready", "instance_id": self.config.instance_id,
-                   "role": self.config.role, "rpc_port": self.server.port, "pid": os.getpid()})
         try:
             await reporter          # runs until cancelled; raises WorkerFatal
         finally:
