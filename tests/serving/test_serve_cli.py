@@ -125,6 +125,14 @@ def test_worker_that_cannot_join_exits_with_one_line():
         assert "refused this worker" in last and "namespace" in last, r.stderr
         assert '"ready"' not in r.stdout, "a refused worker printed its ready line"
         assert set(workers(cluster.url)) == {"prefill-0", "decode-0"}
+        # the Conductor admits 8192-token requests (serve: --context-length = max-model-len)
+        r = subprocess.run([*base, "--id", "d-short", "--conductor", cluster.worker_addr,
+                            "--max-model-len", "4096"], capture_output=True, text=True,
+                           timeout=90)
+        assert r.returncode == 1, r.stderr
+        last = r.stderr.strip().splitlines()[-1]
+        assert "refused this worker" in last and "--max-model-len >= 8192" in last, r.stderr
+        assert '"ready"' not in r.stdout
         r = subprocess.run([*base, "--id", "d-lost", "--conductor", "127.0.0.1:1"],
                            capture_output=True, text=True, timeout=90)
         assert r.returncode == 1

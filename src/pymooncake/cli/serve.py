@@ -272,6 +272,7 @@ def _cmd_conductor(args: argparse.Namespace) -> int:
                               ttft_slo_s=args.ttft_slo, tbt_slo_s=args.tbt_slo,
                               early_rejection=not args.no_early_rejection,
                               global_store=args.global_store,
+                              context_length=args.context_length,
                               prefill_concurrency_limit=args.prefill_concurrency_limit)
         api_cfg = ApiConfig(model_name=args.model if args.model == "tiny" else args.model,
                             context_length=args.context_length,

@@ -20,6 +20,9 @@ class ConductorConfig:
     """TTFT objective (s) for early rejection."""
     tbt_slo_s: float = 1.0
     """TBT objective (s) for early rejection."""
+    context_length: int = 0
+    """Tokens per request (prompt + output) the front door admits; a worker registering
+    with a smaller ``max_model_len`` is refused (``CONTEXT_TOO_SMALL``). 0 = unchecked."""
     early_rejection: bool = True
     prefill_concurrency_limit: int | None = None
     """Requests one prefill instance holds at once before sheddable ones are refused."""
@@ -67,6 +70,8 @@ class ConductorConfig:
             raise ValueError("ttft_slo_s and tbt_slo_s must be > 0 seconds")
         if self.prefill_concurrency_limit is not None and self.prefill_concurrency_limit < 1:
             raise ValueError("prefill_concurrency_limit must be >= 1 or None")
+        if self.context_length < 0:
+            raise ValueError(f"context_length must be >= 0 tokens, got {self.context_length}")
         if self.online_profile_every < 1 or self.online_profile_window < 3:
             raise ValueError("online_profile_every must be >= 1 and online_profile_window >= 3")
         if self.worker_timeout_s <= 0 or self.rpc_timeout_s <= 0 or self.poll_timeout_s <= 0:

@@ -192,6 +192,14 @@ class Conductor:
 
     # -- worker messages ------------------------------------------------------------------
     async def _register(self, info: WorkerInfo) -> bool:
+        limit = self.config.context_length
+        if limit and 0 < info.max_model_len < limit:
+            raise RpcError("CONTEXT_TOO_SMALL",
+                           f"worker {info.instance_id} takes at most {info.max_model_len} "
+                           f"tokens per request (--max-model-len), the front door admits "
+                           f"{limit} (--context-length): start the worker with "
+                           f"--max-model-len >= {limit} or the Conductor with "
+                           f"--context-length <= {info.max_model_len}")
         d = json.loads(info.namespace_json)
         d["extra"] = tuple(tuple(x) for x in d.get("extra") or ())
         ns = CacheNamespace(**d)

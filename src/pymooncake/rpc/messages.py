@@ -116,6 +116,8 @@ class WorkerInfo:
     pid: int = 0
     prefill_order: str = "fcfs"
     """Order its queued prompts run in: ``fcfs`` or ``shortest`` (job first)."""
+    max_model_len: int = 0
+    """Prompt + output tokens one request may have on it (0 = not stated)."""
 
 
 @dataclass(frozen=True, slots=True)

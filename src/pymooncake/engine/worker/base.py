@@ -246,7 +246,8 @@ class EngineWorker:
                           namespace_json=json.dumps(ns), block_size=self.config.block_size,
                           kv_capacity_tokens=self.engine.config.kv_capacity_tokens,
                           max_batch_size=self.engine.config.max_num_seqs, pid=os.getpid(),
-                          prefill_order=self.engine.config.waiting_order)
+                          prefill_order=self.engine.config.waiting_order,
+                          max_model_len=self.engine.config.max_model_len)
 
     def load(self) -> WorkerLoad:
         e = self.engine
