@@ -891,8 +891,9 @@ REPEAT_KEYS = ("ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "tbt_mean_s", "tbt_p99
 def _aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One configuration's repeats → one report. A single run is returned as it is. With
     several, every number (also nested ones: stage means, CPU seconds) is the mean over the
-    repeats — for ``ttft_mean_s`` that is the mean over all requests of all repeats, as
-    each repeat replays the same requests; percentiles are the mean of the per-repeat
+    repeats — for ``ttft_mean_s`` that is the mean over all requests of all repeats when
+    every repeat served the same number (each replays the same requests); percentiles are
+    the mean of the per-repeat
     percentiles — and ``per_repeat`` lists ``REPEAT_KEYS`` of each repeat in run order."""
     if len(runs) == 1:
         return runs[0]
