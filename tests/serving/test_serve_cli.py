@@ -91,6 +91,36 @@ def test_serve_starts_answers_and_stops_every_child(sig, tmp_path):
         errfile.close()
 
 
+
+def test_serve_stops_and_exits_1_when_a_role_has_no_worker_left(tmp_path):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    with open(tmp_path / "serve.err", "wb") as errfile:
+        p = subprocess.Popen([sys.executable, "-m", "pymooncake", "serve", "--port", "0",
+                              "--num-kv-blocks", "256"], stdout=subprocess.PIPE,
+                             stderr=errfile, env=env, cwd=ROOT)
+        pids: dict[str, int] = {}
+        try:
+            line = p.stdout.readline()       # the ready line (or EOF if serve failed)
+            info = json.loads(line)
+            pids = info["pids"]
+            os.kill(pids["decode-0"], signal.SIGKILL)
+            assert p.wait(30) == 1
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and any(_alive(x) for x in pids.values()):
+                time.sleep(0.1)
+            assert not [n for n, x in pids.items() if _alive(x)], "children left running"
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait(5)
+            for x in pids.values():
+                if _alive(x):
+                    os.kill(x, signal.SIGKILL)
+    err = (tmp_path / "serve.err").read_text(errors="replace")
+    assert "no decode worker is left; stopping the cluster" in err, err
+
+
 @pytest.mark.parametrize("flag", ["--port", "--worker-port"])
 def test_conductor_on_a_used_port_is_a_one_line_error(flag):
     import socket
@@ -123,6 +153,7 @@ def test_worker_that_cannot_join_exits_with_one_line():
         assert r.returncode == 1, r.stderr
         last = r.stderr.strip().splitlines()[-1]
         assert "refused this worker" in last and "namespace" in last, r.stderr
+        assert "block_size 32 (cluster: 16)" in last, r.stderr
         assert '"ready"' not in r.stdout, "a refused worker printed its ready line"
         assert set(workers(cluster.url)) == {"prefill-0", "decode-0"}
         # the Conductor admits 8192-token requests (serve: --context-length = max-model-len)

@@ -46,7 +46,8 @@ def _start_tracing(args: argparse.Namespace, role: str) -> None:
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="'tiny' (embedded) or a HF model directory")
+    p.add_argument("--model", default="tiny",
+                   help="'tiny' (embedded, the default) or a HF model directory")
     p.add_argument("--num-kv-blocks", type=int, default=1024,
                    help="paged KV blocks (default %(default)s)")
     p.add_argument("--block-size", type=int, default=16,
@@ -74,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--no-prefix-cache", action="store_true",
                    help="colocated baseline without the local prefix cache")
     s.add_argument("--policy", default="global-cache", choices=POLICY_CHOICES,
-                   help="prefill placement (Algorithm 1 = global-cache)")
+                   help="prefill placement (default: global-cache = Algorithm 1)")
     s.add_argument("--global-store", action=argparse.BooleanOptionalAction, default=None,
                    help="cross-instance reuse through the Store (default: on for "
                         "global-cache only)")
@@ -395,8 +396,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         _ready({"url": cluster.url, "pids": cluster.pids()})
         sys.stderr.write(f"pymooncake: serving the OpenAI API on {cluster.url} "
                          "(Ctrl-C stops the cluster)\n")
-        cluster.wait()
-        return 0
+        cluster.wait()          # returns only when the cluster cannot serve any more
+        return 1
     except KeyboardInterrupt:
         return 0
     finally:
@@ -620,20 +621,26 @@ class LocalCluster:
 
     def wait(self) -> None:
         """Block while the cluster can serve. A worker that exits is reported on stderr and
-        the others serve on (the Conductor drops it after its load reports stop); return
-        when the Store master or the Conductor exits, or when no worker is left."""
+        the others of its role serve on (the Conductor drops it after its load reports
+        stop); return when the Store master or the Conductor exits, or when every worker
+        of a role (prefill, decode or colocated) has."""
         import time
         reported: set[str] = set()
+        pools: dict[str, set[str]] = {}
+        for n in self.procs:
+            if n not in ("master", "conductor"):
+                pools.setdefault(n.rsplit("-", 1)[0], set()).add(n)
         while True:
             dead = {n for n, p in self.procs.items() if p.poll() is not None}
             for n in sorted(dead - reported):
                 sys.stderr.write(f"pymooncake: {n} exited with status "
                                  f"{self.procs[n].returncode}\n")
             reported |= dead
-            workers = set(self.procs) - {"master", "conductor"}
-            if dead & {"master", "conductor"} or (workers and workers <= dead):
-                sys.stderr.write(f"pymooncake: {', '.join(sorted(dead))} exited; "
-                                 "stopping the cluster\n")
+            gone = [role for role, names in pools.items() if names <= dead]
+            if dead & {"master", "conductor"} or gone:
+                why = f"no {gone[0]} worker is left" if gone else \
+                    f"{', '.join(sorted(dead & {'master', 'conductor'}))} exited"
+                sys.stderr.write(f"pymooncake: {why}; stopping the cluster\n")
                 return
             time.sleep(0.5)
 

@@ -211,10 +211,14 @@ class Conductor:
                 early_rejection=self.config.early_rejection,
                 block_size_tokens=ns.block_size, seed=self.config.seed)
         elif ns.digest() != self.namespace.digest():
+            mine, theirs = dataclasses.asdict(self.namespace), dataclasses.asdict(ns)
+            diff = ", ".join(f"{k} {theirs[k]!r} (cluster: {mine[k]!r})" for k in mine
+                             if mine[k] != theirs.get(k))
             raise RpcError("NAMESPACE_MISMATCH",
                            f"worker {info.instance_id} serves cache namespace "
-                           f"{ns.digest()[:16]}…, the cluster {self.namespace.digest()[:16]}…: "
-                           "start every worker with the same --model, dtype and block size")
+                           f"{ns.digest()[:16]}…, the cluster {self.namespace.digest()[:16]}…"
+                           f" ({diff}): start every worker with the same --model, dtype and "
+                           "block size")
         old = self.state.workers.get(info.instance_id)
         if old is not None and old.client is not None:
             await old.client.close()
