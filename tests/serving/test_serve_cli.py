@@ -32,6 +32,23 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _assert_children_gone(pids: dict[str, int]) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(x) for x in pids.values()):
+        time.sleep(0.1)
+    assert not [n for n, x in pids.items() if _alive(x)], "children left running"
+
+
+def _reap(p: subprocess.Popen, pids: dict[str, int]) -> None:
+    """Whatever a test left: kill serve and every child it started."""
+    if p.poll() is None:
+        p.kill()
+        p.wait(5)
+    for x in pids.values():
+        if _alive(x):
+            os.kill(x, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT])
 def test_serve_starts_answers_and_stops_every_child(sig, tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -77,19 +94,10 @@ def test_serve_starts_answers_and_stops_every_child(sig, tmp_path):
         errfile.close()
         err = (tmp_path / "serve.err").read_text(errors="replace")
         assert "decode-1 exited with status -9" in err, err
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_alive(x) for x in pids.values()):
-            time.sleep(0.1)
-        assert not [n for n, x in pids.items() if _alive(x)], "children left running"
+        _assert_children_gone(pids)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(5)
-        for x in pids.values():
-            if _alive(x):
-                os.kill(x, signal.SIGKILL)
+        _reap(p, pids)
         errfile.close()
-
 
 
 def test_serve_stops_and_exits_1_when_a_role_has_no_worker_left(tmp_path):
@@ -106,17 +114,9 @@ def test_serve_stops_and_exits_1_when_a_role_has_no_worker_left(tmp_path):
             pids = info["pids"]
             os.kill(pids["decode-0"], signal.SIGKILL)
             assert p.wait(30) == 1
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and any(_alive(x) for x in pids.values()):
-                time.sleep(0.1)
-            assert not [n for n, x in pids.items() if _alive(x)], "children left running"
+            _assert_children_gone(pids)
         finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait(5)
-            for x in pids.values():
-                if _alive(x):
-                    os.kill(x, signal.SIGKILL)
+            _reap(p, pids)
     err = (tmp_path / "serve.err").read_text(errors="replace")
     assert "no decode worker is left; stopping the cluster" in err, err
 
