@@ -326,13 +326,11 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
                 first = await events.__anext__()
             except StopAsyncIteration:
                 first = None
-            except RequestRejected as e:
+            except BaseException as e:
                 gate.release()
                 await events.aclose()
-                return _error_response(_rejected(e), endpoint)
-            except BaseException:
-                gate.release()
-                await events.aclose()
+                if isinstance(e, RequestRejected):
+                    return _error_response(_rejected(e), endpoint)
                 raise
             return StreamingResponse(_stream(job, events, first, chat, include_usage,
                                              req.return_token_ids, endpoint),

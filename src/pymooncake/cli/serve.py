@@ -332,6 +332,22 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
     import os
 
     from pymooncake.cli.main import UsageError
+    if args.colocated and args.decode is not None:
+        raise UsageError("--decode does not apply with --colocated (--prefill N colocated "
+                         "workers prefill and decode)")
+    if args.no_prefix_cache and not args.colocated:
+        raise UsageError("--no-prefix-cache is for the --colocated baseline; P/D prefill "
+                         "workers always keep their local prefix cache")
+    if args.json and not args.demo:
+        raise UsageError("--json only applies to --demo (serve prints one JSON 'ready' line "
+                         "on stdout anyway)")
+    if args.decode is None:
+        args.decode = 1
+    if args.prefill < 1 or (not args.colocated and args.decode < 1):
+        raise UsageError("need --prefill >= 1 and --decode >= 1 (or --colocated)")
+    if args.metadata and not args.metadata.startswith(("etcd://", "http://", "https://")):
+        raise UsageError(f"--metadata must be etcd://host:port or http(s)://…, got "
+                         f"{args.metadata!r}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
     if args.model != "tiny" and not os.path.isdir(args.model):
@@ -349,20 +365,7 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from pymooncake.cli.main import CommandError, UsageError
-    if args.colocated and args.decode is not None:
-        raise UsageError("--decode does not apply with --colocated (--prefill N colocated "
-                         "workers prefill and decode)")
-    if args.no_prefix_cache and not args.colocated:
-        raise UsageError("--no-prefix-cache is for the --colocated baseline; P/D prefill "
-                         "workers always keep their local prefix cache")
-    if args.json and not args.demo:
-        raise UsageError("--json only applies to --demo (serve prints one JSON 'ready' line "
-                         "on stdout anyway)")
-    if args.decode is None:
-        args.decode = 1
-    if args.prefill < 1 or (not args.colocated and args.decode < 1):
-        raise UsageError("need --prefill >= 1 and --decode >= 1 (or --colocated)")
+    from pymooncake.cli.main import CommandError
     _check_serve_flags(args)
     spec = ClusterSpec(num_prefill=args.prefill, num_decode=0 if args.colocated else args.decode,
                        colocated=args.colocated, prefix_cache=not args.no_prefix_cache,
@@ -372,9 +375,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        ttft_slo_s=args.ttft_slo, tbt_slo_s=args.tbt_slo, profile=args.profile,
                        max_concurrency=args.max_concurrency, quiet=args.demo,
                        global_store=args.global_store, otel=args.otel, metadata=args.metadata)
-    if args.metadata and not args.metadata.startswith(("etcd://", "http://", "https://")):
-        raise UsageError(f"--metadata must be etcd://host:port or http(s)://…, got "
-                         f"{args.metadata!r}")
     import signal
 
     from pymooncake.obs.tracing import shutdown_tracing

@@ -76,10 +76,10 @@ HIT_TOKENS = metrics.counter("pymooncake_conductor_prefix_hit_tokens_total",
                              "prompt tokens the prefill side reused (local cache or Store)")
 OVERLAPPED = metrics.counter("pymooncake_conductor_overlapped_admissions_total",
                              "P/D requests whose decode admission ran while their prefill "
-                             "was queued (KVTarget sent with SetTarget)")
+                             "queued or computed (KVTarget sent with SetTarget)")
 LATE_TARGETS = metrics.counter("pymooncake_conductor_late_targets_total",
-                               "overlapped requests whose prefill ended before its KVTarget "
-                               "arrived (the decode worker recomputed the prompt)")
+                               "overlapped requests whose SetTarget found no prefill waiting "
+                               "for it (aborted meanwhile)")
 STAGE_S = metrics.histogram("pymooncake_conductor_stage_seconds",
                             "time per request stage (s): the Conductor's own (tokenize, "
                             "schedule, prepare_decode, prefill_rpc, ttft, decode_stream) and "

@@ -107,14 +107,10 @@ def _least_ttft(req: RequestInfo, view: ClusterView, match: PrefixMatch, est: Es
     """The instance where the request adds the least to the sum of TTFTs: its own predicted
     TTFT plus ``delay_imposed_s`` on the longer requests a shortest-first queue will run
     after it (FIFO instances: its own TTFT alone, Algorithm 1 as published). Ties: earliest."""
-    best_i, best, best_cost = 0, None, 0.0
-    for i in range(len(view.prefill)):
-        o = _option(req, view, match, i, est, cfg, remote)
-        cost = o[0] + delay_imposed_s(view.prefill[i], o[4] + o[5])
-        if best is None or cost < best_cost:
-            best_i, best, best_cost = i, o, cost
-    assert best is not None
-    return _placement(view, best_i, match, best)
+    opts = [_option(req, view, match, i, est, cfg, remote) for i in range(len(view.prefill))]
+    best_i = min(range(len(opts)), key=lambda i: (
+        opts[i][0] + delay_imposed_s(view.prefill[i], opts[i][4] + opts[i][5]), i))
+    return _placement(view, best_i, match, opts[best_i])
 
 
 def _no_instance() -> Rejection:

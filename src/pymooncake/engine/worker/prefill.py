@@ -248,7 +248,7 @@ class PrefillWorker(EngineWorker):
             self._expire_parked()
 
     def _resolve(self, p: _Pending, out: Any, layerwise: tuple[int, str | None, float] | None,
-                 stages: tuple[tuple[str, float, float], ...]) -> None:
+                 stages: Stages) -> None:
         """Engine thread: finish ``p`` and hand the result (or error) to its RPC."""
         try:
             result = self._finish(p, out, layerwise, stages)
@@ -269,7 +269,7 @@ class PrefillWorker(EngineWorker):
                 self.post(lambda p=p, err=err: set_exception_if_pending(p.future, err))
 
     def _finish(self, p: _Pending, out: Any, layerwise: tuple[int, str | None, float] | None,
-                stages: tuple[tuple[str, float, float], ...] = ()) -> PrefillResult:
+                stages: Stages = ()) -> PrefillResult:
         """Engine thread: ship the prompt KV (``layerwise``: what the layer-wise writes
         did; None = send it all now in one batch), put new blocks into the Store."""
         from pymooncake.engine.request import FinishReason
