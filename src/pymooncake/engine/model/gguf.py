@@ -1,0 +1,444 @@
+"""Load a Llama-architecture GGUF file (llama.cpp's format) into ``LlamaForCausalLM``.
+
+Spec followed: the GGUF file format (ggml's ``docs/gguf.md``, versions 2 and 3,
+little-endian): magic ``GGUF``, ``uint32`` version, ``uint64`` tensor and metadata counts,
+the metadata key/values, the tensor infos (name, dims innermost first, ggml type, offset
+relative to the data section), then the tensor data aligned to ``general.alignment``
+(default 32). Metadata keys follow llama.cpp's ``llama.*`` names.
+
+The header is parsed here with ``struct`` (``gguf.GGUFReader`` builds one numpy view per
+vocabulary string and takes ~1.8 s on this file; this parser takes ~0.05 s); the tensor
+bytes are memory-mapped and dequantized with ``gguf.quants.dequantize`` (the reference
+numpy implementation of the ggml block formats). Supported tensor types: F32, F16, BF16,
+Q8_0 and Q4_1; everything is dequantized at load to the engine dtype (no quantized
+matmuls).
+
+llama.cpp conventions undone at load:
+
+* ``convert_hf_to_gguf.py`` permutes the output rows of ``attn_q`` / ``attn_k`` of every
+  head so that the pairs RoPE rotates are adjacent (llama.cpp's interleaved "normal" RoPE).
+  This engine, like Hugging Face, rotates the two halves of a head (``rotate_half``), so
+  the rows are put back in HF order (``_unpermute_rows``).
+* A file without ``output.weight`` ties the LM head to ``token_embd.weight``.
+
+Errors: every failure is a ``ModelLoadError`` (``loader.py``) with a one-line message
+naming the file and what is wrong: not a GGUF file, truncated, an unsupported version,
+architecture or tensor type, a missing metadata key or tensor, a shape mismatch.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import blake3
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+
+from pymooncake.engine.model.llama import LlamaForCausalLM, ModelConfig
+from pymooncake.engine.model.loader import ModelLoadError, _expected_tensors
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+SUPPORTED_ARCHITECTURES = ("llama",)
+"""``general.architecture`` values this loader maps (Llama, and Mistral-style files,
+which llama.cpp also writes as ``llama``)."""
+
+# ggml tensor types (ggml.h ``enum ggml_type``) → (name, elements per block, bytes per block)
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34),
+    30: ("BF16", 1, 2),
+}
+"""The ggml types this loader dequantizes; others are refused by name."""
+_GGML_TYPE_NAMES = {2: "Q4_0", 6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K",
+                    12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS",
+                    17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S",
+                    22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64",
+                    28: "F64", 29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4"}
+
+# GGUF metadata value types → struct format (scalars); 8 = string, 9 = array
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+           10: "<Q", 11: "<q", 12: "<d"}
+_NP_SCALAR = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?",
+              10: "<u8", 11: "<i8", 12: "<f8"}
+
+# GGUF tensor name (per layer: ``blk.N.`` + key) → HF name (``model.layers.N.`` + value)
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
+                 "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+
+
+@dataclass(frozen=True, slots=True)
+class GGUFTensorInfo:
+    """One tensor of a GGUF file."""
+
+    name: str
+    shape: tuple[int, ...]
+    """PyTorch order, outermost first (GGUF stores dims innermost first): a linear weight
+    is ``[out_features, in_features]``."""
+    ggml_type: int
+    """ggml type id (``GGML_TYPES`` keys are the supported ones)."""
+    offset: int
+    """Absolute byte offset of the data in the file."""
+    nbytes: int
+    """Bytes of data (0 when the type is unsupported: the size is then unknown)."""
+
+    @property
+    def type_name(self) -> str:
+        return (GGML_TYPES.get(self.ggml_type, (None,))[0]
+                or _GGML_TYPE_NAMES.get(self.ggml_type, f"type {self.ggml_type}"))
+
+
+@dataclass(frozen=True, slots=True)
+class GGUFFile:
+    """The parsed header of a GGUF file: metadata and tensor infos (no tensor data)."""
+
+    path: Path
+    version: int
+    metadata: dict[str, Any]
+    """Key → value: scalars as Python numbers/bools/str, arrays as lists (numeric arrays of
+    ``tokenizer.*`` keys as lists of ints/floats, string arrays as lists of str)."""
+    tensors: dict[str, GGUFTensorInfo]
+    file_size: int
+
+
+class _Header:
+    """Sequential little-endian reader over the mapped file; ``struct.error`` past the end."""
+
+    def __init__(self, buf: mmap.mmap | bytes) -> None:
+        self.buf, self.pos = buf, 0
+
+    def scalar(self, fmt: str) -> Any:
+        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return v
+
+    def string(self) -> str:
+        n = self.scalar("<Q")
+        if self.pos + n > len(self.buf):
+            raise struct.error("string past the end of the file")
+        s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+        self.pos += n
+        return s
+
+    def value(self, vtype: int) -> Any:
+        if vtype in _SCALAR:
+            return self.scalar(_SCALAR[vtype])
+        if vtype == 8:
+            return self.string()
+        if vtype == 9:
+            itype, n = self.scalar("<I"), self.scalar("<Q")
+            if itype in _NP_SCALAR:
+                dt = np.dtype(_NP_SCALAR[itype])
+                if self.pos + n * dt.itemsize > len(self.buf):
+                    raise struct.error("array past the end of the file")
+                arr = np.frombuffer(self.buf, dt, n, self.pos)
+                self.pos += n * dt.itemsize
+                return arr.tolist()
+            return [self.value(itype) for _ in range(n)]
+        raise ValueError(f"unknown metadata value type {vtype}")
+
+
+def read_gguf(path: str | Path) -> GGUFFile:
+    """Parse a GGUF file's header (metadata + tensor infos; no tensor data is read).
+
+    Raises ``ModelLoadError`` naming the file: unreadable, not GGUF (magic), an unsupported
+    version or byte order, a header or tensor data past the end of the file (truncated).
+    """
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(4)
+            if head != GGUF_MAGIC:
+                raise ModelLoadError(f"{p}: not a GGUF file (magic {head!r}, expected "
+                                     f"{GGUF_MAGIC!r})")
+            if size < 24:
+                raise ModelLoadError(f"{p}: GGUF header is truncated ({size} bytes)")
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise ModelLoadError(f"{p}: cannot read ({e.strerror or e})") from None
+    try:
+        return _parse(p, buf, size)
+    finally:
+        buf.close()
+
+
+def _parse(p: Path, buf: mmap.mmap, size: int) -> GGUFFile:
+    r = _Header(buf)
+    r.pos = 4
+    try:
+        version = r.scalar("<I")
+        if version not in SUPPORTED_VERSIONS:
+            swapped = " (big-endian files are not supported)" if version & 0xFFFF == 0 else ""
+            raise ModelLoadError(f"{p}: GGUF version {version} is not supported{swapped}; "
+                                 f"supported: {SUPPORTED_VERSIONS}")
+        n_tensors, n_kv = r.scalar("<Q"), r.scalar("<Q")
+        metadata: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = r.string()
+            metadata[key] = r.value(r.scalar("<I"))
+        raw = []
+        for _ in range(n_tensors):
+            name = r.string()
+            n_dims = r.scalar("<I")
+            dims = [r.scalar("<Q") for _ in range(n_dims)]
+            raw.append((name, tuple(reversed(dims)), r.scalar("<I"), r.scalar("<Q")))
+    except (struct.error, ValueError) as e:
+        raise ModelLoadError(f"{p}: GGUF header is truncated or corrupt ({e})") from None
+    align = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(align, int) or align <= 0 or align & (align - 1):
+        raise ModelLoadError(f"{p}: general.alignment {align!r} is not a power of two")
+    data_start = -(-r.pos // align) * align
+    tensors: dict[str, GGUFTensorInfo] = {}
+    for name, shape, gtype, rel in raw:
+        nbytes = 0
+        if gtype in GGML_TYPES:
+            _, block, block_bytes = GGML_TYPES[gtype]
+            n = int(np.prod(shape)) if shape else 1
+            nbytes = n // block * block_bytes
+        info = GGUFTensorInfo(name, shape, gtype, data_start + rel, nbytes)
+        if info.offset + nbytes > size:
+            raise ModelLoadError(f"{p}: truncated: tensor {name!r} ends at byte "
+                                 f"{info.offset + nbytes}, the file has {size}")
+        tensors[name] = info
+    return GGUFFile(p, version, metadata, tensors, size)
+
+
+def _meta(g: GGUFFile, key: str, default: Any = ...) -> Any:
+    if key in g.metadata:
+        return g.metadata[key]
+    if default is ...:
+        raise ModelLoadError(f"{g.path}: metadata key {key!r} is missing")
+    return default
+
+
+def _shortest_f32(x: float) -> float:
+    """A float32 metadata value as the shortest decimal that rounds to it (``1e-05``, not
+    ``9.999999747378752e-06``): the value the converter was given."""
+    return float(str(np.float32(x)))
+
+
+def gguf_model_config(g: GGUFFile) -> ModelConfig:
+    """``ModelConfig`` from the ``llama.*`` metadata (and the tensor list: tied embeddings
+    when there is no ``output.weight``). Raises ``ModelLoadError``."""
+    arch = _meta(g, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(f"{g.path}: architecture {arch!r} is not supported; "
+                             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    a = f"{arch}."
+    hidden = int(_meta(g, a + "embedding_length"))
+    heads = int(_meta(g, a + "attention.head_count"))
+    kv_heads = int(_meta(g, a + "attention.head_count_kv", heads))
+    head_dim = int(_meta(g, a + "attention.key_length", hidden // max(heads, 1)))
+    rope_dim = int(_meta(g, a + "rope.dimension_count", head_dim))
+    if rope_dim != head_dim:
+        raise ModelLoadError(f"{g.path}: partial RoPE ({a}rope.dimension_count {rope_dim} "
+                             f"of head dim {head_dim}) is not supported")
+    if "rope_freqs.weight" in g.tensors:
+        raise ModelLoadError(f"{g.path}: per-frequency RoPE factors (rope_freqs.weight, "
+                             "Llama 3.1 scaling) are not supported")
+    scaling: tuple[tuple[str, Any], ...] = ()
+    kind = _meta(g, a + "rope.scaling.type", "none")
+    if kind == "linear":
+        scaling = (("factor", float(_meta(g, a + "rope.scaling.factor"))),
+                   ("rope_type", "linear"))
+    elif kind != "none":
+        raise ModelLoadError(f"{g.path}: {a}rope.scaling.type {kind!r} is not supported")
+    emb = g.tensors.get("token_embd.weight")
+    tokens = g.metadata.get("tokenizer.ggml.tokens")
+    vocab = _meta(g, a + "vocab_size", len(tokens) if tokens else
+                  (emb.shape[0] if emb is not None else None))
+    if vocab is None:
+        raise ModelLoadError(f"{g.path}: no {a}vocab_size, tokenizer.ggml.tokens or "
+                             "token_embd.weight to size the vocabulary")
+    eos = [g.metadata[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+           if isinstance(g.metadata.get(k), int)]
+    try:
+        return ModelConfig(
+            architecture="LlamaForCausalLM", vocab_size=int(vocab), hidden_size=hidden,
+            intermediate_size=int(_meta(g, a + "feed_forward_length")),
+            num_layers=int(_meta(g, a + "block_count")), num_heads=heads,
+            num_kv_heads=kv_heads, head_dim=head_dim,
+            rms_norm_eps=_shortest_f32(_meta(g, a + "attention.layer_norm_rms_epsilon")),
+            rope_theta=_shortest_f32(_meta(g, a + "rope.freq_base", 10000.0)),
+            rope_scaling=scaling, tie_word_embeddings="output.weight" not in g.tensors,
+            bos_token_id=g.metadata.get("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=tuple(dict.fromkeys(eos)))
+    except (ValueError, TypeError) as e:
+        raise ModelLoadError(f"{g.path}: {e}") from None
+
+
+def _unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation: within each head, GGUF row ``2i`` / ``2i+1``
+    hold HF rows ``i`` / ``i + head_dim/2`` (the pair one RoPE rotation mixes). ``w`` is
+    ``[n_heads * head_dim, in]``; returns the rows in HF (rotate-half) order."""
+    out_features = w.shape[0]
+    half = out_features // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _dequantize(g: GGUFFile, buf: mmap.mmap, t: GGUFTensorInfo) -> np.ndarray:
+    """The tensor as a float32 numpy array of ``t.shape``."""
+    import gguf
+
+    if t.ggml_type not in GGML_TYPES:
+        raise ModelLoadError(f"{g.path}: tensor {t.name!r} has type {t.type_name}; supported: "
+                             f"{', '.join(v[0] for v in GGML_TYPES.values())}")
+    _, block, block_bytes = GGML_TYPES[t.ggml_type]
+    row = t.shape[-1] if t.shape else 1
+    if row % block:
+        raise ModelLoadError(f"{g.path}: tensor {t.name!r} rows of {row} are not a multiple "
+                             f"of the {t.type_name} block ({block})")
+    raw = np.frombuffer(buf, np.uint8, t.nbytes, t.offset)
+    raw = raw.reshape(*t.shape[:-1], row // block * block_bytes)
+    if t.ggml_type == 0:  # F32: copied out of the (read-only) mapping
+        return np.array(raw.view(np.float32))
+    out = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(t.ggml_type))
+    return np.asarray(out, dtype=np.float32).reshape(t.shape)
+
+
+def _hf_tensors(g: GGUFFile, cfg: ModelConfig,
+                dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(HF name, tensor in dtype)`` for every weight; a tensor owns its memory (never
+    a view of the mapped file) but may be a non-contiguous view (q/k un-permuted)."""
+    expected = _expected_tensors(cfg)
+    wanted: dict[str, str] = {}
+    for gname, hname in _GLOBAL_NAMES.items():
+        if hname in expected:
+            wanted[hname] = gname
+    for i in range(cfg.num_layers):
+        for gk, hk in _LAYER_NAMES.items():
+            wanted[f"model.layers.{i}.{hk}"] = f"blk.{i}.{gk}"
+    missing = [gn for gn in wanted.values() if gn not in g.tensors]
+    if missing:
+        raise ModelLoadError(f"{g.path}: tensor {missing[0]!r} is missing"
+                             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    try:
+        with g.path.open("rb") as f:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise ModelLoadError(f"{g.path}: cannot read ({e.strerror or e})") from None
+    try:
+        for hname, gname in wanted.items():
+            t = g.tensors[gname]
+            if t.shape != expected[hname]:
+                raise ModelLoadError(f"{g.path}: tensor {gname!r} has shape {t.shape}, the "
+                                     f"metadata implies {expected[hname]}")
+            w = torch.from_numpy(_dequantize(g, buf, t))
+            if w.dtype != dtype:
+                w = w.to(dtype)
+            if gname.endswith("attn_q.weight"):
+                w = _unpermute_rows(w, cfg.num_heads)
+            elif gname.endswith("attn_k.weight"):
+                w = _unpermute_rows(w, cfg.num_kv_heads)
+            yield hname, w
+    finally:
+        buf.close()
+
+
+def gguf_hf_state_dict(g: GGUFFile, cfg: ModelConfig,
+                       dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Every weight dequantized to ``dtype`` under Hugging Face names, q/k rows in HF
+    order, not fused, contiguous: what a HF ``model.safetensors`` of this model holds (no
+    ``lm_head.weight`` when tied). Shapes are checked against ``cfg``.
+
+    Raises ``ModelLoadError`` for a missing tensor, an unsupported type or a wrong shape.
+    """
+    return {name: w.contiguous() for name, w in _hf_tensors(g, cfg, dtype)}
+
+
+def _fused_state_dict(g: GGUFFile, cfg: ModelConfig,
+                      dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``loader._fuse(gguf_hf_state_dict(...))`` without the intermediate copies: q/k/v and
+    gate/up are written straight into their fused tensors."""
+    q, kv, inter = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim,
+                    cfg.intermediate_size)
+    rows = {"q_proj": ("qkv_proj", 0, q + 2 * kv), "k_proj": ("qkv_proj", q, q + 2 * kv),
+            "v_proj": ("qkv_proj", q + kv, q + 2 * kv), "gate_proj": ("gate_up_proj", 0, 2 * inter),
+            "up_proj": ("gate_up_proj", inter, 2 * inter)}
+    state: dict[str, torch.Tensor] = {}
+    for name, w in _hf_tensors(g, cfg, dtype):
+        part = name.rsplit(".", 2)[-2]
+        if part not in rows:
+            state[name] = w.contiguous()
+            continue
+        fused, row0, total = rows[part]
+        fname = name.replace(part, fused)
+        if fname not in state:
+            state[fname] = torch.empty(total, w.shape[1], dtype=dtype)
+        state[fname][row0:row0 + w.shape[0]].copy_(w)
+    return state
+
+
+class _SkipInit(TorchFunctionMode):
+    """Skip ``torch.nn.init`` calls while a model is built: the weights are uninitialised
+    (``torch.empty``, pages never touched) until the loaded tensors replace them. Building
+    on the meta device instead imports ``torch._dynamo`` on the first ``normal_`` (~0.9 s
+    on this CPU) and random init of 134 M parameters takes longer still."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else (kwargs or {}).get("tensor")
+        return func(*args, **(kwargs or {}))
+
+
+def load_gguf_model(path: str | Path,
+                    dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    """Build a ``LlamaForCausalLM`` from a GGUF file, weights dequantized to ``dtype``.
+
+    Raises ``ModelLoadError`` (one line, naming the file and the fault)."""
+    g = read_gguf(path)
+    cfg = gguf_model_config(g)
+    with _SkipInit():
+        model = LlamaForCausalLM(cfg)
+    state = _fused_state_dict(g, cfg, dtype)
+    result = model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    missing = [n for n in result.missing_keys
+               if not (cfg.tie_word_embeddings and n == "lm_head.weight")]
+    if missing:
+        raise ModelLoadError(f"{path}: parameters not loaded: {missing[:5]}")
+    return model.eval()
+
+
+_REVISIONS: dict[tuple[str, int, int], str] = {}
+
+
+def gguf_weight_revision(path: str | Path) -> str:
+    """BLAKE3 hex digest of the file's bytes (streamed in 8 MiB reads), for the cache
+    namespace's weight revision (DESIGN.md §3). Cached in-process per (resolved path,
+    size, mtime_ns); ~0.1 s for the 94 MiB SmolLM2 file. Raises ``ModelLoadError``."""
+    p = Path(path).resolve()
+    try:
+        st = p.stat()
+        key = (str(p), st.st_size, st.st_mtime_ns)
+        if key in _REVISIONS:
+            return _REVISIONS[key]
+        h = blake3.blake3(b"pymooncake.engine.weights.gguf/v1\x00")
+        with p.open("rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+    except OSError as e:
+        raise ModelLoadError(f"{p}: cannot read ({e.strerror or e})") from None
+    _REVISIONS[key] = h.hexdigest()
+    return _REVISIONS[key]
