@@ -62,7 +62,7 @@ def test_bench_serving_cpu_accounting_reads_proc_stat() -> None:
     import resource
     import time
 
-    from pymooncake.cli.serve import _proc_cpu_s
+    from pymooncake.cli.cluster import _proc_cpu_s
     end = time.process_time() + 1.0
     while time.process_time() < end:
         sum(i * i for i in range(1000))
@@ -74,7 +74,7 @@ def test_bench_serving_cpu_accounting_reads_proc_stat() -> None:
 
 
 def test_bench_serving_aggregates_repeats_as_means_with_per_repeat_values() -> None:
-    from pymooncake.cli.serve import _aggregate
+    from pymooncake.cli.bench_serving import _aggregate
     a = {"num_requests": 300, "ttft_mean_s": 0.2, "ttft_p99_s": 1.0, "token_hit_ratio": 0.08,
          "stage_mean_s": {"queue": 0.1, "prefill": 0.08}, "cluster_cpu_s": {"total": 30.0}}
     b = {"num_requests": 300, "ttft_mean_s": 0.3, "ttft_p99_s": 1.4, "token_hit_ratio": 0.08,

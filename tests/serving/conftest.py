@@ -1,5 +1,5 @@
 """Real clusters for the serving tests: ``pymooncake`` master, Conductor and workers as
-separate processes on 127.0.0.1 (``cli.serve.LocalCluster``), one per test module, always
+separate processes on 127.0.0.1 (``cli.cluster.LocalCluster``), one per test module, always
 stopped (every child killed) in the fixture's finalizer."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pymooncake.cli.serve import ClusterSpec, LocalCluster
+from pymooncake.cli.cluster import ClusterSpec, LocalCluster
 
 
 @pytest.fixture(scope="module")

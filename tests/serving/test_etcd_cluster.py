@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 
 
 def test_pd_cluster_over_etcd_moves_kv_and_reuses_through_the_store(etcd_url):
-    from pymooncake.cli.serve import ClusterSpec, LocalCluster
+    from pymooncake.cli.cluster import ClusterSpec, LocalCluster
     from pymooncake.engine import Engine, EngineConfig, SamplingParams
     cluster = LocalCluster(ClusterSpec(port=0, quiet=True, num_prefill=2, num_decode=1,
                                        policy="round-robin", global_store=True,

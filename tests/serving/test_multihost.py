@@ -119,10 +119,10 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         h1 = f"{NET}.11"
         master = _ready(role(1, "master", "--host", h1, "--port", "0"), "master")
         cond = _ready(role(1, "conductor", "--host", h1, "--port", "0", "--worker-port", "0",
-                           "--policy", "round-robin", "--global-store",
+                           "--policy", "round-robin", "--global-store", "--model", "tiny",
                            "--context-length", str(CONTEXT)), "conductor")
         common = ["--conductor", f"{h1}:{cond['worker_port']}", "--metadata", md,
-                  "--max-model-len", str(CONTEXT), "--num-kv-blocks", "512"]
+                  "--model", "tiny", "--max-model-len", str(CONTEXT), "--num-kv-blocks", "512"]
         for host, name, kind in ((2, "prefill-a", "prefill"), (3, "prefill-b", "prefill"),
                                  (3, "decode-c", "decode")):
             extra = ["--master", f"{h1}:{master['port']}"] if kind == "prefill" else []

@@ -55,8 +55,8 @@ def test_serve_starts_answers_and_stops_every_child(sig, tmp_path):
     errfile = open(tmp_path / "serve.err", "wb")  # noqa: SIM115 - children log here, not a pipe
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     p = subprocess.Popen([sys.executable, "-m", "pymooncake", "serve", "--port", "0",
-                          "--decode", "2", "--num-kv-blocks", "256"], stdout=subprocess.PIPE,
-                         stderr=errfile, env=env, cwd=ROOT)
+                          "--model", "tiny", "--decode", "2", "--num-kv-blocks", "256"],
+                         stdout=subprocess.PIPE, stderr=errfile, env=env, cwd=ROOT)
     pids: dict[str, int] = {}
     try:
         sel = selectors.DefaultSelector()
@@ -105,7 +105,7 @@ def test_serve_stops_and_exits_1_when_a_role_has_no_worker_left(tmp_path):
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     with open(tmp_path / "serve.err", "wb") as errfile:
         p = subprocess.Popen([sys.executable, "-m", "pymooncake", "serve", "--port", "0",
-                              "--num-kv-blocks", "256"], stdout=subprocess.PIPE,
+                              "--model", "tiny", "--num-kv-blocks", "256"], stdout=subprocess.PIPE,
                              stderr=errfile, env=env, cwd=ROOT)
         pids: dict[str, int] = {}
         try:
@@ -142,11 +142,11 @@ def test_conductor_on_a_used_port_is_a_one_line_error(flag):
 def test_worker_that_cannot_join_exits_with_one_line():
     """A worker the Conductor refuses (different cache namespace: block size 32 vs 16) or
     never reaches exits 1 with one line instead of printing "ready" and hanging."""
-    from pymooncake.cli.serve import ClusterSpec, LocalCluster
+    from pymooncake.cli.cluster import ClusterSpec, LocalCluster
     cluster = LocalCluster(ClusterSpec(port=0, quiet=True, num_prefill=1, num_decode=1))
     try:
         cluster.start()
-        base = [sys.executable, "-m", "pymooncake", "decode", "--metadata",
+        base = [sys.executable, "-m", "pymooncake", "decode", "--model", "tiny", "--metadata",
                 cluster.metadata_url, "--register-timeout", "2"]
         r = subprocess.run([*base, "--id", "d-odd", "--conductor", cluster.worker_addr,
                             "--block-size", "32"], capture_output=True, text=True, timeout=90)

@@ -3,6 +3,17 @@
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream and non-stream),
 ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus, the process registry).
 
+Readiness: ``/health`` is 200 only when the server can answer a request — the tokenizer is
+loaded (``app.state.codec``; ``create_app`` may start without it) and the backend's
+``readiness()`` lists nothing it still waits for (the Conductor: a prefill and a decode
+worker registered). Until then it is 503 with ``{"status": "starting", "waiting_for":
+[...]}`` and completions are 503 ``not_ready`` with ``Retry-After``.
+
+``model``: requests may name the served model (``ApiConfig.model_name``, what
+``/v1/models`` lists) or one of ``model_aliases``; another name is OpenAI's 404
+``model_not_found``. An absent ``model`` is accepted and means the served model (OpenAI
+requires the field; this server has one model, so nothing is ambiguous).
+
 Every error has the OpenAI shape (``api.errors``); malformed JSON, wrong types and bad
 ranges are 400 with ``param`` naming the field; overload is 429/503 with ``Retry-After``
 (``api.admission``, or the backend's own early rejection); nothing a client sends gives
@@ -77,6 +88,8 @@ class Backend(Protocol):
 class ApiConfig:
     model_name: str = "tiny"
     """Model id reported by ``/v1/models`` and accepted in requests."""
+    model_aliases: tuple[str, ...] = ()
+    """Other names accepted in requests (e.g. the ``--model`` spec ``smollm2``)."""
     context_length: int = 2048
     """Prompt + completion tokens at most."""
     default_max_tokens: int | None = None
@@ -217,13 +230,25 @@ def listen_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
     return sock
 
 
-def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = None,
-               health: Callable[[], dict[str, Any]] | None = None) -> FastAPI:
-    """Build the FastAPI app serving ``backend`` with tokenizer ``codec``."""
+def create_app(backend: Backend, codec: TextCodec | None, config: ApiConfig | None = None,
+               health: Callable[[], dict[str, Any]] | None = None,
+               readiness: Callable[[], list[str]] | None = None) -> FastAPI:
+    """Build the FastAPI app serving ``backend`` with tokenizer ``codec``.
+
+    ``codec`` may be None while it loads: set ``app.state.codec`` when it is there.
+    ``health`` adds fields to ``/health``; ``readiness`` lists what the backend still waits
+    for before it can serve (empty: ready).
+    """
     cfg = config or ApiConfig()
     gate = AdmissionGate(cfg.admission)
     app = FastAPI(title="pymooncake", version="0.1.0")
     app.state.gate = gate
+    app.state.codec = codec
+    model_names = {cfg.model_name, *cfg.model_aliases}
+
+    def waiting_for() -> list[str]:
+        waits = ["the model's tokenizer to load"] if app.state.codec is None else []
+        return waits + (readiness() if readiness is not None else [])
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -236,11 +261,15 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
 
     @app.get("/health")
     async def _health() -> JSONResponse:
-        body = {"status": "ok", "in_flight": gate.in_flight, "queued": gate.num_queued,
-                "saturation": gate.saturation}
+        waits = waiting_for()
+        body: dict[str, Any] = {"status": "starting" if waits else "ok"}
+        if waits:
+            body["waiting_for"] = waits
+        body.update({"model": cfg.model_name, "in_flight": gate.in_flight,
+                     "queued": gate.num_queued, "saturation": gate.saturation})
         if health is not None:
             body.update(health())
-        return JSONResponse(body)
+        return JSONResponse(body, status_code=503 if waits else 200)
 
     @app.get("/metrics")
     async def _metrics() -> Response:
@@ -270,14 +299,21 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
             req = model_cls.model_validate_json(body)
         except ValidationError as e:
             raise _validation_error(e) from None
-        if req.model is not None and req.model != cfg.model_name:
-            raise ApiError(404, f"model {req.model!r} does not exist; this server serves "
-                           f"{cfg.model_name!r}", param="model", code="model_not_found")
+        if req.model is not None and req.model not in model_names:
+            raise ApiError(404, f"The model `{req.model}` does not exist.",
+                           type="invalid_request_error", param="model",
+                           code="model_not_found")
         check_common(req)
         return req
 
     async def _serve(request: Request, endpoint: str, chat: bool) -> Response:
         try:
+            waits = waiting_for()
+            if waits:
+                raise ApiError(503, f"the server is not ready yet: waiting for "
+                               f"{'; '.join(waits)}", type="overloaded_error",
+                               code="not_ready", headers={"Retry-After": "1"})
+            codec: TextCodec = app.state.codec
             req = await _parse(request, ChatCompletionRequest if chat else CompletionRequest)
             t_tok = time.monotonic()
             if chat:
@@ -315,7 +351,7 @@ def create_app(backend: Backend, codec: TextCodec, config: ApiConfig | None = No
                 raise _rejected(e) from None
         except ApiError as err:
             return _error_response(err, endpoint)
-        job = _Job(backend, codec, greq)
+        job = _Job(backend, app.state.codec, greq)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             # Wait for the first event before the 200 goes out: a request the backend

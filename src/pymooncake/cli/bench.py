@@ -14,7 +14,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "pymooncake.cli.store",
     "pymooncake.cli.engine",
     "pymooncake.cli.sim",
-    "pymooncake.cli.serve",
+    "pymooncake.cli.bench_serving",
 )
 
 

@@ -11,7 +11,10 @@ Conventions for every sub-command:
 * ``--json`` on each that reports figures: one JSON document on stdout;
 * bad arguments → exit status 2 and a single ``pymooncake: error: ...`` line on stderr;
 * a runtime failure the user can fix (missing file, malformed trace line) → exit status 1
-  and a single ``pymooncake: error: ...`` line, no traceback.
+  and a single ``pymooncake: error: ...`` line, no traceback;
+* a command whose optional dependencies are not installed (torch for the engine, fastapi
+  for the API, ...) → exit status 1 and one line naming the extra to install
+  (``MODULE_EXTRAS``), caught here for every command.
 """
 
 from __future__ import annotations
@@ -31,8 +34,18 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pymooncake.cli.sim",
     "pymooncake.cli.replay",
     "pymooncake.cli.serve",
+    "pymooncake.cli.conductor",
+    "pymooncake.cli.worker",
+    "pymooncake.cli.profile",
     "pymooncake.cli.bench",
 )
+
+MODULE_EXTRAS: dict[str, str] = {
+    "torch": "engine", "safetensors": "engine", "tokenizers": "engine", "gguf": "engine",
+    "jinja2": "engine", "fastapi": "api", "uvicorn": "api", "starlette": "api",
+}
+"""Top-level modules of the optional dependencies → the ``pymooncake[...]`` extra that
+installs them (pyproject.toml)."""
 
 
 class UsageError(Exception):
@@ -41,6 +54,30 @@ class UsageError(Exception):
 
 class CommandError(Exception):
     """A failure the user can fix, reported as one line (exit status 1)."""
+
+
+def missing_extra_message(module: str) -> str | None:
+    """The one line for a missing optional dependency, or None if ``module`` is not one."""
+    extra = MODULE_EXTRAS.get(module.split(".")[0])
+    if extra is None:
+        return None
+    return (f"this command needs {module.split('.')[0]} (the '{extra}' extra), which is not "
+            f"installed: pip install 'pymooncake[{extra}]' (or 'pymooncake[all]' for "
+            "everything)")
+
+
+def require_extras(*modules: str) -> None:
+    """Raise ``ModuleNotFoundError`` (reported by ``main`` as one line naming the extra) for
+    the first of ``modules`` that cannot be imported — checked before a command starts
+    children or loads a model, so the user sees the reason, not a child's exit status."""
+    import importlib.util
+    for m in modules:
+        try:
+            found = importlib.util.find_spec(m) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise ModuleNotFoundError(f"No module named {m!r}", name=m)
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
@@ -94,6 +131,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as e:
+        line = missing_extra_message(e.name or "")
+        if line is None:
+            raise
+        sys.stderr.write(f"pymooncake: error: {line}\n")
+        return 1
+    except ValueError as e:   # a --model that names nothing installed (e.g. smollm2)
+        from pymooncake.engine.model.registry import ModelNotFoundError
+        if not isinstance(e, ModelNotFoundError):
+            raise
+        sys.stderr.write(f"pymooncake: error: {e}\n")
+        return 1
 
 
 if __name__ == "__main__":

@@ -180,6 +180,18 @@ def fetch_stage_seconds(url: str, timeout_s: float = 10.0) -> dict[str, tuple[fl
         return None
 
 
+def served_model(url: str, timeout_s: float = 10.0) -> str | None:
+    """The first model ``GET url/v1/models`` lists; None when it lists none or cannot be
+    read (requests are then sent without ``model``)."""
+    import httpx
+
+    try:
+        data = httpx.get(f"{url}/v1/models", timeout=timeout_s).json()["data"]
+        return str(data[0]["id"]) if data else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
 def summarize(records: list[ReplayRecord], ttft_slo_s: float, tbt_slo_s: float,
               wall_s: float) -> dict[str, Any]:
     """The replay report (keys shared with ``pymooncake sim run --json``)."""
@@ -254,6 +266,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--time-scale must be > 0, got {args.time_scale}")
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if not args.wait_ready >= 0:
+        raise UsageError(f"--wait-ready must be >= 0 seconds, got {args.wait_ready}")
     if args.vocab_size is not None and args.vocab_size < 2:
         raise UsageError(f"--vocab-size must be >= 2, got {args.vocab_size}")
     if args.length_scale < 1 or 512 % args.length_scale:
@@ -269,9 +283,15 @@ def _run(args: argparse.Namespace) -> int:
     requests = materialize_trace(trace, vocab_size=args.vocab_size, scale=args.length_scale,
                                  seed=args.seed)
     url = args.url.rstrip("/")
+    from pymooncake.cli.readiness import NotReadyError, wait_ready
+    try:   # a cluster that is starting answers 503 on /health until it can serve
+        wait_ready(url, args.wait_ready, connect_timeout_s=min(args.timeout, 5.0))
+    except NotReadyError as e:
+        raise CommandError(str(e)) from None
+    model = args.model if args.model is not None else served_model(url)
     stages_before = fetch_stage_seconds(url)
     t0 = time.monotonic()
-    records = asyncio.run(replay(url, requests, timeout_s=args.timeout, model=args.model))
+    records = asyncio.run(replay(url, requests, timeout_s=args.timeout, model=model))
     summary = summarize(records, args.ttft_slo, args.tbt_slo, time.monotonic() - t0)
     stages_after = fetch_stage_seconds(url) if stages_before is not None else None
     summary["stage_mean_s"] = (stage_means_s(stages_before, stages_after)
@@ -315,7 +335,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="materialised token ids are < this (default 256: the tiny model's "
                    "byte ids)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", help="model name to send (default: the server's)")
+    p.add_argument("--model", help="model name to send (default: the first one the server's "
+                   "/v1/models lists)")
+    p.add_argument("--wait-ready", type=float, default=120.0, metavar="S",
+                   help="wait up to S seconds for the server's /health to be 200 (a starting "
+                   "pymooncake cluster answers 503 until its workers registered; default "
+                   "%(default)s)")
     p.add_argument("--ttft-slo", type=float, default=30.0, help="TTFT objective (s)")
     p.add_argument("--tbt-slo", type=float, default=0.1, help="TBT objective (s)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")

