@@ -37,6 +37,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pymooncake.cli.conductor",
     "pymooncake.cli.worker",
     "pymooncake.cli.profile",
+    "pymooncake.cli.model",
     "pymooncake.cli.bench",
 )
 
