@@ -64,24 +64,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load_codec(model: str) -> Any:
     """The model's tokenizer + chat template for the front door
-    (``engine.model.tokenizer.load_tokenizer`` of the resolved ``--model``)."""
+    (``engine.model.tokenizer.load_tokenizer`` of the resolved ``--model``; no torch)."""
     from pymooncake.cli.main import CommandError
     source = resolve_model_arg(model)
+    from pymooncake.engine.model.tokenizer import load_tokenizer
     try:
-        from pymooncake.engine.model.tokenizer import load_tokenizer
-    except ImportError as e:
-        if e.name != "pymooncake.engine.model.tokenizer":
-            raise                      # a missing dependency: main names the extra
-        load_tokenizer = None          # an engine without the GGUF tokenizer yet
-    try:
-        if load_tokenizer is not None:
-            return load_tokenizer(source)
-        from pymooncake.engine.model.tokenizer import ByteTokenizer, HFTokenizer
-        if source.kind == "tiny":
-            return ByteTokenizer()
-        if source.kind == "hf":
-            return HFTokenizer(source.path)
-        raise CommandError(f"--model {model}: this build cannot read a GGUF tokenizer")
+        return load_tokenizer(source)
     except (OSError, ValueError) as e:
         raise CommandError(f"--model {model}: cannot load its tokenizer: {e}") from None
 
