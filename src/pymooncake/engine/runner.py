@@ -11,7 +11,7 @@ import torch
 from pymooncake.engine.hooks import LayerHooks, ScheduledSeq, StepContext
 from pymooncake.engine.kv.kv_cache_manager import KVCacheManager
 from pymooncake.engine.kv.kv_tensors import KVTensors
-from pymooncake.engine.model.attention import AttentionMetadata, PrefillSeq
+from pymooncake.engine.model.attention import AttentionMetadata, DecodeGroup, PrefillSeq
 from pymooncake.engine.model.llama import LlamaForCausalLM
 from pymooncake.engine.scheduler import SchedulerOutput
 
@@ -80,26 +80,20 @@ class ModelRunner:
         pos_t = torch.as_tensor(positions, dtype=torch.int64)
         meta = AttentionMetadata(torch.as_tensor(slots, dtype=torch.int64), prefills)
         if decode_rows:
-            max_ctx = max(decode_ctx)
-            max_blocks = -(-max_ctx // bs)
-            table = [bids[:max_blocks] + [0] * (max_blocks - len(bids[:max_blocks]))
-                     for bids in decode_tables]
-            meta.decode_block_table = torch.as_tensor(table, dtype=torch.int64).view(-1)
-            pos = torch.arange(max_ctx, dtype=torch.int64)
-            ctx_t = torch.as_tensor(decode_ctx, dtype=torch.int64)
-            meta.decode_bias = torch.zeros(1, len(decode_rows), 1, max_ctx,
-                                           dtype=self.kv.dtype).masked_fill_(
-                (pos[None, :] >= ctx_t[:, None])[None, :, None, :], float("-inf"))
             meta.decode_index = torch.as_tensor(decode_rows, dtype=torch.int64)
+            ctx_t = torch.as_tensor(decode_ctx, dtype=torch.int64)
             meta.decode_positions = ctx_t - 1
             if self.workspace is not None:
                 ids_in_order = tuple(seqs[i].request_id for i in decode_seq_index)
-                ws, rebuild = self.workspace.prepare(ids_in_order, decode_ctx,
-                                                     max_blocks * bs)
-                meta.decode_workspace, meta.decode_rebuild = ws, rebuild
-                cap = ws[0].shape[3]
-                meta.decode_workspace_slots = (torch.arange(len(decode_rows)) * cap
-                                               + meta.decode_positions)
+                meta.decode_groups = self.workspace.prepare(ids_in_order, decode_ctx,
+                                                            decode_tables)
+            else:
+                max_ctx = max(decode_ctx)
+                max_blocks = -(-max_ctx // bs)
+                table = [bids[:max_blocks] + [0] * (max_blocks - len(bids[:max_blocks]))
+                         for bids in decode_tables]
+                meta.decode_block_table = torch.as_tensor(table, dtype=torch.int64).view(-1)
+                meta.decode_bias = padding_bias(decode_ctx, max_ctx, self.kv.dtype)
         ctx = StepContext(self.step_id, tuple(seqs), tuple(out.loads))
         return torch.as_tensor(ids, dtype=torch.int64), pos_t, meta, sample_rows, ctx
 
@@ -148,40 +142,144 @@ def _record(times: list[float]):
     return before
 
 
+def padding_bias(ctx_lens: list[int], width: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[1, len(ctx_lens), 1, width]``: 0 where a row's position < its context, -inf after."""
+    pos = torch.arange(width, dtype=torch.int64)
+    ctx_t = torch.as_tensor(ctx_lens, dtype=torch.int64)
+    return torch.zeros(1, len(ctx_lens), 1, width, dtype=dtype).masked_fill_(
+        (pos[None, :] >= ctx_t[:, None])[None, :, None, :], float("-inf"))
+
+
+MIN_BUCKET_TOKENS = 64
+"""Smallest context capacity of a decode workspace bucket (tokens)."""
+
+
+def bucket_capacity(ctx: int) -> int:
+    """The workspace bucket of a context of ``ctx`` tokens: the next power of two >= ctx,
+    at least ``MIN_BUCKET_TOKENS``. A row wastes less than half its bucket."""
+    return max(MIN_BUCKET_TOKENS, 1 << max(0, ctx - 1).bit_length())
+
+
+class _Bucket:
+    """Rows of one context capacity: per layer ``[2, kv_heads, rows, cap, head_dim]``; rows
+    ``0..len(ids)-1`` are in use, in ``ids`` order (kept compact)."""
+
+    __slots__ = ("cap", "tensors", "ids")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.tensors: list[torch.Tensor] = []
+        self.ids: list[str] = []
+
+    @property
+    def num_rows(self) -> int:
+        return self.tensors[0].shape[2] if self.tensors else 0
+
+
 class DecodeWorkspace:
     """The running decode batch's K/V, contiguous per sequence, kept across steps.
 
     A derived copy of the paged cache (which stays the source of truth and is written every
-    step): while the decode batch keeps the same requests in the same order and each
-    context grows by one token, a step only appends the new token's K/V here, instead of
-    gathering every context from the paged blocks again (the gather dominated decode steps
-    on CPU). Any change (a request joins, finishes or is preempted; a failed step) refills
-    it from the paged cache with one gather per layer.
+    step): while a request stays in the decode batch and its context grows by one token, a
+    step only appends the new token's K/V here, instead of gathering every context from the
+    paged blocks again (the gather dominated decode steps on CPU).
+
+    Sequences are kept in buckets by context capacity (powers of two, ``bucket_capacity``);
+    each bucket is one SDPA call per layer over its rows. Memory is therefore below twice
+    the batch's total context, not batch size x longest context: the single padded
+    workspace this replaced grew to ``max_num_seqs x longest context`` (13 GB peak for
+    SmolLM2-135M with 50 requests of up to 2,700 tokens, issue 14) and was refilled
+    whole whenever the batch changed. Here a request that joins, or outgrows its bucket,
+    fills only its own row (one gather of its blocks); one that leaves frees its row (the
+    bucket's last row moves into the hole). A bucket's storage grows by doubling its rows
+    and is dropped once it is empty.
     """
 
     def __init__(self, kv: KVTensors) -> None:
         self.kv = kv
-        self.tensors: list[torch.Tensor] | None = None
-        self._ids: tuple[str, ...] | None = None
-        self._ctx: list[int] = []
+        self.buckets: dict[int, _Bucket] = {}
+        self._where: dict[str, tuple[int, int]] = {}
+        """request id -> (bucket capacity, row)."""
+        self._ctx: dict[str, int] = {}
+        """Context length of each request's row as of its last step (the row holds
+        ``ctx - 1`` tokens before the step's layers write the new one)."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for b in self.buckets.values()
+                   for t in b.tensors)
 
     def invalidate(self) -> None:
-        self._ids = None
+        """Forget every row (a step failed half-way): the next step refills them."""
+        self.buckets.clear()
+        self._where.clear()
+        self._ctx.clear()
+
+    def _remove(self, rid: str) -> None:
+        cap, row = self._where.pop(rid)
+        self._ctx.pop(rid, None)
+        b = self.buckets[cap]
+        last = len(b.ids) - 1
+        if row != last:  # keep rows compact: the last row moves into the hole
+            moved = b.ids[last]
+            for t in b.tensors:
+                t[:, :, row] = t[:, :, last]
+            b.ids[row] = moved
+            self._where[moved] = (cap, row)
+        b.ids.pop()
+        if not b.ids:
+            del self.buckets[cap]
+
+    def _add(self, rid: str, cap: int) -> int:
+        kv = self.kv
+        b = self.buckets.get(cap)
+        if b is None:
+            b = self.buckets[cap] = _Bucket(cap)
+        row = len(b.ids)
+        if row >= b.num_rows:
+            rows = max(4, 2 * b.num_rows)
+            new = [torch.empty(2, kv.num_kv_heads, rows, cap, kv.head_dim, dtype=kv.dtype)
+                   for _ in range(kv.num_layers)]
+            for old, t in zip(b.tensors, new, strict=False):
+                t[:, :, :row] = old[:, :, :row]
+            b.tensors = new
+        b.ids.append(rid)
+        self._where[rid] = (cap, row)
+        return row
 
     def prepare(self, request_ids: tuple[str, ...], ctx_lens: list[int],
-                padded_ctx: int) -> tuple[list[torch.Tensor], bool]:
-        """The per-layer workspaces for this decode batch and whether to refill them."""
-        kv = self.kv
-        rebuild = (request_ids != self._ids
-                   or any(c != p + 1 for c, p in zip(ctx_lens, self._ctx, strict=True)))
-        cap_seqs = 0 if self.tensors is None else self.tensors[0].shape[2]
-        cap_ctx = 0 if self.tensors is None else self.tensors[0].shape[3]
-        if self.tensors is None or len(request_ids) > cap_seqs or padded_ctx > cap_ctx:
-            seqs = max(len(request_ids), cap_seqs)
-            ctx = max(padded_ctx + 16 * kv.block_size, cap_ctx)
-            ctx = -(-ctx // kv.block_size) * kv.block_size
-            self.tensors = [torch.zeros(2, kv.num_kv_heads, seqs, ctx, kv.head_dim,
-                                        dtype=kv.dtype) for _ in range(kv.num_layers)]
-            rebuild = True
-        self._ids, self._ctx = request_ids, list(ctx_lens)
-        return self.tensors, rebuild
+                block_tables: list[list[int]]) -> list[DecodeGroup]:
+        """The decode batch (ids, context lengths incl. this step's token, block tables, in
+        decode-row order) as one ``DecodeGroup`` per bucket."""
+        bs = self.kv.block_size
+        now = set(request_ids)
+        for rid in [r for r in self._where if r not in now]:
+            self._remove(rid)
+        fills: dict[str, list[int]] = {}
+        for rid, ctx, table in zip(request_ids, ctx_lens, block_tables, strict=True):
+            where = self._where.get(rid)
+            if where is not None and self._ctx.get(rid) == ctx - 1 and ctx <= where[0]:
+                continue  # append this step's token
+            if where is not None:
+                self._remove(rid)
+            self._add(rid, bucket_capacity(ctx))
+            fills[rid] = table[:-(-ctx // bs)]
+        for rid, ctx in zip(request_ids, ctx_lens, strict=True):
+            self._ctx[rid] = ctx
+        index = {rid: i for i, rid in enumerate(request_ids)}
+        groups = []
+        for cap, b in sorted(self.buckets.items()):
+            order = [index[r] for r in b.ids]
+            ctxs = [ctx_lens[i] for i in order]
+            width = max(ctxs)
+            app = [(row, ctx_lens[i] - 1) for row, (rid, i) in enumerate(zip(b.ids, order,
+                                                                             strict=True))
+                   if rid not in fills]
+            groups.append(DecodeGroup(
+                b.tensors, len(order), torch.as_tensor(order, dtype=torch.int64),
+                padding_bias(ctxs, width, self.kv.dtype),
+                torch.as_tensor([order[r] for r, _ in app], dtype=torch.int64),
+                torch.as_tensor([r * cap + p for r, p in app], dtype=torch.int64),
+                [(row, torch.as_tensor(fills[rid], dtype=torch.int64))
+                 for row, rid in enumerate(b.ids) if rid in fills]))
+        return groups

@@ -51,16 +51,32 @@ class AttentionMetadata:
     decode_index: torch.Tensor | None = None
     decode_block_table: torch.Tensor | None = None
     decode_bias: torch.Tensor | None = None
-    decode_workspace: list[torch.Tensor] | None = None
-    """Per layer ``[2, kv_heads, max_seqs, capacity, head_dim]``: the decode batch's K/V
-    laid out contiguously per sequence (a derived copy of the paged cache, see
-    ``DecodeWorkspace``); ``None`` gathers from the paged cache every step."""
-    decode_rebuild: bool = True
-    """Refill the workspace from the paged cache (batch changed) instead of appending."""
+    decode_groups: list[DecodeGroup] | None = None
+    """The decode batch split by workspace bucket (``runner.DecodeWorkspace``: the batch's
+    K/V contiguous per sequence, a derived copy of the paged cache); ``None`` gathers from
+    the paged cache every step (``decode_block_table``/``decode_bias``)."""
     decode_positions: torch.Tensor | None = None
     """``[Bd]`` int64 position of each decode token (its context length - 1)."""
-    decode_workspace_slots: torch.Tensor | None = None
-    """``[Bd]`` int64 ``row * capacity + position`` of each decode token in the workspace."""
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """The decode rows of one workspace bucket (indices are into the step's decode rows).
+
+    ``tensors``: per layer ``[2, kv_heads, rows_allocated, cap, head_dim]``; rows
+    ``0..num_rows-1`` belong to ``index`` (decode rows, in row order). ``bias``
+    ``[1, num_rows, 1, width]`` masks each row past its context. ``append_index`` /
+    ``append_slots``: decode rows whose new K/V go to ``row * cap + position``; ``fills``:
+    ``(row, block ids)`` rows refilled from the paged cache (joined or moved bucket).
+    """
+
+    tensors: list[torch.Tensor]
+    num_rows: int
+    index: torch.Tensor
+    bias: torch.Tensor
+    append_index: torch.Tensor
+    append_slots: torch.Tensor
+    fills: list[tuple[int, torch.Tensor]]
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -179,22 +195,36 @@ def _exact_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor,
 
 def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
             meta: AttentionMetadata, scale: float, layer: int) -> torch.Tensor:
-    assert meta.decode_block_table is not None and meta.decode_bias is not None
-    if meta.decode_workspace is None:
+    if meta.decode_groups is None:
+        assert meta.decode_block_table is not None and meta.decode_bias is not None
         return _decode_attention(q, kv_cache, meta.decode_block_table, meta.decode_bias, scale)
-    assert meta.decode_positions is not None
-    ws = meta.decode_workspace[layer]
-    bd = q.shape[0]
-    if meta.decode_rebuild:  # the new K/V are already in the paged cache
-        g = gather_blocks(kv_cache, meta.decode_block_table, bd)
-        ws[:, :, :bd, :g.shape[3]] = g
-    else:
-        assert meta.decode_workspace_slots is not None
-        two, h, rows, cap, d = ws.shape
+    if len(meta.decode_groups) == 1 and meta.decode_groups[0].num_rows == q.shape[0]:
+        g = meta.decode_groups[0]
+        return _decode_group(q[g.index], k, v, kv_cache, g, scale, layer)[
+            torch.argsort(g.index)]
+    out = torch.empty_like(q)
+    for g in meta.decode_groups:
+        out[g.index] = _decode_group(q[g.index], k, v, kv_cache, g, scale, layer)
+    return out
+
+
+def _decode_group(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                  g: DecodeGroup, scale: float, layer: int) -> torch.Tensor:
+    """One bucket's rows: refill the new ones from the paged cache (their new K/V are
+    already there), append this step's K/V to the others, attend."""
+    ws = g.tensors[layer]
+    two, h, rows, cap, d = ws.shape
+    for row, blocks in g.fills:
+        kvs = gather_blocks(kv_cache, blocks, 1)[:, :, 0]
+        n = min(cap, kvs.shape[2])
+        ws[:, :, row, :n] = kvs[:, :, :n]
+    if g.append_index.numel():
         ws.view(two, h, rows * cap, d).index_copy_(
-            2, meta.decode_workspace_slots, torch.stack((k, v)).transpose(1, 2))
-    ctx = meta.decode_bias.shape[-1]
-    return _attend(q, ws[0, :, :bd, :ctx], ws[1, :, :bd, :ctx], meta.decode_bias, scale)
+            2, g.append_slots,
+            torch.stack((k[g.append_index], v[g.append_index])).transpose(1, 2))
+    width = g.bias.shape[-1]
+    return _attend(qg, ws[0, :, :g.num_rows, :width], ws[1, :, :g.num_rows, :width],
+                   g.bias, scale)
 
 
 def _attend(q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, bias: torch.Tensor,
