@@ -108,6 +108,10 @@ def run_demo(url: str, as_json: bool) -> int:
 
 
 def _human(d: dict[str, Any]) -> str:
+    def answer(c: dict[str, Any]) -> str:
+        lines = [ln for ln in c["answer"].splitlines() if ln.strip()] or ["(empty)"]
+        return "A: " + "\n   ".join(lines)
+
     def timing(c: dict[str, Any]) -> str:
         return (f"   TTFT {c['ttft_s'] * 1e3:.0f} ms · TBT {c['tbt_mean_s'] * 1e3:.1f} ms · "
                 f"{c['completion_tokens']} tokens · prompt {c['prompt_tokens']} tokens, "
@@ -116,12 +120,15 @@ def _human(d: dict[str, Any]) -> str:
     out = [f"pymooncake demo: {d['model']} served at {d['url']}",
            "  workers: " + ", ".join(f"{w['instance_id']} (pid {w['pid']})"
                                      for w in d["workers"]), ""]
+    if d["model"] == "tiny":
+        out[-1:] = ["  (the tiny model's weights are random: its answers are noise; the default "
+                    "--model smollm2 answers in words)", ""]
     for c in d["chats"]:
-        out += [f"Q: {c['question']}", f"A: {c['answer']}", timing(c), ""]
+        out += [f"Q: {c['question']}", answer(c), timing(c), ""]
     out.append("Two questions about one document (the second reuses the document's KV "
                "cache):")
     for c in d["shared_prefix"]:
-        out += [f"Q: {c['question']}", f"A: {c['answer']}", timing(c)]
+        out += [f"Q: {c['question']}", answer(c), timing(c)]
     out.append("")
     r = d["replay"]
     if "error" in r:
