@@ -74,3 +74,96 @@ class EngineConfig:
     @property
     def kv_capacity_tokens(self) -> int:
         return self.num_kv_blocks * self.block_size
+
+
+DEFAULT_KV_CAPACITY_TOKENS = 16384
+"""Paged KV cache capacity when neither ``num_kv_blocks`` nor a memory budget is given
+(1,024 blocks of 16: the tiny model's 32 MiB, SmolLM2-135M's 720 MiB in float32)."""
+STORE_SEGMENT_CACHES = 2
+"""A prefill worker's Store segment holds this many of its local caches' worth of KV."""
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
+                       elem_bytes: int) -> int:
+    """K and V of one token over all layers: ``layers x 2 x kv_heads x head_dim x bytes``."""
+    return num_layers * 2 * num_kv_heads * head_dim * elem_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class KVSizing:
+    """Every KV buffer of one worker, sized from the model's KV bytes per token (issue 14:
+    fixed byte counts tuned for the tiny model refused a real model's requests)."""
+
+    kv_bytes_per_token: int
+    block_size: int
+    num_kv_blocks: int
+    recv_buffer_bytes: int
+    """Decode role: the P→D receive arena. It holds prompts in transit (a buffer is freed
+    once its KV is in the paged cache), so it never needs more than the cache: by default
+    the larger of one ``max_model_len`` prompt and half the cache, at most the cache."""
+    global_segment_size_bytes: int
+    """Prefill role: DRAM given to the Store, ``STORE_SEGMENT_CACHES`` caches by default."""
+
+    @property
+    def block_nbytes(self) -> int:
+        return self.kv_bytes_per_token * self.block_size
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.num_kv_blocks * self.block_nbytes
+
+    def describe(self, role: str) -> str:
+        """One log line: what was sized, in tokens and MiB."""
+        mib = 1 << 20
+        parts = [f"KV {self.kv_bytes_per_token} B/token",
+                 f"paged cache {self.num_kv_blocks} blocks x {self.block_size} = "
+                 f"{self.num_kv_blocks * self.block_size} tokens, "
+                 f"{self.kv_cache_bytes / mib:.0f} MiB"]
+        if role == "decode":
+            parts.append(f"receive arena {self.recv_buffer_bytes / mib:.0f} MiB "
+                         f"({self.recv_buffer_bytes // self.kv_bytes_per_token} tokens)")
+        if role == "prefill":
+            parts.append(f"Store segment {self.global_segment_size_bytes / mib:.0f} MiB "
+                         f"({self.global_segment_size_bytes // self.kv_bytes_per_token} "
+                         f"tokens)")
+        return "; ".join(parts)
+
+
+def size_kv(kv_bytes: int, block_size: int, max_model_len: int, *,
+            num_kv_blocks: int | None = None, kv_memory_bytes: int | None = None,
+            recv_buffer_bytes: int | None = None,
+            global_segment_size_bytes: int | None = None) -> KVSizing:
+    """Size a worker's KV buffers. Explicit values win; ``None`` derives them:
+
+    * paged cache: ``kv_memory_bytes // block bytes`` blocks when a budget is given, else
+      ``max(DEFAULT_KV_CAPACITY_TOKENS, max_model_len)`` tokens;
+    * receive arena: ``min(cache, max(max_model_len, cache / 2))`` tokens (whole blocks);
+    * Store segment: ``STORE_SEGMENT_CACHES x`` the cache's bytes.
+
+    Raises ``ValueError`` naming the field when a size is not positive or a budget holds
+    less than one block."""
+    if kv_bytes <= 0 or block_size <= 0 or max_model_len <= 0:
+        raise ValueError(f"kv_bytes_per_token, block_size and max_model_len must be > 0, got "
+                         f"{kv_bytes}, {block_size}, {max_model_len}")
+    block = kv_bytes * block_size
+    for name, v in (("num_kv_blocks", num_kv_blocks), ("kv_memory_bytes", kv_memory_bytes),
+                    ("recv_buffer_bytes", recv_buffer_bytes),
+                    ("global_segment_size_bytes", global_segment_size_bytes)):
+        if v is not None and v <= 0:
+            raise ValueError(f"{name} must be > 0 (or None to size it from the model), "
+                             f"got {v}")
+    if num_kv_blocks is None:
+        if kv_memory_bytes is not None:
+            num_kv_blocks = kv_memory_bytes // block
+            if num_kv_blocks < 1:
+                raise ValueError(f"kv_memory_bytes {kv_memory_bytes} holds no KV block "
+                                 f"({block} bytes: {block_size} tokens x {kv_bytes} B)")
+        else:
+            num_kv_blocks = -(-max(DEFAULT_KV_CAPACITY_TOKENS, max_model_len) // block_size)
+    if recv_buffer_bytes is None:
+        prompt_blocks = -(-max_model_len // block_size)
+        recv_buffer_bytes = min(num_kv_blocks, max(prompt_blocks, num_kv_blocks // 2)) * block
+    if global_segment_size_bytes is None:
+        global_segment_size_bytes = STORE_SEGMENT_CACHES * num_kv_blocks * block
+    return KVSizing(kv_bytes, block_size, num_kv_blocks, recv_buffer_bytes,
+                    global_segment_size_bytes)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,10 @@ class KVReceiver(NullHooks):
         self._shm = engine.allocate_shared(arena_bytes)
         self._arena = np.frombuffer(self._shm.view(), dtype=np.uint8)
         self._alloc = OffsetAllocator(arena_bytes)
+        self.capacity_bytes = arena_bytes
+        self.on_release: Callable[[], None] | None = None
+        """Called (on the releasing thread) after a buffer is freed: the decode worker
+        wakes the requests queued for receive space."""
         self._slots: dict[str, _Slot] = {}
         self._lock = threading.Lock()
         self.num_loaded_blocks = 0
@@ -63,8 +68,13 @@ class KVReceiver(NullHooks):
     def free_bytes(self) -> int:
         return self._alloc.free_bytes
 
+    def fits(self, num_blocks: int) -> bool:
+        """Whether ``num_blocks`` blocks fit in the empty arena (else they never will)."""
+        return num_blocks * self.block_nbytes <= self.capacity_bytes
+
     def reserve(self, request_id: str, num_blocks: int) -> KVTarget | None:
-        """A receive buffer for ``num_blocks`` blocks, or ``None`` when the arena is full."""
+        """A receive buffer for ``num_blocks`` blocks, or ``None`` when the arena has no
+        room for it now."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         with self._lock:
@@ -86,11 +96,13 @@ class KVReceiver(NullHooks):
             slot.ready = True
 
     def release(self, request_id: str) -> None:
-        """Free the request's buffer (finished, aborted or failed); unknown ids are ignored."""
+        """Free the request's buffer (loaded, aborted or failed); unknown ids are ignored."""
         with self._lock:
             slot = self._slots.pop(request_id, None)
             if slot is not None:
                 self._alloc.free(slot.offset)
+        if slot is not None and self.on_release is not None:
+            self.on_release()
 
     # -- KVLoadSource -------------------------------------------------------------------
     def get_num_matched_tokens(self, req: Request, num_local_computed_tokens: int) -> int:
@@ -124,6 +136,11 @@ class KVReceiver(NullHooks):
                 self.clock.mark(ld.request_id, "decode_load", t0, time.time())
             if layer == 0:
                 self.num_loaded_blocks += n
+            if layer == kv.num_layers - 1:
+                # every layer is in the paged cache now: the buffer is free for the next
+                # request (held until the request finished, it made the arena the limit
+                # of the decode batch; issue 14). A step that fails later recomputes.
+                self.release(ld.request_id)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # the engine may be closed already

@@ -238,7 +238,9 @@ class DecodeWorkspace:
         row = len(b.ids)
         if row >= b.num_rows:
             rows = max(4, 2 * b.num_rows)
-            new = [torch.empty(2, kv.num_kv_heads, rows, cap, kv.head_dim, dtype=kv.dtype)
+            # zeros, not empty: positions past a row's context are masked with -inf, but
+            # 0 x NaN from uninitialised memory would still poison the attention output
+            new = [torch.zeros(2, kv.num_kv_heads, rows, cap, kv.head_dim, dtype=kv.dtype)
                    for _ in range(kv.num_layers)]
             for old, t in zip(b.tensors, new, strict=False):
                 t[:, :, :row] = old[:, :, :row]

@@ -54,16 +54,28 @@ class WorkerConfig:
     port: int = 0
     """RPC port (0 = any free port)."""
     model: str = "tiny"
-    num_kv_blocks: int = 1024
+    num_kv_blocks: int | None = None
+    """Paged KV cache blocks; None = from ``kv_memory_bytes``, else
+    ``engine.config.DEFAULT_KV_CAPACITY_TOKENS`` tokens (``engine.config.size_kv``)."""
+    kv_memory_bytes: int | None = None
+    """Memory budget of the paged KV cache (bytes); used when ``num_kv_blocks`` is None."""
     block_size: int = 16
     max_num_seqs: int = 64
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
     dtype: str = "float32"
-    global_segment_size_bytes: int = 64 << 20
-    """DRAM a prefill worker contributes to the Store."""
-    recv_buffer_bytes: int = 64 << 20
-    """Receive arena of a decode worker (P→D KV lands here)."""
+    global_segment_size_bytes: int | None = None
+    """DRAM a prefill worker contributes to the Store; None = sized from the model's KV
+    bytes per token (twice the paged cache)."""
+    recv_buffer_bytes: int | None = None
+    """Receive arena of a decode worker (P→D KV lands here); None = sized from the model's
+    KV bytes per token (one ``max_model_len`` prompt or half the cache, whichever is
+    larger, at most the cache)."""
+    recv_wait_timeout_s: float = 20.0
+    """Decode: how long an admitted request waits for receive space freed by earlier ones
+    before ``NO_RECV_SPACE`` (below the prefill's 30 s wait for its target)."""
+    recv_wait_max: int = 256
+    """Decode: requests queued for receive space at most."""
     load_report_interval_s: float = 0.1
     register_timeout_s: float = 60.0
     """Exit (``WorkerFatal``) when the Conductor was not reachable this long after start."""
@@ -101,6 +113,15 @@ class WorkerConfig:
                              f"{self.register_timeout_s}")
         if not 0 < self.switch_interval_s <= 1:
             raise ValueError(f"switch_interval_s must be in (0, 1], got {self.switch_interval_s}")
+        if not self.recv_wait_timeout_s > 0 or self.recv_wait_max < 0:
+            raise ValueError(f"recv_wait_timeout_s must be > 0 and recv_wait_max >= 0, got "
+                             f"{self.recv_wait_timeout_s}, {self.recv_wait_max}")
+        for name in ("num_kv_blocks", "kv_memory_bytes", "global_segment_size_bytes",
+                     "recv_buffer_bytes"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ValueError(f"{name} must be > 0 (or unset: sized from the model), "
+                                 f"got {v}")
         if self.prefill_batch < 1:
             raise ValueError(f"prefill_batch must be >= 1, got {self.prefill_batch}")
 
@@ -146,18 +167,31 @@ class EngineWorker:
         self._on_registered: Callable[[], None] | None = None
         """Called once, after the first registration the Conductor accepted (``serve``)."""
         self._warned_s = -1e9
+        self.sizing: Any = None
+        """``engine.config.KVSizing`` of this worker (set by ``build_engine``)."""
 
     # -- engine ---------------------------------------------------------------------------
     def build_engine(self, role: str, hooks: tuple = (), kv_source: Any = None) -> Any:
         from pymooncake.engine import Engine, EngineConfig
+        from pymooncake.engine.config import DEFAULT_KV_CAPACITY_TOKENS
         c = self.config
         max_seqs = min(c.max_num_seqs, c.prefill_batch) if role == "prefill" else c.max_num_seqs
-        cfg = EngineConfig(block_size=c.block_size, num_kv_blocks=c.num_kv_blocks,
+        blocks = c.num_kv_blocks
+        if blocks is None:
+            if c.kv_memory_bytes is not None:
+                blocks = max(1, c.kv_memory_bytes // (model_kv_bytes_per_token(
+                    c.model, c.dtype) * c.block_size))
+            else:
+                blocks = -(-max(DEFAULT_KV_CAPACITY_TOKENS, c.max_model_len) // c.block_size)
+        cfg = EngineConfig(block_size=c.block_size, num_kv_blocks=blocks,
                            max_num_seqs=max_seqs, max_model_len=c.max_model_len,
                            waiting_order=c.prefill_order if role == "prefill" else "fcfs",
                            enable_prefix_caching=c.enable_prefix_caching, role=role,
                            dtype=c.dtype)
-        return Engine.from_model_name(c.model, cfg, hooks=hooks, kv_source=kv_source)
+        engine = Engine.from_model_name(c.model, cfg, hooks=hooks, kv_source=kv_source)
+        self.sizing = worker_sizing(c, engine.kv.block_nbytes // c.block_size, blocks)
+        logger.info("%s %s: %s", role, c.instance_id, self.sizing.describe(role))
+        return engine
 
     def _engine_main(self) -> None:
         while not self._stop.is_set():
@@ -359,6 +393,33 @@ class EngineWorker:
             if self._thread is not None:
                 await asyncio.to_thread(self._thread.join, 5.0)
             self.close_resources()
+
+
+def worker_sizing(c: WorkerConfig, kv_bytes_per_token: int, num_kv_blocks: int) -> Any:
+    """The worker's ``KVSizing`` for a model of ``kv_bytes_per_token`` (pure)."""
+    from pymooncake.engine.config import size_kv
+    return size_kv(kv_bytes_per_token, c.block_size, c.max_model_len,
+                   num_kv_blocks=num_kv_blocks, recv_buffer_bytes=c.recv_buffer_bytes,
+                   global_segment_size_bytes=c.global_segment_size_bytes)
+
+
+def model_kv_bytes_per_token(model: str, dtype: str) -> int:
+    """KV bytes per token of ``model`` (a ``--model`` spec) in ``dtype``, read from its
+    configuration without loading the weights."""
+    from pymooncake.engine.config import kv_bytes_per_token
+    from pymooncake.engine.model.registry import resolve_model
+    src = resolve_model(model)
+    if src.kind == "tiny":
+        from pymooncake.engine.model.tiny import tiny_config
+        mc = tiny_config()
+    elif src.kind == "hf":
+        from pymooncake.engine.model.loader import read_model_config
+        mc = read_model_config(src.path)  # type: ignore[arg-type]
+    else:
+        from pymooncake.engine.model.gguf import gguf_model_config, read_gguf
+        mc = gguf_model_config(read_gguf(src.path))  # type: ignore[arg-type]
+    elem = {"float32": 4, "float64": 8}.get(dtype, 2)
+    return kv_bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, elem)
 
 
 def set_result_if_pending(fut: asyncio.Future[Any], r: Any) -> None:

@@ -84,6 +84,8 @@ class DecodeWorker(EngineWorker):
         self._streams: dict[str, _Stream] = {}
         self._sent: dict[str, int] = {}
         """Engine thread: output tokens already posted, per running request."""
+        self._recv_waiters: deque[tuple[str, int, asyncio.Future[KVTarget]]] = deque()
+        """Requests queued for receive space (event loop), in arrival order."""
         self.step_times = StepTimeModel()
         """Measured step time vs batch size (engine thread adds; admission reads)."""
         self.clock = (StageClock("decode", "decode_queue") if config.role == "decode"
@@ -97,8 +99,10 @@ class DecodeWorker(EngineWorker):
         if c.role == "decode":
             self.transfer = TransferEngine(f"{c.instance_id}-kv", c.metadata_url,
                                            config=TransferConfig(host=c.host)).start()
-            self.receiver = KVReceiver(self.transfer, self.engine.kv, c.recv_buffer_bytes)
+            self.receiver = KVReceiver(self.transfer, self.engine.kv,
+                                       self.sizing.recv_buffer_bytes)
             self.receiver.clock = self.clock
+            self.receiver.on_release = lambda: self.post(self._admit_recv_waiters)
             self.engine.scheduler.kv_source = self.receiver
             self.engine.runner.hooks.append(self.receiver)
 
@@ -141,13 +145,67 @@ class DecodeWorker(EngineWorker):
             if tbt is not None and tbt > task.tbt_slo_s:
                 raise RpcError("TBT_SLO", f"predicted TBT {tbt:.4f} s at batch {busy + 1} "
                                f"(measured here) exceeds the SLO {task.tbt_slo_s} s")
-        target = None
-        if task.num_kv_blocks and self.receiver is not None:
-            target = self.receiver.reserve(rid, task.num_kv_blocks)
+        st = self._streams[rid] = _Stream(task, need_blocks=need)
+        if not task.num_kv_blocks or self.receiver is None:
+            return None
+        try:
+            return await self._reserve(rid, task.num_kv_blocks)
+        except BaseException:
+            if self._streams.get(rid) is st:
+                del self._streams[rid]
+            raise
+
+    async def _reserve(self, rid: str, num_blocks: int) -> KVTarget:
+        """A receive buffer for ``num_blocks`` blocks. When the arena has no room now the
+        request queues (FIFO, at most ``recv_wait_max`` requests, ``recv_wait_timeout_s``
+        each) for the space that earlier requests free once their KV is in the paged cache.
+        ``NO_RECV_SPACE`` when it can never fit, the queue is full or the wait timed out."""
+        r = self.receiver
+        assert r is not None and self.loop is not None
+        c = self.config
+        if not r.fits(num_blocks):
+            raise RpcError("NO_RECV_SPACE", (
+                f"the prompt's KV ({num_blocks} blocks x {r.block_nbytes} bytes = "
+                f"{num_blocks * r.block_nbytes} bytes) is larger than this decode worker's "
+                f"whole receive buffer ({r.capacity_bytes} bytes, recv_buffer_bytes): it can "
+                f"never be received here; give the decode worker a larger receive buffer"))
+        if not self._recv_waiters:
+            target = r.reserve(rid, num_blocks)
+            if target is not None:
+                return target
+        if len(self._recv_waiters) >= c.recv_wait_max:
+            raise RpcError("NO_RECV_SPACE", f"receive buffer full and {c.recv_wait_max} "
+                           f"requests already queued for it")
+        fut: asyncio.Future[KVTarget] = self.loop.create_future()
+        self._recv_waiters.append((rid, num_blocks, fut))
+        try:
+            return await asyncio.wait_for(fut, c.recv_wait_timeout_s)
+        except TimeoutError:
+            raise RpcError("NO_RECV_SPACE", (
+                f"receive buffer full for {c.recv_wait_timeout_s:.0f} s ({r.free_bytes} of "
+                f"{r.capacity_bytes} bytes free, {num_blocks * r.block_nbytes} needed)")
+                ) from None
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                r.release(rid)   # granted, but the caller is gone
+            raise
+        finally:
+            self._admit_recv_waiters()
+
+    def _admit_recv_waiters(self) -> None:
+        """Event loop: hand freed receive space to the queued requests, in arrival order
+        (the head blocks the rest: a long prompt is not overtaken until it starves)."""
+        r = self.receiver
+        while self._recv_waiters and r is not None:
+            rid, n, fut = self._recv_waiters[0]
+            if fut.done():          # timed out or cancelled
+                self._recv_waiters.popleft()
+                continue
+            target = r.reserve(rid, n)
             if target is None:
-                raise RpcError("NO_RECV_SPACE", "receive buffer arena is full")
-        self._streams[rid] = _Stream(task, need_blocks=need)
-        return target
+                return
+            self._recv_waiters.popleft()
+            fut.set_result(target)
 
     async def _start(self, msg: StartDecode) -> bool:
         st = self._streams.get(msg.request_id)
@@ -200,6 +258,10 @@ class DecodeWorker(EngineWorker):
     async def _abort(self, request_id: Any) -> bool:
         rid = str(request_id)
         self._streams.pop(rid, None)
+        for w_rid, _, fut in self._recv_waiters:
+            if w_rid == rid and not fut.done():
+                fut.set_exception(RpcError("ABORTED", f"request {rid} aborted while queued "
+                                           f"for receive space"))
         await self.on_engine(lambda: self._abort_engine(rid))
         return True
 

@@ -83,7 +83,7 @@ class PrefillWorker(EngineWorker):
         if c.master:
             from pymooncake.store.client import StoreClient
             self.store = StoreClient(c.master, c.metadata_url, local_hostname=c.host,
-                                     global_segment_size=c.global_segment_size_bytes,
+                                     global_segment_size=self.sizing.global_segment_size_bytes,
                                      transfer_config=TransferConfig(host=c.host),
                                      name=f"{c.instance_id}-store").start()
             self.loader = StoreKVLoader(self.store, self.engine.kv,
