@@ -378,7 +378,8 @@ class EngineWorker:
             # worker must not look ready to a script watching for the line)
             self._on_registered = lambda: ready({
                 "event": "ready", "instance_id": self.config.instance_id,
-                "role": self.config.role, "rpc_port": self.server.port, "pid": os.getpid()})
+                "role": self.config.role, "rpc_port": self.server.port, "pid": os.getpid(),
+                "kv_sizing": self.sizing.describe(self.config.role)})
         reporter = asyncio.ensure_future(self._report_loop())
         try:
             await reporter          # runs until cancelled; raises WorkerFatal
