@@ -29,7 +29,8 @@ class ClusterSpec:
         """``--model`` of every process; ``tiny`` here (tests, ``bench serving``), while
         ``pymooncake serve`` passes its own default (``registry.default_model()``)."""
         self.port: int = kw.pop("port", 0)
-        self.num_kv_blocks: int = kw.pop("num_kv_blocks", 1024)
+        self.num_kv_blocks: int | None = kw.pop("num_kv_blocks", None)
+        """None = sized by the workers (``engine.config.size_kv``)."""
         self.block_size: int = kw.pop("block_size", 16)
         self.max_num_seqs: int = kw.pop("max_num_seqs", 64)
         self.max_model_len: int = kw.pop("max_model_len", 8192)
@@ -41,7 +42,8 @@ class ClusterSpec:
         self.prefill_concurrency_limit: int | None = kw.pop("prefill_concurrency_limit", None)
         self.quiet: bool = kw.pop("quiet", False)
         self.global_store: bool | None = kw.pop("global_store", None)
-        self.global_segment_size: int = kw.pop("global_segment_size", 64 << 20)
+        self.global_segment_size: int | None = kw.pop("global_segment_size", None)
+        """DRAM each prefill worker gives the Store; None = sized by the workers."""
         self.extra_conductor_flags: list[str] = kw.pop("extra_conductor_flags", [])
         self.metadata: str | None = kw.pop("metadata", None)
         """Transfer Engine metadata URL for the workers (``etcd://…``, ``http://…``);
@@ -166,9 +168,11 @@ class LocalCluster:
             self.model_name = c.get("model", s.model)
             self.worker_addr = f"127.0.0.1:{c['worker_port']}"
             common = ["--conductor", self.worker_addr, "--metadata", self.metadata_url,
-                      "--model", s.model, "--num-kv-blocks", str(s.num_kv_blocks),
-                      "--block-size", str(s.block_size), "--max-num-seqs", str(s.max_num_seqs),
+                      "--model", s.model, "--block-size", str(s.block_size),
+                      "--max-num-seqs", str(s.max_num_seqs),
                       "--max-model-len", str(s.max_model_len)]
+            if s.num_kv_blocks is not None:
+                common += ["--num-kv-blocks", str(s.num_kv_blocks)]
             if not s.prefix_cache:
                 common.append("--no-prefix-cache")
             if s.otel:
@@ -179,8 +183,9 @@ class LocalCluster:
                 if s.colocated:
                     argv = ["decode", "--colocated", "--id", name, *common]
                 else:
-                    argv = ["prefill", "--id", name, "--master", self.master_addr,
-                            "--global-segment-size", str(s.global_segment_size), *common]
+                    argv = ["prefill", "--id", name, "--master", self.master_addr, *common]
+                    if s.global_segment_size is not None:
+                        argv += ["--global-segment-size", str(s.global_segment_size)]
                 self._popen(name, argv)
                 names.append(name)
             for i in range(s.num_decode):

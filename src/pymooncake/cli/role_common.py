@@ -67,8 +67,9 @@ def start_tracing(args: argparse.Namespace, role: str) -> None:
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     """``--model`` and the paged-KV engine's sizes (workers and ``serve``)."""
     add_model_flag(p)
-    p.add_argument("--num-kv-blocks", type=int, default=1024,
-                   help="paged KV blocks (default %(default)s)")
+    p.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="paged KV blocks (default: 16,384 tokens' worth, "
+                        "engine.config.size_kv)")
     p.add_argument("--block-size", type=int, default=16,
                    help="tokens per KV block (default %(default)s)")
     p.add_argument("--max-num-seqs", type=int, default=64,

@@ -89,7 +89,9 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
     resolve_model_arg(args.model)     # exit 2 naming --model (1 for a missing package)
-    for flag, v in (("--num-kv-blocks", args.num_kv_blocks), ("--block-size", args.block_size),
+    kv_blocks = 1 if args.num_kv_blocks is None else args.num_kv_blocks   # None = derived
+    for flag, v in (("--num-kv-blocks", kv_blocks),
+                    ("--block-size", args.block_size),
                     ("--max-num-seqs", args.max_num_seqs),
                     ("--max-model-len", args.max_model_len),
                     ("--max-concurrency", args.max_concurrency)):

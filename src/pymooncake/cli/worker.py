@@ -39,8 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         if role == "prefill":
             w.add_argument("--master", default=None,
                            help="host:port of the Store master (omit: no global Store)")
-            w.add_argument("--global-segment-size", type=int, default=64 << 20,
-                           help="DRAM contributed to the Store (bytes)")
+            w.add_argument("--global-segment-size", type=int, default=None,
+                           help="DRAM contributed to the Store (bytes; default: sized from "
+                                "the model's KV bytes per token, twice the paged cache)")
             w.add_argument("--prefill-batch", type=int, default=1,
                            help="prompts prefilled together at most (1 = one at a time, "
                                 "first come first served: the queue Algorithm 1 predicts)")
@@ -53,8 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         else:
             w.add_argument("--colocated", action="store_true",
                            help="prefill and decode here (baseline; no KV is received)")
-            w.add_argument("--recv-buffer-size", type=int, default=64 << 20,
-                           help="receive arena for P→D KV (bytes)")
+            w.add_argument("--recv-buffer-size", type=int, default=None,
+                           help="receive arena for P→D KV (bytes; default: sized from the "
+                                "model's KV bytes per token)")
         w.add_argument("--no-prefix-cache", action="store_true",
                        help="disable the local prefix cache")
         add_engine_flags(w)
@@ -75,8 +77,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             port=args.port, model=args.model, num_kv_blocks=args.num_kv_blocks,
             block_size=args.block_size, max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_cache,
-            global_segment_size_bytes=getattr(args, "global_segment_size", 64 << 20),
-            recv_buffer_bytes=getattr(args, "recv_buffer_size", 64 << 20),
+            global_segment_size_bytes=getattr(args, "global_segment_size", None),
+            recv_buffer_bytes=getattr(args, "recv_buffer_size", None),
             layerwise_kv=not getattr(args, "no_layerwise_kv", False),
             prefill_batch=getattr(args, "prefill_batch", 1),
             prefill_order=getattr(args, "prefill_order", "shortest"),
