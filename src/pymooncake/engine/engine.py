@@ -143,6 +143,9 @@ class Engine:
         try:
             source = resolve_model(model)
         except ModelNotFoundError as e:
+            if not Path(model).exists() and model != "smollm2":
+                raise ModelLoadError(f"--model {model!r}: not 'tiny' and not a directory, "
+                                     "'smollm2' or a .gguf file (no such path)") from None
             raise ModelLoadError(str(e)) from None
         if source.kind == "tiny":
             from pymooncake.engine.model.tiny import (
