@@ -196,3 +196,64 @@ def test_bug_42_fp64_mode_is_exact_for_every_length_40_to_99() -> None:
         assert (c.num_cached_tokens, w.num_cached_tokens) == (0, 16 * full_blocks), len(p)
         assert w.output_token_ids == c.output_token_ids, len(p)
         assert _max_diff(w.logits, c.logits) == 0.0, len(p)
+
+
+@pytest.mark.parametrize("out_features", [259, 256, 7])
+def test_bug_42_fp64_linear_rows_do_not_depend_on_the_batch(out_features: int) -> None:
+    """The fp64 linear gives each row the same bits whatever else is in the call: M rows at
+    once equal the rows one at a time, for any M and any row offset (259 = the tiny LM head:
+    with 16-row tiles, MKL's dgemm gave another result at an odd row index than at row 0)."""
+    from pymooncake.engine.model.layers import exact_linear
+    gen = torch.Generator().manual_seed(0)
+    for in_features in (256, 250):
+        w = torch.randn(out_features, in_features, generator=gen, dtype=torch.float64)
+        x = torch.randn(70, in_features, generator=gen, dtype=torch.float64)
+        for weight in (w, w.t().contiguous().t()):  # as stored, and input-major
+            alone = torch.cat([exact_linear(x[i:i + 1], weight) for i in range(len(x))])
+            for start, m in ((0, 2), (0, 16), (0, 70), (1, 1), (3, 5), (5, 33), (13, 57)):
+                rows = exact_linear(x[start:start + m], weight)
+                assert torch.equal(rows, alone[start:start + m]), (in_features, start, m)
+
+
+def test_bug_42_fp64_attention_of_a_token_depends_only_on_its_context() -> None:
+    """BUG-42's cause on an AMD EPYC (MKL): the fp64 attention ran ``scores @ V`` and the
+    softmax over the whole context, so a token's bits changed with the context length past
+    its position (a cold prefill of 44 tokens vs the 17-token prompt that cached its first
+    block). Now: the same bits whether the token is one of n query rows over a long context,
+    one of a suffix chunk, or decoded alone over exactly its own context."""
+    from pymooncake.engine.model.attention import exact_attention
+    gen = torch.Generator().manual_seed(1)
+    scale = 32 ** -0.5
+    for ctx in (17, 44, 64, 65, 130):
+        q = torch.randn(ctx, 8, 32, generator=gen, dtype=torch.float64)
+        k = torch.randn(2, ctx, 32, generator=gen, dtype=torch.float64)
+        v = torch.randn(2, ctx, 32, generator=gen, dtype=torch.float64)
+        full = exact_attention(q, k, v, scale)  # a cold prefill of all ctx tokens
+        for start in {0, 1, 16, ctx // 2, ctx - 1}:  # a warm prefill of the suffix
+            assert torch.equal(exact_attention(q[start:], k, v, scale), full[start:]), (
+                ctx, start)
+        for p in {0, 5, 16, ctx // 2, ctx - 1}:  # token p alone over its own context
+            alone = exact_attention(q[p:p + 1], k[:, :p + 1], v[:, :p + 1], scale)
+            assert torch.equal(alone, full[p:p + 1]), (ctx, p)
+            prefix = exact_attention(q[:p + 1], k[:, :p + 1], v[:, :p + 1], scale)
+            assert torch.equal(prefix, full[:p + 1]), (ctx, p)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1), k.repeat_interleave(4, 0), v.repeat_interleave(4, 0),
+            is_causal=True, scale=scale).transpose(0, 1)
+        assert float((full - ref).abs().max()) <= 1e-12
+
+
+def test_bug_42_fp64_pointwise_and_norm_do_not_depend_on_the_batch() -> None:
+    """SiLU/exp (vectorised body vs scalar tail) and RMSNorm: a row's bits are the same in
+    a call of any number of rows."""
+    from torch.nn import functional as F
+
+    from pymooncake.engine.model.layers import exact_pointwise, exact_rms_norm
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(120, 688, generator=gen, dtype=torch.float64)
+    w = 1 + 0.1 * torch.randn(688, generator=gen, dtype=torch.float64)
+    for fn in (lambda t: exact_pointwise(F.silu, t), lambda t: exact_pointwise(torch.exp, t),
+               lambda t: exact_rms_norm(t, w, 1e-5)):
+        alone = torch.cat([fn(x[i:i + 1]) for i in range(len(x))])
+        for start, m in ((0, 120), (1, 1), (3, 50), (7, 113)):
+            assert torch.equal(fn(x[start:start + m]), alone[start:start + m]), (start, m)

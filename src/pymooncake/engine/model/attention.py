@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from pymooncake.engine.model.layers import EXACT_TILE_ROWS
+from pymooncake.engine.model.layers import EXACT_ALIGN, EXACT_CTX_CHUNK, exact_pointwise
 
 
 @dataclass(slots=True)
@@ -140,29 +140,58 @@ def exact_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
     context ``kc, vc`` ``[kv_heads, ctx, D]``; query ``i`` sits at position ``ctx - n + i``.
     Returns ``[n, heads, D]``.
 
-    The fp64 (batch-invariant) mode's attention: the query rows are zero-padded to tiles of
-    ``EXACT_TILE_ROWS`` and both matmuls run as batches of identically shaped GEMMs; the
-    softmax is per row. A row's bits depend only on its own query, position and context,
-    not on how many rows the chunk has (a whole prefill, a recomputed last block, a decode
-    step) nor on other sequences in the step (SDPA's kernels pick different blockings and
-    kernels for different query lengths, so they are not used here).
+    The fp64 (batch-invariant) mode's attention. A token's bits depend only on its own
+    query, position and context up to its position: not on how many query rows the chunk
+    has (a whole prefill, a recomputed last block, a decode step), nor on how long the
+    context is past its position, nor on other sequences in the step. Every reduction has a
+    fixed shape and order:
+
+    * the context is cut into chunks of ``EXACT_CTX_CHUNK`` positions at fixed absolute
+      offsets (zero-padded at the end), and each GEMM is one token's query heads of one KV
+      head (GQA group) against one chunk: ``[group, D] @ [D, C]`` for the scores,
+      ``[group, C] @ [C, D + 1]`` for ``exp(scores - max) @ [V | 1]`` (the softmax
+      denominator is the GEMM's extra column), batched over tokens with a shared operand;
+      rows are zero-padded to multiples of ``EXACT_ALIGN`` (64-byte aligned, see there);
+    * the row maximum is exact (order-free), ``exp`` runs through ``exact_pointwise``;
+    * the chunks' partial outputs are added in chunk order. A chunk wholly past the token's
+      position has all-zero weights and adds exact zeros, so a longer context (the cold
+      prefill's later tokens) leaves the bits unchanged.
+
+    (A single GEMM over the whole context, or a softmax over it, depends on ``ctx``: MKL's
+    dgemm and the vectorised softmax reduce in another order for another length, ~1e-16
+    relative, which was BUG-42's fp64 cold/warm mismatch on an AMD EPYC.)
     """
     n, num_heads, d = q.shape
     kv_heads, ctx, _ = kc.shape
     group = num_heads // kv_heads
-    pad = (-n) % EXACT_TILE_ROWS
-    tiles = (n + pad) // EXACT_TILE_ROWS
-    qh = q.transpose(0, 1)  # [heads, n, D]
-    if pad:
-        qh = F.pad(qh, (0, 0, 0, pad))
-    qt = qh.reshape(kv_heads, group * tiles, EXACT_TILE_ROWS, d)
-    scores = torch.matmul(qt, kc.transpose(1, 2).unsqueeze(1)) * scale
-    pos = ctx - n + torch.arange(n + pad)
-    allowed = torch.arange(ctx)[None, :] <= pos[:, None]  # padded rows: all (no NaN)
-    scores = scores.view(kv_heads, group, tiles * EXACT_TILE_ROWS, ctx).masked_fill(
-        ~allowed, float("-inf")).view(kv_heads, group * tiles, EXACT_TILE_ROWS, ctx)
-    o = torch.matmul(torch.softmax(scores, dim=-1), vc.unsqueeze(1))
-    return o.reshape(num_heads, n + pad, d)[:, :n].transpose(0, 1)
+    c = EXACT_CTX_CHUNK
+    chunks = -(-ctx // c)
+    pad = chunks * c - ctx
+    dq = -(-d // EXACT_ALIGN) * EXACT_ALIGN  # rows padded to 64-byte multiples (zeros)
+    dv = -(-(d + 1) // EXACT_ALIGN) * EXACT_ALIGN
+    # [kv, chunks, D', C] and [kv, chunks, C, [V | 1 | 0]], each chunk contiguous
+    kt = F.pad(kc, (0, dq - d, 0, pad)).view(kv_heads, chunks, c, dq).transpose(2, 3)
+    kt = kt.contiguous()
+    ones = torch.ones(kv_heads, ctx, 1, dtype=vc.dtype)
+    va = F.pad(torch.cat((vc, ones), dim=-1), (0, dv - d - 1, 0, pad)).view(
+        kv_heads, chunks, c, dv)
+    qh = F.pad(q.view(n, kv_heads, group, d).transpose(0, 1), (0, dq - d)).contiguous()
+    scores = torch.empty(kv_heads, chunks, n, group, c, dtype=q.dtype)
+    for h in range(kv_heads):  # [kv, n, group, D'] x [D', C] per token
+        for j in range(chunks):
+            torch.bmm(qh[h], kt[h, j].expand(n, dq, c), out=scores[h, j])
+    pos = ctx - n + torch.arange(n)
+    cols = torch.arange(chunks * c).view(chunks, 1, 1, c)
+    scores.mul_(scale).masked_fill_(cols > pos.view(1, n, 1, 1), float("-inf"))
+    top = scores.amax(dim=(1, 4), keepdim=True)  # [kv, 1, n, group, 1]; finite (pos 0)
+    weights = exact_pointwise(torch.exp, scores - top)
+    out = torch.empty(n, kv_heads, group, d, dtype=q.dtype)
+    for h in range(kv_heads):
+        acc = torch.bmm(weights[h, 0], va[h, 0].expand(n, c, dv))
+        for j in range(1, chunks):
+            acc = acc + torch.bmm(weights[h, j], va[h, j].expand(n, c, dv))
+        out[:, h] = acc[..., :d] / acc[..., d:d + 1]
+    return out.view(n, num_heads, d)
 
 
 def _exact_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor,

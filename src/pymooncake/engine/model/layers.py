@@ -8,7 +8,7 @@ float32).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -25,7 +25,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype in (torch.float32, torch.float64):  # one fused op, same maths
+        if x.dtype == torch.float64:
+            return exact_rms_norm(x, self.weight, self.eps)
+        if x.dtype == torch.float32:  # one fused op, same maths
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -87,28 +89,88 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-EXACT_TILE_ROWS = 16
-"""Rows per GEMM in the fp64 (batch-invariant) mode: every matmul runs on tiles of exactly
-this many rows, so a row's reduction order never depends on how many rows the step has."""
+# -- the fp64 mode: batch-invariant building blocks -------------------------------------
+# The fp64 mode is the engine's bit-reproducible mode: a token's logits must be the same
+# bits whatever else shares its step (a cold prefill of the whole prompt, a warm one of the
+# uncached suffix, a decode batch of any size). BLAS and PyTorch's kernels only promise
+# that for identical shapes: a GEMM's reduction order may change with any of M, N, K, and a
+# vectorised pointwise op computes a chunk's tail with scalar code. So every op whose bits
+# could depend on the shape of the call runs here on fixed shapes: linear layers per token
+# (one GEMM shape, rows aligned to EXACT_ALIGN), attention per token on context chunks of
+# EXACT_CTX_CHUNK, norms per row, transcendental pointwise ops (exp, SiLU) on blocks of
+# EXACT_POINTWISE_BLOCK.
+
+EXACT_ALIGN = 8
+"""fp64 mode: every matrix row a GEMM reads or writes is padded (with zeros) to a multiple
+of this many elements (64 bytes), so each row starts 64-byte aligned. MKL's dgemm takes
+other code paths for other alignments: a row of the 259-wide ``tiny`` LM head gave other
+bits at an odd row index than at row 0."""
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+EXACT_CTX_CHUNK = 64
+"""Context positions per attention GEMM in the fp64 mode (``attention.exact_attention``):
+the context is reduced chunk by chunk at fixed offsets, so a token's bits do not depend on
+how long the context is past its position."""
+
+EXACT_POINTWISE_BLOCK = 4096
+"""Elements per call of a transcendental pointwise op in the fp64 mode: a multiple of every
+SIMD width (so no element takes the scalar tail path, whose ``exp`` may differ from the
+vectorised one in the last bit) and below PyTorch's parallel grain (32768), so a block is
+never split between threads at a size-dependent offset."""
+
+
+def exact_pointwise(fn: Callable[[torch.Tensor], torch.Tensor],
+                    x: torch.Tensor) -> torch.Tensor:
+    """``fn(x)`` for an elementwise ``fn`` (``torch.exp``, ``F.silu``), each element computed
+    by the same (vectorised) code whatever ``x``'s size: ``x`` is flattened, zero-padded to
+    whole blocks of ``EXACT_POINTWISE_BLOCK`` and ``fn`` runs once per block."""
+    flat = x.reshape(-1)
+    n = flat.numel()
+    pad = (-n) % EXACT_POINTWISE_BLOCK
+    blocks = (F.pad(flat, (0, pad)) if pad else flat).view(-1, EXACT_POINTWISE_BLOCK)
+    out = torch.empty_like(blocks)
+    for i in range(blocks.shape[0]):
+        out[i] = fn(blocks[i])
+    return out.view(-1)[:n].view(x.shape)
+
+
+def exact_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, row by row (fp64 mode): each row's sum of squares is one
+    contiguous inner reduction of fixed length (PyTorch reduces inner rows independently
+    and splits threads only between rows); the rest is elementwise and exact
+    (``rsqrt`` = ``1 / sqrt``, correctly rounded in scalar and vector code)."""
+    h = x.contiguous()
+    ms = (h * h).sum(-1, keepdim=True) / h.shape[-1]
+    return weight * (h * torch.rsqrt(ms + eps))
 
 
 def exact_linear(x: torch.Tensor, weight: torch.Tensor,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias`` for ``x`` ``[T, in]``, batch-invariant (fp64 mode).
 
-    BLAS picks a different kernel (and reduction order) for a GEMM with few rows (GEMV-like
-    paths for M = 1, 2) than for many, so one token computed alone differs in the last bits
-    from the same token inside a longer prefill. Here the rows are zero-padded to a multiple
-    of ``EXACT_TILE_ROWS`` and run as a batch of ``[EXACT_TILE_ROWS, in] @ [in, out]``
-    GEMMs of identical shape: each output row is the same bits whatever ``T`` is.
+    BLAS picks its kernel and reduction order from the GEMM's shape (M = number of rows, a
+    GEMV-like path for M = 1, 2), and, for a row inside a GEMM, from the row's index and
+    alignment; so one token computed alone could differ in the last bits from the same
+    token inside a longer prefill or a decode batch. Here each token is its own GEMM of one
+    fixed shape ``[1, in'] @ [in', out']`` (``in``/``out`` zero-padded to a multiple of
+    ``EXACT_ALIGN``, so every row is 64-byte aligned), run as one batched call over the
+    tokens with the weight shared: a row's bits depend only on the row and the weight,
+    whatever ``T`` is and wherever the row sits.
     """
     t, k = x.shape
-    pad = (-t) % EXACT_TILE_ROWS
-    xp = F.pad(x, (0, 0, 0, pad)) if pad else x
-    tiles = (t + pad) // EXACT_TILE_ROWS
+    n = weight.shape[0]
+    kp, np_ = (-k) % EXACT_ALIGN, (-n) % EXACT_ALIGN
     w = weight.t()
-    y = torch.bmm(xp.reshape(tiles, EXACT_TILE_ROWS, k), w.expand(tiles, *w.shape))
-    y = y.reshape(t + pad, w.shape[1])[:t]
+    if kp or np_:
+        w = F.pad(w, (0, np_, 0, kp))
+    xp = (F.pad(x, (0, kp)) if kp else x.contiguous()).view(t, 1, k + kp)
+    y = torch.bmm(xp, w.expand(t, *w.shape)).view(t, n + np_)
+    if np_:
+        y = y[:, :n]
     return y + bias if bias is not None else y
 
 
@@ -133,7 +195,8 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj.forward(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj.forward(F.silu(gate) * up)
+        act = exact_pointwise(F.silu, gate) if x.dtype == torch.float64 else F.silu(gate)
+        return self.down_proj.forward(act * up)
 
 
 def use_input_major_weights(model: nn.Module) -> None:
