@@ -13,6 +13,7 @@ exported model computes what the GGUF model computes, not the original unquantiz
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,11 @@ def export_gguf(path: str | Path, out_dir: str | Path) -> Path:
     ctx = g.metadata.get("llama.context_length")
     config = hf_config(cfg, int(ctx) if isinstance(ctx, int) and ctx > 0 else 8192)
     state = gguf_hf_state_dict(g, cfg, torch.float32)
-    save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+    weights = d / "model.safetensors"
+    save_file(state, str(weights), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    weights.chmod(0o666 & ~umask)  # safetensors creates it 0600; readable like the others
     (d / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     gen = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
            "pad_token_id": tokenizer.special_token_ids.get("pad")}
