@@ -113,12 +113,18 @@ def _greedy(engine: Engine, batch: list[list[int]]) -> list[list[int]]:
 
 # -- (a) weights -----------------------------------------------------------------------
 @needs_smollm2
-def test_weights_equal_transformers_gguf_load(export_dir: Path) -> None:
+def test_weights_equal_transformers_gguf_load(export_dir: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Independent check of the dequantization and of the q/k un-permute: transformers'
     own GGUF reader gives the same float32 tensors under the same HF names."""
+    import functools
+
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     assert SMOLLM2 is not None
+    # transformers rebuilds gguf's (pure) tensor-name map once per module: ~5 s of the test
+    monkeypatch.setattr(gguf, "get_tensor_name_map",
+                        functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
     with torch.device("meta"):
         meta = LlamaForCausalLM(LlamaConfig.from_pretrained(str(export_dir)))
     theirs = load_gguf_checkpoint(str(SMOLLM2), return_tensors=True,
@@ -144,7 +150,8 @@ def test_config_and_revision() -> None:
 
 
 @needs_smollm2
-def test_export_dir_layout(export_dir: Path, smollm2_engine: Engine) -> None:
+def test_export_dir_layout(export_dir: Path, smollm2_engine: Engine,
+                           prompts: list[list[int]]) -> None:
     cfg = json.loads((export_dir / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["tie_word_embeddings"] is True
     assert cfg["torch_dtype"] == "float32" and cfg["eos_token_id"] == 2
@@ -156,6 +163,10 @@ def test_export_dir_layout(export_dir: Path, smollm2_engine: Engine) -> None:
         assert f.get_tensor("model.norm.weight").dtype == torch.float32
     assert "model.layers.0.self_attn.q_proj.weight" in names and "lm_head.weight" not in names
     assert smollm2_engine.namespace.model_id == "gguf/SmolLM2-135M-Instruct"
+    # the exported tokenizer (read by transformers) gives our GGUF tokenizer's chat ids
+    tok = smollm2_engine.tokenizer
+    assert tok is not None
+    assert [tok.apply_chat_template(chat) for chat in CHATS] == prompts
 
 
 # -- (b) greedy parity -----------------------------------------------------------------
@@ -195,7 +206,7 @@ def test_greedy_from_cached_prefix_matches_transformers(
 @needs_smollm2
 def test_greedy_chunked_prefill_matches_transformers(
         smollm2_engine: Engine, prompts: list[list[int]], reference: list[list[int]]) -> None:
-    engine = _engine_like(smollm2_engine, prefill_chunk_tokens=48, max_num_batched_tokens=96,
+    engine = _engine_like(smollm2_engine, prefill_chunk_tokens=128, max_num_batched_tokens=160,
                           enable_prefix_caching=False)
     order = [6, 0, 7, 1, 2, 3, 4, 5]
     got = _greedy(engine, [prompts[i] for i in order])
