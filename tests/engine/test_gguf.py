@@ -357,3 +357,21 @@ def test_missing_tensor(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     _write_gguf(path, drop="blk.1.ffn_up.weight")
     _one_line_error(path, "tensor 'blk.1.ffn_up.weight' is missing")
+
+
+def test_export_cli_refuses_bad_args(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pymooncake.cli.main import main
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("x")
+    not_gguf = tmp_path / "x.gguf"
+    not_gguf.write_bytes(b"not a gguf file")
+    for args, msg in ((["--model", "smollm2", str(full)], "not empty; pass --force"),
+                      (["--model", "tiny", str(tmp_path / "a")], "takes a GGUF model"),
+                      (["--model", str(not_gguf), str(tmp_path / "b")], "not a GGUF file"),
+                      (["--model", str(tmp_path / "nope.gguf"), str(tmp_path / "c")],
+                       "no such file")):
+        assert main(["model", "export", *args]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1, err
+    assert (full / "keep.txt").read_text() == "x" and not (tmp_path / "a").exists()
