@@ -29,11 +29,11 @@ file in the page cache): ``load_gguf_model`` 0.47-0.55 s (dequantization ~0.3 s,
 
 dtype: float32 is the default and the one whose greedy output equals ``transformers``'
 float32 greedy output token for token (``tests/engine/test_gguf.py``). bfloat16 is the
-fastest here (this CPU has ``avx512_bf16``): a 661-token prefill 1.29 s vs 3.04 s, a decode
-step of 6 requests 47 ms vs 102 ms, but its greedy output leaves float32's on 4 of the
-test's 8 chat prompts (at generated tokens 4, 5, 17 and 27). float16 has no fast CPU
-kernels (the same prefill took 91 s). So: float32 when outputs must match a reference,
-bfloat16 for throughput.
+fastest here (this CPU has ``avx512_bf16``; one thread): a 661-token prefill 0.78 s vs
+1.85 s, a decode step of 6 requests 38 ms vs 67 ms, but its greedy output leaves
+float32's on 4 of the test's 8 chat prompts (at generated tokens 4, 5, 17 and 27). float16
+has no fast CPU kernels (the same prefill took 91 s). So: float32 when outputs must match
+a reference, bfloat16 for throughput.
 
 Errors: every failure is a ``ModelLoadError`` (``loader.py``) with a one-line message
 naming the file and what is wrong: not a GGUF file, truncated, an unsupported version,
