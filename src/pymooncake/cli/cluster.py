@@ -34,6 +34,8 @@ class ClusterSpec:
         self.block_size: int = kw.pop("block_size", 16)
         self.max_num_seqs: int = kw.pop("max_num_seqs", 64)
         self.max_model_len: int = kw.pop("max_model_len", 8192)
+        self.max_num_batched_tokens: int | None = kw.pop("max_num_batched_tokens", None)
+        """None = the workers' default (``WorkerConfig.max_num_batched_tokens``)."""
         self.ttft_slo_s: float = kw.pop("ttft_slo_s", 10.0)
         self.tbt_slo_s: float = kw.pop("tbt_slo_s", 1.0)
         self.profile: str | None = kw.pop("profile", None)
@@ -173,6 +175,8 @@ class LocalCluster:
                       "--max-model-len", str(s.max_model_len)]
             if s.num_kv_blocks is not None:
                 common += ["--num-kv-blocks", str(s.num_kv_blocks)]
+            if s.max_num_batched_tokens is not None:
+                common += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
             if not s.prefix_cache:
                 common.append("--no-prefix-cache")
             if s.otel:

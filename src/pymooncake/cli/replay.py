@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import csv
 import json
 import math
@@ -37,6 +38,8 @@ class ReplayRecord:
     status: int = 0
     """HTTP status; 0 = no response (connection error or client timeout)."""
     error: str | None = None
+    code: str | None = None
+    """The OpenAI error body's ``code`` (e.g. ``ttft_slo``, ``saturated``) of a refusal."""
     token_times_s: list[float] = field(default_factory=list)
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -72,8 +75,10 @@ async def _one(client: Any, url: str, rec: ReplayRecord, prompt: list[int],
             if resp.status_code != 200:
                 raw = await resp.aread()
                 try:
-                    rec.error = json.loads(raw)["error"]["message"]
-                except (ValueError, KeyError, TypeError):
+                    err = json.loads(raw)["error"]
+                    rec.error = err["message"]
+                    rec.code = str(err.get("code") or err.get("type") or "") or None
+                except (ValueError, KeyError, TypeError, AttributeError):
                     rec.error = raw[:200].decode(errors="replace")
                 return
             async for line in resp.aiter_lines():
@@ -214,6 +219,9 @@ def summarize(records: list[ReplayRecord], ttft_slo_s: float, tbt_slo_s: float,
         "num_served": len(served),
         "num_rejected": sum(r.status in (429, 503) for r in records),
         "num_failed": sum(not r.served and r.status not in (429, 503) for r in records),
+        "refusals": dict(sorted(collections.Counter(
+            f"{r.status} {r.code or '-'}" for r in records
+            if not r.served and r.status in (429, 503)).items())),
         "ttft_mean_s": mean(ttfts), "ttft_p50_s": pct(ttfts, 50), "ttft_p90_s": pct(ttfts, 90),
         "ttft_p99_s": pct(ttfts, 99),
         "tbt_mean_s": mean(tbts), "tbt_p50_s": pct(tbts, 50), "tbt_p99_s": pct(tbts, 99),
@@ -234,7 +242,8 @@ def _human(s: dict[str, Any]) -> str:
 
     return "\n".join([
         f"requests        {s['num_requests']} ({s['num_served']} served, "
-        f"{s['num_rejected']} rejected, {s['num_failed']} failed) in {s['wall_s']:.1f} s",
+        f"{s['num_rejected']} rejected, {s['num_failed']} failed) in {s['wall_s']:.1f} s"
+        + ("".join(f"\n  refused        {n} x {k}" for k, n in s.get("refusals", {}).items())),
         f"TTFT            mean {f(s['ttft_mean_s'], ' s')}  p50 {f(s['ttft_p50_s'], ' s')}  "
         f"p99 {f(s['ttft_p99_s'], ' s')}",
         f"TBT             mean {f(s['tbt_mean_s'], ' s')}  p99 {f(s['tbt_p99_s'], ' s')}",

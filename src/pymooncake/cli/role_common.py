@@ -76,6 +76,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="running requests at most (default %(default)s)")
     p.add_argument("--max-model-len", type=int, default=8192,
                    help="prompt + output tokens at most (default %(default)s)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget of one engine step (default: one 512-token prefill "
+                        "chunk per step when colocated, so decodes are not held up by "
+                        "several prompts; 2048 for prefill/decode workers)")
 
 
 def run_until_signal(coro_factory: Any) -> int:

@@ -94,6 +94,7 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
                     ("--block-size", args.block_size),
                     ("--max-num-seqs", args.max_num_seqs),
                     ("--max-model-len", args.max_model_len),
+                    ("--max-num-batched-tokens", args.max_num_batched_tokens or 1),
                     ("--max-concurrency", args.max_concurrency)):
         if v < 1:
             raise UsageError(f"{flag} must be >= 1, got {v}")
@@ -111,6 +112,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        policy=args.policy, model=args.model, port=args.port,
                        num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
                        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                       max_num_batched_tokens=args.max_num_batched_tokens,
                        ttft_slo_s=args.ttft_slo, tbt_slo_s=args.tbt_slo, profile=args.profile,
                        max_concurrency=args.max_concurrency, quiet=args.demo,
                        global_store=args.global_store, otel=args.otel, metadata=args.metadata)

@@ -61,6 +61,13 @@ class WorkerConfig:
     """Memory budget of the paged KV cache (bytes); used when ``num_kv_blocks`` is None."""
     block_size: int = 16
     max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    """Token budget of one engine step (decodes + prefill chunks). None: a colocated worker
+    takes one prefill chunk per step (``EngineConfig.prefill_chunk_tokens``, 512), so a
+    running decode batch waits for at most one chunk's compute between its tokens (with
+    SmolLM2 on one core, 2048 prompt tokens in one step made every TBT ~6 s); prefill and
+    decode roles keep ``EngineConfig``'s 2048 (a prefill worker computes one prompt at a
+    time, a decode worker has no prompts)."""
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
     dtype: str = "float32"
@@ -187,11 +194,19 @@ class EngineWorker:
                            max_num_seqs=max_seqs, max_model_len=c.max_model_len,
                            waiting_order=c.prefill_order if role == "prefill" else "fcfs",
                            enable_prefix_caching=c.enable_prefix_caching, role=role,
-                           dtype=c.dtype)
+                           dtype=c.dtype, **self._step_budget(role))
         engine = Engine.from_model_name(c.model, cfg, hooks=hooks, kv_source=kv_source)
         self.sizing = worker_sizing(c, engine.kv.block_nbytes // c.block_size, blocks)
         logger.info("%s %s: %s", role, c.instance_id, self.sizing.describe(role))
         return engine
+
+    def _step_budget(self, role: str) -> dict[str, int]:
+        """``max_num_batched_tokens`` for ``EngineConfig`` (see ``WorkerConfig``)."""
+        from pymooncake.engine.config import EngineConfig
+        budget = self.config.max_num_batched_tokens
+        if budget is None and role == "colocated":
+            budget = EngineConfig.prefill_chunk_tokens
+        return {} if budget is None else {"max_num_batched_tokens": budget}
 
     def _engine_main(self) -> None:
         while not self._stop.is_set():
