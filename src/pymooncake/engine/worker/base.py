@@ -205,7 +205,7 @@ class EngineWorker:
         from pymooncake.engine.config import EngineConfig
         budget = self.config.max_num_batched_tokens
         if budget is None and role == "colocated":
-            budget = EngineConfig.prefill_chunk_tokens
+            budget = EngineConfig().prefill_chunk_tokens
         return {} if budget is None else {"max_num_batched_tokens": budget}
 
     def _engine_main(self) -> None:
