@@ -45,7 +45,7 @@ def _worker(arena_blocks: int, timeout_s: float = 5.0):
     w.loop = asyncio.get_running_loop()
     w.receiver = KVReceiver(_FakeTransfer(), w.engine.kv,  # type: ignore[arg-type]
                             arena_blocks * w.engine.kv.block_nbytes)
-    w.receiver.on_release = lambda: w.post(w._admit_recv_waiters)
+    w.receiver.on_release = lambda: w.post(w._on_recv_release)
     return w
 
 
@@ -113,3 +113,24 @@ def test_a_request_that_can_never_fit_gets_a_clear_error() -> None:
         assert "y" not in w2._streams and not w2._recv_waiters
 
     asyncio.run(main())
+
+
+def test_a_moving_queue_is_waited_for_past_the_stall_bound() -> None:
+    """The bound is on a stalled queue: space freed every 0.08 s (not enough for the head)
+    keeps a 0.2 s-bounded waiter waiting for 0.5 s until its space is there."""
+    async def main() -> float:
+        w = _worker(arena_blocks=4, timeout_s=0.2)
+        for rid in "abcd":
+            assert await w._prepare(_task(rid, 1)) is not None    # arena full
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        big = asyncio.ensure_future(w._prepare(_task("big", 4)))
+        for rid in "abcd":                                        # one block freed at a time
+            await asyncio.sleep(0.125)
+            assert not big.done()
+            w.receiver.release(rid)
+        t = await asyncio.wait_for(big, 2)
+        assert t is not None and t.num_blocks == 4
+        return loop.time() - t0
+
+    assert asyncio.run(main()) >= 0.45

@@ -79,8 +79,11 @@ class WorkerConfig:
     KV bytes per token (one ``max_model_len`` prompt or half the cache, whichever is
     larger, at most the cache)."""
     recv_wait_timeout_s: float = 20.0
-    """Decode: how long an admitted request waits for receive space freed by earlier ones
-    before ``NO_RECV_SPACE`` (below the prefill's 30 s wait for its target)."""
+    """Decode: how long a request queued for receive space waits *without any space being
+    freed* before ``NO_RECV_SPACE``. While earlier requests keep freeing space the queue is
+    moving and the wait goes on: with decode admission overlapped with the prefill queue,
+    a burst's requests hold receive space from admission until their KV is in the paged
+    cache, so the head of the queue can wait as long as the prefill queue is deep."""
     recv_wait_max: int = 256
     """Decode: requests queued for receive space at most."""
     load_report_interval_s: float = 0.1

@@ -85,6 +85,8 @@ class DecodeWorker(EngineWorker):
         self._sent: dict[str, int] = {}
         """Engine thread: output tokens already posted, per running request."""
         self._recv_waiters: deque[tuple[str, int, asyncio.Future[KVTarget]]] = deque()
+        self._recv_releases = 0
+        """Receive buffers released so far (the receive queue's progress)."""
         """Requests queued for receive space (event loop), in arrival order."""
         self.step_times = StepTimeModel()
         """Measured step time vs batch size (engine thread adds; admission reads)."""
@@ -102,7 +104,7 @@ class DecodeWorker(EngineWorker):
             self.receiver = KVReceiver(self.transfer, self.engine.kv,
                                        self.sizing.recv_buffer_bytes)
             self.receiver.clock = self.clock
-            self.receiver.on_release = lambda: self.post(self._admit_recv_waiters)
+            self.receiver.on_release = lambda: self.post(self._on_recv_release)
             self.engine.scheduler.kv_source = self.receiver
             self.engine.runner.hooks.append(self.receiver)
 
@@ -157,9 +159,10 @@ class DecodeWorker(EngineWorker):
 
     async def _reserve(self, rid: str, num_blocks: int) -> KVTarget:
         """A receive buffer for ``num_blocks`` blocks. When the arena has no room now the
-        request queues (FIFO, at most ``recv_wait_max`` requests, ``recv_wait_timeout_s``
-        each) for the space that earlier requests free once their KV is in the paged cache.
-        ``NO_RECV_SPACE`` when it can never fit, the queue is full or the wait timed out."""
+        request queues (FIFO, at most ``recv_wait_max`` requests) for the space that earlier
+        requests free once their KV is in the paged cache. ``NO_RECV_SPACE`` when it can
+        never fit, the queue is full, or no space at all was freed for
+        ``recv_wait_timeout_s`` (a stalled queue; a moving one is waited for)."""
         r = self.receiver
         assert r is not None and self.loop is not None
         c = self.config
@@ -179,18 +182,30 @@ class DecodeWorker(EngineWorker):
         fut: asyncio.Future[KVTarget] = self.loop.create_future()
         self._recv_waiters.append((rid, num_blocks, fut))
         try:
-            return await asyncio.wait_for(fut, c.recv_wait_timeout_s)
-        except TimeoutError:
-            raise RpcError("NO_RECV_SPACE", (
-                f"receive buffer full for {c.recv_wait_timeout_s:.0f} s ({r.free_bytes} of "
-                f"{r.capacity_bytes} bytes free, {num_blocks * r.block_nbytes} needed)")
-                ) from None
+            while True:
+                seen = self._recv_releases
+                try:
+                    return await asyncio.wait_for(asyncio.shield(fut), c.recv_wait_timeout_s)
+                except TimeoutError:
+                    if self._recv_releases == seen:   # nothing freed the whole time
+                        raise RpcError("NO_RECV_SPACE", (
+                            f"receive buffer full and no space freed for "
+                            f"{c.recv_wait_timeout_s:.0f} s ({r.free_bytes} of "
+                            f"{r.capacity_bytes} bytes free, {num_blocks * r.block_nbytes} "
+                            f"needed)")) from None
         except BaseException:
             if fut.done() and not fut.cancelled():
                 r.release(rid)   # granted, but the caller is gone
+            else:
+                fut.cancel()     # _admit_recv_waiters skips it
             raise
         finally:
             self._admit_recv_waiters()
+
+    def _on_recv_release(self) -> None:
+        """Event loop: a receive buffer was released; count it and admit the waiters."""
+        self._recv_releases += 1
+        self._admit_recv_waiters()
 
     def _admit_recv_waiters(self) -> None:
         """Event loop: hand freed receive space to the queued requests, in arrival order
