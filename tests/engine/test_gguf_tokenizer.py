@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pymooncake.engine.model.gguf_metadata import read_gguf_metadata
+from pymooncake.engine.model.gguf_file import read_gguf_metadata
 from pymooncake.engine.model.registry import ModelSource, resolve_model, smollm2_path
 from pymooncake.engine.model.tokenizer import (
     ByteTokenizer,

@@ -1,18 +1,12 @@
 """Load a Llama-architecture GGUF file (llama.cpp's format) into ``LlamaForCausalLM``.
 
-Spec followed: the GGUF file format (ggml's ``docs/gguf.md``, versions 2 and 3,
-little-endian): magic ``GGUF``, ``uint32`` version, ``uint64`` tensor and metadata counts,
-the metadata key/values, the tensor infos (name, dims innermost first, ggml type, offset
-relative to the data section), then the tensor data aligned to ``general.alignment``
-(default 32). Metadata keys follow llama.cpp's ``llama.*`` names.
-
-The header is parsed here with ``struct`` (``gguf.GGUFReader`` builds one numpy view per
-vocabulary string and takes ~1.8 s on this file; this parser takes ~0.05 s); the tensor
-bytes are memory-mapped and dequantized, Q8_0 and Q4_1 in torch (bit-identical to
+The header (metadata and tensor infos) is parsed by ``gguf_file.read_gguf_header``, the
+project's one GGUF parser (~0.03 s on this file; ``gguf.GGUFReader`` takes ~1.8 s). The
+tensor bytes are memory-mapped and dequantized, Q8_0 and Q4_1 in torch (bit-identical to
 ``gguf.quants.dequantize``, the reference numpy implementation of the ggml block formats,
 and faster), F16 and BF16 with ``gguf.quants.dequantize``. Supported tensor types: F32,
 F16, BF16, Q8_0 and Q4_1; everything is dequantized at load to the engine dtype (no
-quantized matmuls).
+quantized matmuls). Metadata keys follow llama.cpp's ``llama.*`` names.
 
 llama.cpp conventions undone at load:
 
@@ -24,7 +18,7 @@ llama.cpp conventions undone at load:
 
 Load time (SmolLM2-135M-Instruct, Q4_1, 94 MiB; this 2-core AMD EPYC, load average ~1,
 file in the page cache): ``load_gguf_model`` 0.47-0.55 s (dequantization ~0.3 s, header
-~0.1 s); ``Engine.from_model_name("smollm2")`` with the tokenizer and the weight digest
+~0.03 s); ``Engine.from_model_name("smollm2")`` with the tokenizer and the weight digest
 1.1 s; importing torch ~0.9 s more. Memory: 540 MB of float32 weights.
 
 dtype: float32 is the default and the one whose greedy output equals ``transformers``'
@@ -43,10 +37,7 @@ architecture or tensor type, a missing metadata key or tensor, a shape mismatch.
 from __future__ import annotations
 
 import mmap
-import os
-import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,33 +46,20 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
+from pymooncake.engine.model.gguf_file import (
+    GGML_TYPES,
+    GGUFError,
+    GGUFFile,
+    GGUFTensorInfo,
+    map_gguf,
+    read_gguf_header,
+)
 from pymooncake.engine.model.llama import LlamaForCausalLM, ModelConfig
 from pymooncake.engine.model.loader import ModelLoadError, _expected_tensors
 
-GGUF_MAGIC = b"GGUF"
-SUPPORTED_VERSIONS = (2, 3)
-DEFAULT_ALIGNMENT = 32
 SUPPORTED_ARCHITECTURES = ("llama",)
 """``general.architecture`` values this loader maps (Llama, and Mistral-style files,
 which llama.cpp also writes as ``llama``)."""
-
-# ggml tensor types (ggml.h ``enum ggml_type``) → (name, elements per block, bytes per block)
-GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34),
-    30: ("BF16", 1, 2),
-}
-"""The ggml types this loader dequantizes; others are refused by name."""
-_GGML_TYPE_NAMES = {2: "Q4_0", 6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K",
-                    12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS",
-                    17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S",
-                    22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64",
-                    28: "F64", 29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4"}
-
-# GGUF metadata value types → struct format (scalars); 8 = string, 9 = array
-_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-           10: "<Q", 11: "<q", 12: "<d"}
-_NP_SCALAR = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?",
-              10: "<u8", 11: "<i8", 12: "<f8"}
 
 # GGUF tensor name (per layer: ``blk.N.`` + key) → HF name (``model.layers.N.`` + value)
 _LAYER_NAMES = {
@@ -99,141 +77,17 @@ _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
                  "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 
 
-@dataclass(frozen=True, slots=True)
-class GGUFTensorInfo:
-    """One tensor of a GGUF file."""
-
-    name: str
-    shape: tuple[int, ...]
-    """PyTorch order, outermost first (GGUF stores dims innermost first): a linear weight
-    is ``[out_features, in_features]``."""
-    ggml_type: int
-    """ggml type id (``GGML_TYPES`` keys are the supported ones)."""
-    offset: int
-    """Absolute byte offset of the data in the file."""
-    nbytes: int
-    """Bytes of data (0 when the type is unsupported: the size is then unknown)."""
-
-    @property
-    def type_name(self) -> str:
-        return (GGML_TYPES.get(self.ggml_type, (None,))[0]
-                or _GGML_TYPE_NAMES.get(self.ggml_type, f"type {self.ggml_type}"))
-
-
-@dataclass(frozen=True, slots=True)
-class GGUFFile:
-    """The parsed header of a GGUF file: metadata and tensor infos (no tensor data)."""
-
-    path: Path
-    version: int
-    metadata: dict[str, Any]
-    """Key → value: scalars as Python numbers/bools/str, arrays as lists (numeric arrays of
-    ``tokenizer.*`` keys as lists of ints/floats, string arrays as lists of str)."""
-    tensors: dict[str, GGUFTensorInfo]
-    file_size: int
-
-
-class _Header:
-    """Sequential little-endian reader over the mapped file; ``struct.error`` past the end."""
-
-    def __init__(self, buf: mmap.mmap | bytes) -> None:
-        self.buf, self.pos = buf, 0
-
-    def scalar(self, fmt: str) -> Any:
-        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
-        self.pos += struct.calcsize(fmt)
-        return v
-
-    def string(self) -> str:
-        n = self.scalar("<Q")
-        if self.pos + n > len(self.buf):
-            raise struct.error("string past the end of the file")
-        s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
-        self.pos += n
-        return s
-
-    def value(self, vtype: int) -> Any:
-        if vtype in _SCALAR:
-            return self.scalar(_SCALAR[vtype])
-        if vtype == 8:
-            return self.string()
-        if vtype == 9:
-            itype, n = self.scalar("<I"), self.scalar("<Q")
-            if itype in _NP_SCALAR:
-                dt = np.dtype(_NP_SCALAR[itype])
-                if self.pos + n * dt.itemsize > len(self.buf):
-                    raise struct.error("array past the end of the file")
-                arr = np.frombuffer(self.buf, dt, n, self.pos)
-                self.pos += n * dt.itemsize
-                return arr.tolist()
-            return [self.value(itype) for _ in range(n)]
-        raise ValueError(f"unknown metadata value type {vtype}")
-
-
 def read_gguf(path: str | Path) -> GGUFFile:
-    """Parse a GGUF file's header (metadata + tensor infos; no tensor data is read).
+    """Parse a GGUF file's header (metadata + tensor infos; no tensor data is read) with
+    ``gguf_file.read_gguf_header``.
 
     Raises ``ModelLoadError`` naming the file: unreadable, not GGUF (magic), an unsupported
     version or byte order, a header or tensor data past the end of the file (truncated).
     """
-    p = Path(path)
     try:
-        with p.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(4)
-            if head != GGUF_MAGIC:
-                raise ModelLoadError(f"{p}: not a GGUF file (magic {head!r}, expected "
-                                     f"{GGUF_MAGIC!r})")
-            if size < 24:
-                raise ModelLoadError(f"{p}: GGUF header is truncated ({size} bytes)")
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as e:
-        raise ModelLoadError(f"{p}: cannot read ({e.strerror or e})") from None
-    try:
-        return _parse(p, buf, size)
-    finally:
-        buf.close()
-
-
-def _parse(p: Path, buf: mmap.mmap, size: int) -> GGUFFile:
-    r = _Header(buf)
-    r.pos = 4
-    try:
-        version = r.scalar("<I")
-        if version not in SUPPORTED_VERSIONS:
-            swapped = " (big-endian files are not supported)" if version & 0xFFFF == 0 else ""
-            raise ModelLoadError(f"{p}: GGUF version {version} is not supported{swapped}; "
-                                 f"supported: {SUPPORTED_VERSIONS}")
-        n_tensors, n_kv = r.scalar("<Q"), r.scalar("<Q")
-        metadata: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key = r.string()
-            metadata[key] = r.value(r.scalar("<I"))
-        raw = []
-        for _ in range(n_tensors):
-            name = r.string()
-            n_dims = r.scalar("<I")
-            dims = [r.scalar("<Q") for _ in range(n_dims)]
-            raw.append((name, tuple(reversed(dims)), r.scalar("<I"), r.scalar("<Q")))
-    except (struct.error, ValueError) as e:
-        raise ModelLoadError(f"{p}: GGUF header is truncated or corrupt ({e})") from None
-    align = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-    if not isinstance(align, int) or align <= 0 or align & (align - 1):
-        raise ModelLoadError(f"{p}: general.alignment {align!r} is not a power of two")
-    data_start = -(-r.pos // align) * align
-    tensors: dict[str, GGUFTensorInfo] = {}
-    for name, shape, gtype, rel in raw:
-        nbytes = 0
-        if gtype in GGML_TYPES:
-            _, block, block_bytes = GGML_TYPES[gtype]
-            n = int(np.prod(shape)) if shape else 1
-            nbytes = n // block * block_bytes
-        info = GGUFTensorInfo(name, shape, gtype, data_start + rel, nbytes)
-        if info.offset + nbytes > size:
-            raise ModelLoadError(f"{p}: truncated: tensor {name!r} ends at byte "
-                                 f"{info.offset + nbytes}, the file has {size}")
-        tensors[name] = info
-    return GGUFFile(p, version, metadata, tensors, size)
+        return read_gguf_header(path)
+    except GGUFError as e:
+        raise ModelLoadError(str(e)) from None
 
 
 def _meta(g: GGUFFile, key: str, default: Any = ...) -> Any:
@@ -361,10 +215,9 @@ def _hf_tensors(g: GGUFFile, cfg: ModelConfig,
         raise ModelLoadError(f"{g.path}: tensor {missing[0]!r} is missing"
                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     try:
-        with g.path.open("rb") as f:
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as e:
-        raise ModelLoadError(f"{g.path}: cannot read ({e.strerror or e})") from None
+        buf = map_gguf(g.path)
+    except GGUFError as e:
+        raise ModelLoadError(str(e)) from None
     try:
         for hname, gname in wanted.items():
             t = g.tensors[gname]

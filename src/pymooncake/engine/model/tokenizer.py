@@ -150,7 +150,7 @@ class GGUFTokenizer:
     """The byte-level BPE tokenizer (``tokenizer.ggml.model == "gpt2"``) a GGUF file
     describes, with its chat template.
 
-    The metadata is read by ``gguf_metadata.read_gguf_metadata``; the BPE itself is a
+    The metadata is read by ``gguf_file.read_gguf_metadata``; the BPE itself is a
     ``tokenizers.Tokenizer`` built from the vocabulary and merges (``raw``). Control tokens
     (type 3) become special added tokens (matched whole in text, skipped by ``decode``),
     user-defined ones (type 4) plain added tokens; no BOS is added unless the file says
@@ -164,7 +164,7 @@ class GGUFTokenizer:
     """
 
     def __init__(self, path: str | Path) -> None:
-        from pymooncake.engine.model.gguf_metadata import read_gguf_metadata
+        from pymooncake.engine.model.gguf_file import read_gguf_metadata
 
         self.path = Path(path)
         meta = read_gguf_metadata(self.path, _GGUF_KEYS)
