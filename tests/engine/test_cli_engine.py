@@ -20,6 +20,14 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
     return rc, out.out, out.err
 
 
+def test_model_defaults_to_the_registry_default() -> None:
+    from pymooncake.cli.main import build_parser
+    from pymooncake.engine.model.registry import default_model
+    parser = build_parser()
+    assert parser.parse_args(["generate", "--prompt", "x"]).model == default_model()
+    assert parser.parse_args(["bench", "engine"]).model == default_model()
+
+
 def test_generate_prompt_ids_json_matches_engine(capsys) -> None:
     rc, out, _ = _run(capsys, "generate", "--model", "tiny", "--prompt-ids", "256,1,2,3",
                       "--max-tokens", "6", "--json")
@@ -32,11 +40,13 @@ def test_generate_prompt_ids_json_matches_engine(capsys) -> None:
 
 
 def test_generate_text_prompt_chat_and_sampling(capsys) -> None:
-    rc, out, _ = _run(capsys, "generate", "--prompt", "Hello", "--max-tokens", "4", "--json")
+    rc, out, _ = _run(capsys, "generate", "--model", "tiny", "--prompt", "Hello",
+                      "--max-tokens", "4", "--json")
     assert rc == 0
     assert json.loads(out)["prompt_token_ids"] == [256, *b"Hello"]
-    rc, out, _ = _run(capsys, "generate", "--prompt", "Hi", "--chat", "--max-tokens", "3",
-                      "--temperature", "0.7", "--seed", "1", "--top-k", "5", "--json")
+    rc, out, _ = _run(capsys, "generate", "--model", "tiny", "--prompt", "Hi", "--chat",
+                      "--max-tokens", "3", "--temperature", "0.7", "--seed", "1", "--top-k", "5",
+                      "--json")
     assert rc == 0
     doc = json.loads(out)
     assert doc["prompt_token_ids"] == [256, *b"<|user|>\nHi\n<|assistant|>\n"]
@@ -54,19 +64,21 @@ def test_generate_from_a_model_directory(tmp_path, capsys) -> None:
 
 
 def test_generate_errors_are_one_line(tmp_path, capsys) -> None:
-    rc, _, err = _run(capsys, "generate", "--prompt-ids", "1,x", "--max-tokens", "2")
+    rc, _, err = _run(capsys, "generate", "--model", "tiny", "--prompt-ids", "1,x",
+                      "--max-tokens", "2")
     assert rc == 2 and "--prompt-ids" in err
     rc, _, err = _run(capsys, "generate", "--model", str(tmp_path / "none"), "--prompt-ids",
                       "1", "--max-tokens", "2")
     assert rc == 1 and "not 'tiny' and not a directory" in err
-    rc, _, err = _run(capsys, "generate", "--prompt-ids", "1,999", "--max-tokens", "2")
+    rc, _, err = _run(capsys, "generate", "--model", "tiny", "--prompt-ids", "1,999",
+                      "--max-tokens", "2")
     assert rc == 2 and "outside" in err
 
 
 def test_bench_engine_json_keys(capsys) -> None:
-    rc, out, err = _run(capsys, "bench", "engine", "--batch", "2", "--input-len", "16",
-                        "--output-len", "3", "--cached-input-len", "64", "--repeats", "3",
-                        "--json")
+    rc, out, err = _run(capsys, "bench", "engine", "--model", "tiny", "--batch", "2",
+                        "--input-len", "16", "--output-len", "3", "--cached-input-len", "64",
+                        "--repeats", "3", "--json")
     assert rc == 0
     assert "Loading weights" not in err and "%|" not in err  # no progress bar on stderr
     doc = json.loads(out)

