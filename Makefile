@@ -31,7 +31,7 @@ install: $(BIN)/python
 system-deps:
 	@command -v etcd >/dev/null 2>&1 || { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null) || echo "note: etcd-server could not be installed; etcd tests will skip"; }
 
-# The main job on its embedded default: a P/D cluster of real processes with the tiny model
+# The main job on its default model, SmolLM2-135M-Instruct: a P/D cluster of real processes
 # (Store master, Conductor + OpenAI API, 1 prefill + 1 decode worker), a few chat requests
 # and a short trace replay through the HTTP API; prints the results and shuts down.
 demo: install
