@@ -152,23 +152,27 @@ def test_sampling_params_keep_valid_values() -> None:
     ("--max-tokens", "0"),
 ])
 def test_cli_refuses_bad_sampling_flags(capsys, flag, value) -> None:
-    rc, out, err = _run(capsys, "generate", "--model", "tiny", "--prompt-ids", "1", "--max-tokens", "2",
+    rc, out, err = _run(capsys, "generate", "--model", "tiny", "--prompt-ids", "1",
+                        "--max-tokens", "2",
                         flag, value)
     assert (rc, out) == (2, "")
     assert err.count("\n") == 1 and flag in err and value.lstrip("-") in err
 
 
 def test_cli_out_of_range_prompt_ids_name_the_flag(capsys) -> None:
-    rc, _, err = _run(capsys, "generate", "--model", "tiny", "--prompt-ids", "1,259,3", "--max-tokens", "2")
+    rc, _, err = _run(capsys, "generate", "--model", "tiny", "--prompt-ids", "1,259,3",
+                       "--max-tokens", "2")
     assert rc == 2
     assert err == ("pymooncake: error: --prompt-ids: token ids [259] outside the model's "
                    "vocabulary [0, 259)\n")
-    rc, _, err = _run(capsys, "generate", "--model", "tiny", "--prompt-ids", "-1", "--max-tokens", "2")
+    rc, _, err = _run(capsys, "generate", "--model", "tiny", "--prompt-ids", "-1",
+                       "--max-tokens", "2")
     assert rc == 2 and "--prompt-ids" in err and "[-1]" in err
 
 
 def test_cli_refuses_an_empty_prompt(capsys) -> None:
-    rc, out, err = _run(capsys, "generate", "--model", "tiny", "--prompt", "", "--max-tokens", "2")
+    rc, out, err = _run(capsys, "generate", "--model", "tiny", "--prompt", "",
+                          "--max-tokens", "2")
     assert (rc, out) == (2, "")
     assert "--prompt is empty" in err
 
@@ -179,7 +183,8 @@ def test_plain_output_prints_ids_then_escaped_text(capsys) -> None:
     prompt = [256, 1, 2]
     (ref,) = Engine.from_model_name("tiny").generate([prompt], SamplingParams(max_tokens=8))
     ids = list(ref.output_token_ids)
-    rc, out, _ = _run(capsys, "generate", "--model", "tiny", "--prompt-ids", "256,1,2", "--max-tokens", "8")
+    rc, out, _ = _run(capsys, "generate", "--model", "tiny", "--prompt-ids", "256,1,2",
+                        "--max-tokens", "8")
     assert rc == 0
     id_line, text_line = out.rstrip("\n").split("\n")
     assert id_line == " ".join(map(str, ids))
