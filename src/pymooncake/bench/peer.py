@@ -277,9 +277,26 @@ def _float32():  # -> torch.dtype, imported late (the aggregation needs no torch
 
 # -- the children ------------------------------------------------------------------------
 
-def child_env(system: str, core: int, threads: int, kv_gib: int = 2) -> dict[str, str]:
+def vllm_preload(python: str) -> list[str]:
+    """The libraries vLLM's CPU guide asks to preload, where present: tcmalloc (Debian's
+    ``libtcmalloc-minimal4``) and the peer venv's Intel OpenMP (``libiomp5.so``)."""
+    found = []
+    for cand in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+                 "/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"):
+        if Path(cand).is_file():
+            found.append(cand)
+            break
+    iomp = Path(python).absolute().parent.parent / "lib" / "libiomp5.so"
+    if iomp.is_file():
+        found.append(str(iomp))
+    return found
+
+
+def child_env(system: str, core: int, threads: int, kv_gib: int = 2,
+              preload: Sequence[str] = ()) -> dict[str, str]:
     """The environment of one child: one thread, offline, and vLLM's CPU settings (OpenMP
-    threads bound to ``core``, KV cache in GiB, the engine core in this process)."""
+    threads bound to ``core``, KV cache in GiB, the engine core in this process, the
+    preloaded allocator and OpenMP its guide recommends)."""
     env = dict(os.environ)
     env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM":
@@ -288,6 +305,8 @@ def child_env(system: str, core: int, threads: int, kv_gib: int = 2) -> dict[str
         env |= {"VLLM_CPU_OMP_THREADS_BIND": str(core), "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING",
                 "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        if preload:
+            env["LD_PRELOAD"] = ":".join([*preload, *filter(None, [env.get("LD_PRELOAD")])])
     return env
 
 
@@ -306,7 +325,8 @@ def run_child(python: str, spec: dict[str, Any], workdir: Path, timeout_s: float
     with open(log_path, "wb") as log:
         try:
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                  env=child_env(spec["system"], core or 0, spec["threads"]),
+                                  env=child_env(spec["system"], core or 0, spec["threads"],
+                                                preload=vllm_preload(python)),
                                   timeout=timeout_s, check=False, cwd=str(workdir))
         except subprocess.TimeoutExpired:
             raise PeerError(f"{tag}: no result within {timeout_s:.0f} s (log {log_path})"

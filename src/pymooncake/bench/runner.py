@@ -153,6 +153,9 @@ def _hf(spec: dict[str, Any], info: dict[str, Any]) -> Generate:
     transformers.utils.logging.set_verbosity_error()
     dtype = getattr(torch, spec["dtype"])
     model = transformers.AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype).eval()
+    # no eos: generate runs to max_new_tokens without min_new_tokens, which would mask the
+    # eos logit and change the greedy output
+    model.generation_config.eos_token_id = None
     info["versions"] |= {"torch": torch.__version__, "transformers": transformers.__version__}
     info["torch_threads"] = torch.get_num_threads()
 
@@ -162,7 +165,7 @@ def _hf(spec: dict[str, Any], info: dict[str, Any]) -> Generate:
         ids = torch.tensor(prompts)
         with torch.inference_mode():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+                                 max_new_tokens=n, pad_token_id=0)
         return out[:, ids.shape[1]:].tolist()
     return gen
 
@@ -185,7 +188,8 @@ def _vllm(spec: dict[str, Any], info: dict[str, Any]) -> Generate:
     info["torch_threads"] = torch.get_num_threads()
 
     def gen(prompts: list[list[int]], n: int) -> list[list[int]]:
-        sp = SamplingParams(max_tokens=n, min_tokens=n, temperature=0.0, ignore_eos=True)
+        # ignore_eos alone: min_tokens would also mask the eos logit (changing greedy output)
+        sp = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
     return gen
@@ -206,7 +210,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "dtype": spec["dtype"], "threads": spec["threads"], "cpu_model": cpu_model(),
         "affinity": sorted(os.sched_getaffinity(0)),
         "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND",
-                                           "VLLM_CPU_KVCACHE_SPACE") if k in os.environ},
+                                           "VLLM_CPU_KVCACHE_SPACE", "LD_PRELOAD")
+                if k in os.environ},
         "versions": {"python": platform.python_version()}, "pid": os.getpid(),
     }
     t0 = time.perf_counter()
