@@ -152,6 +152,10 @@ def aggregate(runs: Sequence[dict[str, Any]], config: dict[str, Any] | None = No
             "affinity": sorted({c for r in rs for c in r["affinity"] + r["affinity_after"]}),
             "env": r0.get("env", {}), "engine_config": r0.get("engine_config"),
             "load_s": stats([r["load_s"] for r in rs])}
+        if all("measure_cpu_s" in r for r in rs):
+            doc["systems"][s] |= {
+                "cpu_over_wall": stats([r["measure_cpu_s"] / r["measure_wall_s"] for r in rs]),
+                "thread_affinities": sorted({a for r in rs for a in r["thread_affinities"]})}
     cpu = {r["cpu_model"] for r in runs}
     doc["machine"] = {"cpu_model": ", ".join(sorted(cpu)), **doc["config"].get("machine", {})}
     doc["config"].pop("machine", None)
@@ -210,7 +214,10 @@ def format_human(doc: dict[str, Any]) -> str:
         lines.append(f"greedy output changed between repeats: {', '.join(unstable)}")
     for s, info in doc["systems"].items():
         v = ", ".join(f"{k} {val}" for k, val in info["versions"].items() if val)
-        lines.append(f"{s}: {v}; threads {info['torch_threads']}, cores {info['affinity']}")
+        cw = info.get("cpu_over_wall")
+        lines.append(f"{s}: {v}; threads {info['torch_threads']}, cores {info['affinity']}"
+                     + (f", thread affinities {info['thread_affinities']}, CPU/wall "
+                        f"{cw['median']:.2f}" if cw else ""))
     return "\n".join(lines)
 
 

@@ -217,9 +217,32 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     gen = SYSTEMS[system](spec, info)
     info["load_s"] = time.perf_counter() - t0
+    w0, c0 = time.perf_counter(), time.process_time()
     info |= measure(gen, spec)
+    # CPU time over wall time of the measurements: about 1.0 on one core (less when other
+    # processes share it); above 1 would mean work ran on another core
+    info["measure_wall_s"] = time.perf_counter() - w0
+    info["measure_cpu_s"] = time.process_time() - c0
     info["affinity_after"] = sorted(os.sched_getaffinity(0))
+    info["thread_affinities"] = _thread_affinities()
     return info
+
+
+def _thread_affinities() -> list[str]:
+    """The distinct ``Cpus_allowed_list`` of this process's threads (Linux), e.g. ``["1"]``."""
+    seen = set()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/status", encoding="utf-8") as f:
+                    for line in f:
+                        if line.startswith("Cpus_allowed_list:"):
+                            seen.add(line.split(":", 1)[1].strip())
+            except OSError:
+                continue
+    except OSError:
+        return []
+    return sorted(seen)
 
 
 def main(argv: list[str]) -> int:
