@@ -35,15 +35,21 @@ def add_model_flag(p: argparse.ArgumentParser) -> None:
 
 
 def resolve_model_arg(spec: str) -> Any:
-    """``registry.resolve_model(spec)`` with its failure as a one-line CLI error: a model
-    package that is not installed is exit 1 (naming the pip command), a path that names
-    nothing loadable is a bad argument (exit 2)."""
-    from pymooncake.cli.main import CommandError, UsageError
-    from pymooncake.engine.model.registry import SMOLLM2, ModelNotFoundError, resolve_model
+    """``registry.resolve_model(spec)`` with its failure as a one-line CLI error, exit 1
+    like every input that cannot be read (README): a model package that is not installed
+    (naming the pip command), a path that does not exist or is not a model, a GGUF file
+    whose header is corrupt or whose tensors end past the end of the file (truncated:
+    checked here, in ~30 ms, so ``serve`` stops before it starts any process)."""
+    from pymooncake.cli.main import CommandError
+    from pymooncake.engine.model.gguf_file import GGUFError, read_gguf_header
+    from pymooncake.engine.model.registry import ModelNotFoundError, resolve_model
     try:
-        return resolve_model(spec)
-    except ModelNotFoundError as e:
-        raise (CommandError if spec == SMOLLM2 else UsageError)(str(e)) from None
+        source = resolve_model(spec)
+        if source.kind == "gguf":
+            read_gguf_header(source.path)
+        return source
+    except (ModelNotFoundError, GGUFError) as e:
+        raise CommandError(str(e)) from None   # the message names the file or --model
 
 
 def add_otel_flag(p: argparse.ArgumentParser) -> None:

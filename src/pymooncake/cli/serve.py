@@ -88,7 +88,7 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
                          f"{args.metadata!r}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
-    resolve_model_arg(args.model)     # exit 2 naming --model (1 for a missing package)
+    resolve_model_arg(args.model)     # exit 1 naming --model (missing file or package)
     kv_blocks = 1 if args.num_kv_blocks is None else args.num_kv_blocks   # None = derived
     for flag, v in (("--num-kv-blocks", kv_blocks),
                     ("--block-size", args.block_size),

@@ -93,6 +93,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         from pymooncake.engine.worker.decode import DecodeWorker
         worker = DecodeWorker(cfg)
     from pymooncake.cli.main import CommandError
+    from pymooncake.engine.model.loader import ModelLoadError
     from pymooncake.engine.worker.base import WorkerFatal
     from pymooncake.obs.tracing import shutdown_tracing
     from pymooncake.store.errors import StoreError
@@ -100,9 +101,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     start_tracing(args, role)
     try:
         return run_until_signal(lambda: worker.serve(print_ready))
-    except (WorkerFatal, StoreError, TransferError, OSError) as e:
+    except (WorkerFatal, StoreError, TransferError, OSError, ModelLoadError) as e:
         # cannot start or cannot join (Store master, metadata service or Conductor refused
-        # or unreachable, segment name taken): one line, not a traceback
+        # or unreachable, segment name taken, model file unreadable): one line, not a
+        # traceback
         raise CommandError(f"{role} {args.id}: {e}") from None
     finally:
         shutdown_tracing()
