@@ -1,0 +1,29 @@
+"""``MooncakeDistributedStore``: Mooncake's Python store class, on pymooncake.
+
+Method names, argument order and return conventions follow Mooncake's
+``mooncake.store.MooncakeDistributedStore`` (wheel ``mooncake-transfer-engine-non-cuda``
+0.3.13.post1; ../shared/MOONCAKE.md "Store"): ints are Mooncake's ``ErrorCode`` numbers
+(0 = OK, negative = error), ``get`` returns ``b''`` for a missing key, ``is_exist`` returns
+1/0/-1. Code written against Mooncake runs unchanged. Every place where pymooncake behaves
+differently, and the methods not provided, are listed in docs/store.md ("Differences from
+Mooncake"). tests/store/compat_api_scenario.py runs the same calls against both.
+"""
+
+from pymooncake.store.compat._store import MooncakeDistributedStore
+from pymooncake.store.compat._types import (
+    BufferHandle,
+    Descriptor,
+    DiskDescriptor,
+    MemoryDescriptor,
+    ObjectDataType,
+    ReplicaDescriptor,
+    ReplicaStatus,
+    ReplicateConfig,
+    SoftPinAction,
+    TaskStatus,
+    TaskType,
+)
+
+__all__ = ["BufferHandle", "Descriptor", "DiskDescriptor", "MemoryDescriptor",
+           "MooncakeDistributedStore", "ObjectDataType", "ReplicaDescriptor", "ReplicaStatus",
+           "ReplicateConfig", "SoftPinAction", "TaskStatus", "TaskType"]
