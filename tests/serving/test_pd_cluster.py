@@ -283,11 +283,18 @@ def test_burst_overlaps_decode_admission_and_output_stays_exact(cluster):
 def test_prefill_done_before_its_late_target_ships_its_kv_from_the_cache(cluster):
     """A ``target_follows`` prefill that ends before its ``SetTarget`` waits for it, then
     writes every full block from the prefix cache: the decode worker gets all of them
-    (nothing to recompute) and the greedy output equals one colocated engine's."""
-    import asyncio
+    (nothing to recompute) and the greedy output equals one colocated engine's.
 
+    The test drives the workers itself, so it plays the Conductor for a decode worker of
+    its own (a real process on the cluster's metadata service): the tokens that worker
+    pushes (numbered ``TokenFrame``s) come to the test."""
+    import asyncio
+    import subprocess
+    import sys
+
+    import pymooncake
     from pymooncake.engine import Engine, EngineConfig, SamplingParams
-    from pymooncake.rpc import RpcClient
+    from pymooncake.rpc import RpcClient, RpcServer
     from pymooncake.rpc.codec import from_wire
     from pymooncake.rpc.messages import (
         DecodeTask,
@@ -297,21 +304,48 @@ def test_prefill_done_before_its_late_target_ships_its_kv_from_the_cache(cluster
         SamplingOptions,
         SetTarget,
         StartDecode,
-        TokenPoll,
+        TokenFrame,
+        TokenFrames,
+        WorkerInfo,
     )
     prompt = _ids(77, 16 * 9 + 5)        # 9 full blocks
     max_tokens = 6
     (ref,) = Engine.from_model_name("tiny", EngineConfig(max_model_len=CONTEXT)).generate(
         [prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-    ws = workers(cluster.url)
-    pre = next(w for k, w in sorted(ws.items()) if w["role"] == "prefill")
-    dec = next(w for k, w in sorted(ws.items()) if w["role"] == "decode")
+    pre = next(w for k, w in sorted(workers(cluster.url).items()) if w["role"] == "prefill")
     sampling = SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
-    async def run() -> tuple[PrefillResult, list[int]]:
+    async def run() -> tuple[PrefillResult, list[TokenFrame]]:
+        registered: asyncio.Future[WorkerInfo] = asyncio.get_running_loop().create_future()
+        frames: asyncio.Queue[TokenFrame] = asyncio.Queue()
+
+        def register(info: WorkerInfo) -> bool:
+            if not registered.done():
+                registered.set_result(info)
+            return True
+
+        def tokens(msg: TokenFrames) -> None:
+            for f in msg.frames:
+                frames.put_nowait(f)
+
+        sink = RpcServer("127.0.0.1", 0)
+        sink.register("register_worker", register, WorkerInfo)
+        sink.register("worker_load", lambda _load: True)
+        sink.register("kv_events", lambda _ev: None)
+        sink.register("tokens", tokens, TokenFrames)
+        await sink.start()
+        src = os.path.dirname(os.path.dirname(pymooncake.__file__))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pymooncake", "decode", "--id", "late-decode",
+             "--conductor", f"127.0.0.1:{sink.port}", "--metadata", cluster.metadata_url,
+             "--model", "tiny", "--max-model-len", str(CONTEXT), "--num-kv-blocks", "512"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", "")))
         pc = RpcClient("127.0.0.1", pre["rpc_port"], timeout_s=20)
-        dc = RpcClient("127.0.0.1", dec["rpc_port"], timeout_s=20)
+        dc = None
         try:
+            info = await asyncio.wait_for(registered, 120)
+            dc = RpcClient("127.0.0.1", info.rpc_port, timeout_s=20)
             call = asyncio.ensure_future(pc.call("prefill", PrefillTask(
                 "late-target", tuple(prompt), sampling, None, False, target_follows=True)))
             await asyncio.sleep(1.0)       # the prefill (~20 ms) is over: parked
@@ -322,18 +356,23 @@ def test_prefill_done_before_its_late_target_ships_its_kv_from_the_cache(cluster
             res = from_wire(PrefillResult, await asyncio.wait_for(call, 20))
             await dc.call("start_decode", StartDecode("late-target", res.first_token_id,
                                                       res.num_sent_blocks))
-            toks: list[int] = [res.first_token_id]
-            while True:
-                r = await dc.call("poll", TokenPoll("late-target", len(toks) - 1))
-                toks += r["token_ids"]
-                if r["finish_reason"] is not None:
-                    return res, toks
+            got: list[TokenFrame] = []
+            while not got or got[-1].finish_reason is None:
+                got.append(await asyncio.wait_for(frames.get(), 20))
+            return res, got
         finally:
+            proc.kill()
+            proc.wait()
             await pc.close()
-            await dc.close()
+            if dc is not None:
+                await dc.close()
+            await sink.stop()
 
-    res, toks = asyncio.run(run())
+    res, got = asyncio.run(run())
     assert res.num_sent_blocks == 9
+    assert [f.seq for f in got] == list(range(len(got)))
+    assert all(f.request_id == "late-target" and f.error is None for f in got)
+    toks = [res.first_token_id] + [t for f in got for t in f.token_ids]
     assert toks == list(ref.output_token_ids)
 
 
@@ -346,6 +385,7 @@ def test_decode_worker_killed_mid_request_fails_cleanly_and_cluster_serves_on(cl
             result["out"] = stream_token_ids(url, _ids(50, 64), 1500, ignore_eos=True)
         except Exception as e:  # noqa: BLE001 - reported below
             result["exc"] = e
+        result["end"] = time.monotonic()
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
@@ -355,9 +395,13 @@ def test_decode_worker_killed_mid_request_fails_cleanly_and_cluster_serves_on(cl
     pid = workers(url)[decode_id]["pid"]
     time.sleep(0.3)  # some tokens have streamed
     os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
     t.join(30)
     assert not t.is_alive(), "the request hung after its decode worker died"
     assert "exc" not in result, result.get("exc")
+    # the decode worker pushes tokens: its death is noticed on the Conductor's connection
+    # to it at once, not only when its load reports are missed (worker_timeout_s = 3 s)
+    assert result["end"] - killed < 2.5
     ids, usage, errors = result["out"]
     assert errors and errors[0]["code"] == "worker_failed"
     assert 0 < len(ids) < 1500

@@ -9,10 +9,11 @@ the same function the simulator calls (DESIGN.md §2, §7; Mooncake FAST'25 Algo
 2. ``prepare_decode`` on the decode worker: local admission + a receive buffer;
 3. ``prefill`` on the prefill worker: reuse (local cache, Store), compute, ship the KV;
    the first token streams back with the *prefill side's* prefix hit (CASES BUG-56);
-4. ``start_decode`` (KV ready), then long-polled tokens until the request finishes.
+4. ``start_decode`` (KV ready); the decode worker then pushes the tokens (``tokens``
+   notices, ``TokenFrames``) and ``TokenRouter`` hands them to the request's stream.
 
-A worker that fails mid-request (connection lost) fails that request with a 503
-``worker_failed`` and leaves the cluster when its reports stop; the others serve on.
+A worker that fails mid-request (connection lost, or it left the cluster view when its
+reports stopped) fails its requests with a 503 ``worker_failed``; the others serve on.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from pymooncake.conductor.policy import (
     schedule,
 )
 from pymooncake.conductor.policy import Rejection as PolicyRejection
+from pymooncake.conductor.token_streams import TokenRouter
 from pymooncake.identity import CacheNamespace, block_keys
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
@@ -59,7 +61,7 @@ from pymooncake.rpc.messages import (
     SetTarget,
     StartDecode,
     TokenEvent,
-    TokenPoll,
+    TokenFrames,
     WorkerInfo,
     WorkerLoad,
 )
@@ -157,12 +159,17 @@ class Conductor:
         self.num_profile_fits = 0
         self._roots: dict[str, Any] = {}
         """request id → its ``serving.request`` span (OpenTelemetry; None while off)."""
+        self.tokens = TokenRouter()
+        """The token streams of the requests being decoded (fed by ``tokens`` notices)."""
+        self._aborting: set[str] = set()
+        """Orphaned requests (nobody waits for their tokens) whose abort is under way."""
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         self.server.register("register_worker", self._register, WorkerInfo)
         self.server.register("worker_load", self._load, WorkerLoad)
         self.server.register("kv_events", self._kv_events, KVEvents)
+        self.server.register("tokens", self._on_tokens, TokenFrames)
         await self.server.start()
         self._tasks.append(asyncio.ensure_future(self._expire_loop()))
 
@@ -187,6 +194,8 @@ class Conductor:
             for w in self.state.expire(time.monotonic()):
                 logger.warning("worker %s left (no load report for %.1f s)",
                                w.info.instance_id, self.config.worker_timeout_s)
+                self.tokens.fail_instance(w.info.instance_id, (
+                    f"no load report for {self.config.worker_timeout_s} s"))
                 if w.client is not None:
                     await w.client.close()
 
@@ -220,11 +229,21 @@ class Conductor:
                            f" ({diff}): start every worker with the same --model, dtype and "
                            "block size")
         old = self.state.workers.get(info.instance_id)
-        if old is not None and old.client is not None:
-            await old.client.close()
+        if old is not None:
+            # the same process registering again (its reports timed out) still decodes
+            # its requests and pushes their tokens; a restarted one lost them
+            if (old.info.host, old.info.rpc_port, old.info.pid) != (info.host, info.rpc_port,
+                                                                    info.pid):
+                self.tokens.fail_instance(info.instance_id, "it was restarted")
+            if old.client is not None:
+                old.client.on_disconnect = None
+                await old.client.close()
         entry = self.state.register(info, time.monotonic())
         entry.client = RpcClient(info.host, info.rpc_port, timeout_s=self.config.rpc_timeout_s,
                                  connect_timeout_s=2.0)
+        # a worker that dies closes this connection at once: its pushed tokens stop without
+        # a word, so its streams fail now rather than when its load reports are missed
+        entry.client.on_disconnect = lambda reason: self._connection_lost(entry, reason)
         logger.info("worker %s (%s) registered at %s:%d", info.instance_id, info.role,
                     info.host, info.rpc_port)
         return True
@@ -234,6 +253,22 @@ class Conductor:
 
     def _kv_events(self, ev: KVEvents) -> None:
         self.state.kv_events(ev)
+
+    def _connection_lost(self, entry: WorkerEntry, reason: str) -> None:
+        if self.state.workers.get(entry.info.instance_id) is entry:
+            self.tokens.fail_instance(entry.info.instance_id, reason)
+
+    def _on_tokens(self, msg: TokenFrames) -> None:
+        """A worker's pushed token frames (one-way); the requests nobody here waits for
+        any more (client gone) are aborted on the worker, so none decodes for nobody."""
+        orphans = self.tokens.deliver(msg)
+        w = self.state.workers.get(msg.instance_id)
+        for rid in orphans:
+            if w is None or rid in self._aborting:
+                continue
+            self._aborting.add(rid)
+            task = asyncio.ensure_future(self._abort(w, rid))
+            task.add_done_callback(lambda _t, rid=rid: self._aborting.discard(rid))
 
     # -- health ---------------------------------------------------------------------------
     def waiting_for(self) -> list[str]:
@@ -393,19 +428,6 @@ class Conductor:
             dw.decodes.pop(rid, None)
         self.in_flight.pop(rid, None)
 
-    async def _poll_tokens(self, w: WorkerEntry, rid: str, start: int
-                           ) -> AsyncIterator[dict[str, Any]]:
-        n = start
-        timeout = self.config.poll_timeout_s
-        while True:
-            r = await w.client.call("poll", TokenPoll(rid, n, timeout), timeout_s=timeout + 10)
-            if r.get("error"):
-                raise RpcError("DECODE_FAILED", str(r["error"]))
-            n += len(r["token_ids"])
-            yield r
-            if r.get("finish_reason") is not None:
-                return
-
     def _store_hint(self, keys: list[str]) -> int:
         """Leading prompt blocks the Store holds, per the Store's KV events."""
         held = self.state.store_keys
@@ -487,18 +509,19 @@ class Conductor:
             if done:
                 return
             stage = "decode"
+            stream = self.tokens.open(rid, dw.info.instance_id)   # before it can push
             await dw.client.call("start_decode", StartDecode(rid, res.first_token_id,
                                                              res.num_sent_blocks))
             t2 = time.monotonic()
             # no span around a yield: the consumer may resume us in another context
-            async for r in self._poll_tokens(dw, rid, 0):
-                fin = r.get("finish_reason")
+            async for f in stream.frames():
+                fin = f.finish_reason
                 if fin is not None:
                     finished = True
                     self._stage(rid, "decode_stream", t2, time.monotonic())
-                    self._observe(rid, r.get("stages"))
-                if r["token_ids"] or fin is not None:
-                    yield TokenEvent(rid, tuple(r["token_ids"]), fin,
+                    self._observe(rid, f.stages)
+                if f.token_ids or fin is not None:
+                    yield TokenEvent(rid, f.token_ids, fin,
                                      cached_tokens=res.cached_tokens if fin else None)
         except RpcError as e:
             logger.warning("request %s failed in %s: %s", rid, stage, e)
@@ -508,6 +531,7 @@ class Conductor:
                 prefill_call.cancel()            # no-op when it is done
                 with contextlib.suppress(BaseException):
                     await prefill_call           # (also retrieves an unread failure)
+            self.tokens.close(rid)
             self._unbook(rid, pw, dw)
             if not finished:
                 await self._abort(pw, rid)
@@ -523,26 +547,28 @@ class Conductor:
         try:
             await w.client.call("prepare_decode", DecodeTask(rid, req.prompt_token_ids,
                                                              req.sampling, 0))
+            stream = self.tokens.open(rid, w.info.instance_id)    # before it can push
             await w.client.call("start_decode", StartDecode(rid, None))
             stage = "generate"
             cached = None
-            async for r in self._poll_tokens(w, rid, 0):
-                if r.get("cached_tokens") is not None and cached is None:
-                    cached = int(r["cached_tokens"])
+            async for f in stream.frames():
+                if f.cached_tokens is not None and cached is None:
+                    cached = f.cached_tokens
                     HIT_TOKENS.inc(cached)
-                if r["token_ids"] and rid in w.prefills:
+                if f.token_ids and rid in w.prefills:
                     w.prefills.pop(rid, None)
                     self._stage(rid, "ttft", req.arrival_time_s or t0, time.monotonic())
-                fin = r.get("finish_reason")
+                fin = f.finish_reason
                 if fin is not None:
                     finished = True
-                    self._observe(rid, r.get("stages"))
-                if r["token_ids"] or fin is not None:
-                    yield TokenEvent(rid, tuple(r["token_ids"]), fin, cached_tokens=cached)
+                    self._observe(rid, f.stages)
+                if f.token_ids or fin is not None:
+                    yield TokenEvent(rid, f.token_ids, fin, cached_tokens=cached)
         except RpcError as e:
             logger.warning("request %s failed in %s: %s", rid, stage, e)
             raise _worker_failed(stage, e) from None
         finally:
+            self.tokens.close(rid)
             self._unbook(rid, w, None)
             if not finished:
                 await self._abort(w, rid)

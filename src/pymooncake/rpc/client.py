@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from pymooncake.rpc.codec import HEADER, MAX_FRAME_BYTES, pack_frame, to_wire, unpack_body
@@ -50,6 +51,10 @@ class RpcClient:
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._connect_lock: asyncio.Lock | None = None
+        self.on_disconnect: Callable[[str], None] | None = None
+        """Called (on the event loop, with the reason) when an open connection ends: lost,
+        closed by the server or by ``close``. A service that expects one-way traffic from
+        the peer on another connection learns from it that the peer is gone."""
 
     async def _ensure_connected(self) -> asyncio.StreamWriter:
         if self._writer is not None and not self._writer.is_closing():
@@ -97,6 +102,9 @@ class RpcClient:
                     del buf[:pos]
         except ConnectionError as e:
             reason = f"connection lost: {e}"
+        except asyncio.CancelledError:
+            reason = "connection closed by the client"
+            raise
         finally:
             if self._writer is not None:
                 self._writer.close()
@@ -106,6 +114,8 @@ class RpcClient:
                     fut.set_exception(RpcConnectionError(
                         f"{self.host}:{self.port}: {reason}"))
             self._pending.clear()
+            if self.on_disconnect is not None:
+                self.on_disconnect(f"{self.host}:{self.port}: {reason}")
 
     def _deliver(self, body: bytes) -> None:
         try:

@@ -233,9 +233,28 @@ class PrefillResult:
 
 
 @dataclass(frozen=True, slots=True)
-class TokenPoll:
-    """Long-poll a worker for a request's tokens from index ``start``."""
+class TokenFrame:
+    """New tokens of one request, pushed by the decode (or colocated) worker to the
+    Conductor. Frames of one request are numbered ``seq`` = 0, 1, 2… in the order the
+    worker sent them (all on its one connection to the Conductor): a missing number means
+    frames were lost, and the Conductor fails the request instead of serving a hole."""
 
     request_id: str
-    start: int
-    timeout_s: float = 5.0
+    seq: int
+    token_ids: tuple[int, ...] = ()
+    finish_reason: str | None = None
+    """Set on the request's last frame: ``"stop"``, ``"length"`` or ``"abort"``."""
+    error: str | None = None
+    """The request failed on the worker (the last frame then)."""
+    cached_tokens: int | None = None
+    """Colocated: prompt tokens this worker's own prefix cache supplied (first frame on)."""
+    stages: tuple[tuple[str, float, float], ...] = ()
+    """On the last frame: ``(stage, start, end)`` windows the worker measured (unix s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenFrames:
+    """One engine step's token frames of one worker (one-way ``tokens`` notice)."""
+
+    instance_id: str
+    frames: tuple[TokenFrame, ...]

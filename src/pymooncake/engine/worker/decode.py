@@ -5,16 +5,17 @@ reserves a receive buffer registered with the Transfer Engine; the prefill worke
 prompt's full blocks there; ``start_decode(StartDecode)`` (the KV-ready notice) adds the
 request — prompt plus the prefill's first token — whose arrived blocks the engine loads into
 its paged cache layer by layer (``kv_receiver.KVReceiver``) before joining the continuous
-batch. Tokens are fetched by the Conductor with ``poll`` (long-poll). Colocated role: no
-receive buffer, the engine computes the prompt itself. Mooncake FAST'25 §3.1 step 4.
+batch. After each engine step the new tokens are pushed to the Conductor: one one-way
+``tokens`` notice (``TokenFrames``) per step, one numbered ``TokenFrame`` per request in it,
+sent in order on the worker's one connection to the Conductor. Colocated role: no receive
+buffer, the engine computes the prompt itself. Mooncake FAST'25 §3.1 step 4.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pymooncake.engine.kv_receiver import KVReceiver
@@ -22,7 +23,7 @@ from pymooncake.engine.worker.base import PREFILL_TOKENS, EngineWorker, to_sampl
 from pymooncake.engine.worker.stages import StageClock
 from pymooncake.obs.logging import init_logger
 from pymooncake.rpc import RpcError
-from pymooncake.rpc.messages import DecodeTask, KVTarget, StartDecode, TokenPoll
+from pymooncake.rpc.messages import DecodeTask, KVTarget, StartDecode, TokenFrame, TokenFrames
 
 logger = init_logger(__name__)
 
@@ -62,16 +63,12 @@ class StepTimeModel:
 @dataclass(slots=True)
 class _Stream:
     task: DecodeTask
-    tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    cached_tokens: int | None = None
-    error: str | None = None
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
     started: bool = False
     first_token_id: int | None = None
     need_blocks: int = 0
     """KV blocks admission set aside for it until it starts."""
-    stages: tuple[tuple[str, float, float], ...] = ()
+    seq: int = 0
+    """Number of its next ``TokenFrame``."""
 
 
 class DecodeWorker(EngineWorker):
@@ -88,6 +85,9 @@ class DecodeWorker(EngineWorker):
         self._recv_releases = 0
         """Receive buffers released so far (the receive queue's progress)."""
         """Requests queued for receive space (event loop), in arrival order."""
+        self._outbox: list[TokenFrame] = []
+        """Token frames waiting for ``_send_frames`` (event loop)."""
+        self._sender: asyncio.Task[None] | None = None
         self.step_times = StepTimeModel()
         """Measured step time vs batch size (engine thread adds; admission reads)."""
         self.clock = (StageClock("decode", "decode_queue") if config.role == "decode"
@@ -118,7 +118,6 @@ class DecodeWorker(EngineWorker):
     def register_methods(self) -> None:
         self.server.register("prepare_decode", self._prepare, DecodeTask)
         self.server.register("start_decode", self._start, StartDecode)
-        self.server.register("poll", self._poll, TokenPoll)
         self.server.register("abort", self._abort)
 
     # -- RPC handlers (event loop) -------------------------------------------------------
@@ -254,22 +253,6 @@ class DecodeWorker(EngineWorker):
         st.started = True
         return True
 
-    async def _poll(self, p: TokenPoll) -> dict[str, Any]:
-        st = self._streams.get(p.request_id)
-        if st is None:
-            raise RpcError("UNKNOWN_REQUEST", f"request {p.request_id} is not here")
-        if len(st.tokens) <= p.start and st.finish_reason is None and st.error is None:
-            st.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(st.changed.wait(), max(0.01, p.timeout_s))
-        out = {"token_ids": st.tokens[p.start:], "finish_reason": st.finish_reason,
-               "cached_tokens": st.cached_tokens, "error": st.error}
-        if st.finish_reason is not None and st.stages:
-            out["stages"] = [list(w) for w in st.stages]
-        if st.finish_reason is not None or st.error is not None:
-            self._streams.pop(p.request_id, None)
-        return out
-
     async def _abort(self, request_id: Any) -> bool:
         rid = str(request_id)
         self._streams.pop(rid, None)
@@ -293,10 +276,43 @@ class DecodeWorker(EngineWorker):
             self.receiver.release(rid)
 
     def _finish_stream(self, rid: str, reason: str) -> None:
-        st = self._streams.get(rid)
-        if st is not None:
-            st.finish_reason = reason
-            st.changed.set()
+        self._push([(rid, [], reason, None, ())])
+
+    def _push(self, updates: list[tuple[str, list[int], str | None, int | None,
+                                        tuple[tuple[str, float, float], ...]]],
+              error: str | None = None) -> None:
+        """Event loop: frame ``updates`` (request id, new tokens, finish reason, cached
+        tokens, stages) for the requests still streaming and queue them for the Conductor;
+        a request's last frame (finished, or ``error``) ends its stream here."""
+        for rid, toks, reason, cached, stages in updates:
+            st = self._streams.get(rid)
+            if st is None:       # aborted meanwhile
+                continue
+            err = error
+            if reason == "error":
+                reason, err = "abort", "generation failed (KV load)"
+            self._outbox.append(TokenFrame(
+                rid, st.seq, tuple(toks), reason, err,
+                cached if st.first_token_id is None else None, stages))
+            st.seq += 1
+            if reason is not None or err is not None:
+                del self._streams[rid]
+        if self._outbox and (self._sender is None or self._sender.done()):
+            self._sender = asyncio.ensure_future(self._send_frames())
+
+    async def _send_frames(self) -> None:
+        """Send the outbox, oldest first, one ``tokens`` notice at a time: the frames of a
+        request leave in order on the one connection. Frames the connection loses show
+        up at the Conductor as a sequence gap (or its stream fails with the link)."""
+        c = self._conductor
+        assert c is not None
+        while self._outbox:
+            frames, self._outbox = self._outbox, []
+            try:
+                await c.notify("tokens", TokenFrames(self.config.instance_id, tuple(frames)))
+            except RpcError as e:
+                logger.warning("token frames of %d requests not sent: %s",
+                               len({f.request_id for f in frames}), e)
 
     # -- engine thread --------------------------------------------------------------------
     def on_step_timed(self, batch_size: int, seconds: float) -> None:
@@ -333,7 +349,7 @@ class DecodeWorker(EngineWorker):
                 stages = self.clock.pop(rid) if reason is not None else ()
                 updates.append((rid, list(toks[n:]), reason, cached, stages))
         if updates:
-            self.post(lambda: self._apply(updates))
+            self.post(lambda: self._push(updates))
 
     def on_failed(self, request_id: str, reason: str) -> None:
         self.clock.forget(request_id)
@@ -341,26 +357,4 @@ class DecodeWorker(EngineWorker):
         if self.receiver is not None:
             self.receiver.release(request_id)
 
-        def fail() -> None:
-            st = self._streams.get(request_id)
-            if st is not None:
-                st.error = reason
-                st.changed.set()
-        self.post(fail)
-
-    def _apply(self, updates: list[tuple[str, list[int], str | None, int | None,
-                                         tuple[tuple[str, float, float], ...]]]) -> None:
-        for rid, toks, reason, cached, stages in updates:
-            st = self._streams.get(rid)
-            if st is None:
-                continue
-            st.tokens.extend(toks)
-            if cached is not None and st.first_token_id is None:
-                st.cached_tokens = cached  # colocated: this engine's own prefix hit
-            if stages:
-                st.stages = stages
-            if reason is not None:
-                st.finish_reason = "abort" if reason == "error" else reason
-                if reason == "error":
-                    st.error = "generation failed (KV load)"
-            st.changed.set()
+        self.post(lambda: self._push([(request_id, [], None, None, ())], error=reason))
