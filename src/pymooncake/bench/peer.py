@@ -349,8 +349,8 @@ def run_peer(model: str, repeats: int = 3, peers: Sequence[str] = ("vllm", "hf")
              vllm_python: str = DEFAULT_VLLM_PYTHON, core: int | None = None,
              threads: int = 1, prefill_len: int = 512, batches: Sequence[int] = (1, 16),
              decode_len: int = 128, decode_tokens: int = 64, greedy_tokens: int = 32,
-             dtype: str = "float32", workdir: str | None = None, progress=None
-             ) -> dict[str, Any]:
+             dtype: str = "float32", workdir: str | None = None, progress=None,
+             copy_bytes: int = 1 << 29) -> dict[str, Any]:
     """Run the comparison and return ``aggregate``'s document (plus the raw runs)."""
     bad = [p for p in peers if p not in ("vllm", "hf")]
     if bad:
@@ -389,7 +389,8 @@ def run_peer(model: str, repeats: int = 3, peers: Sequence[str] = ("vllm", "hf")
                         "core": core, "threads": threads, "dtype": dtype,
                         "prefill_len": prefill_len, "batches": list(batches),
                         "decode_len": decode_len, "decode_tokens": decode_tokens,
-                        "greedy_tokens": greedy_tokens, "prompts": prompts}
+                        "greedy_tokens": greedy_tokens, "copy_bytes": copy_bytes,
+                        "prompts": prompts}
                 if progress:
                     progress(f"repeat {r + 1}/{repeats}: {s} ({time.perf_counter() - t0:.0f} s)")
                 runs.append(run_child(pythons[s], spec, wd))

@@ -125,7 +125,7 @@ def _ours(spec: dict[str, Any], info: dict[str, Any]) -> Generate:
     info["torch_threads"] = torch.get_num_threads()
     model = engine.model
     info["weight_bytes_per_token"] = _weight_bytes_per_token(model)
-    info["copy_bandwidth"] = copy_bandwidth()
+    info["copy_bandwidth"] = copy_bandwidth(spec.get("copy_bytes", 1 << 29))
 
     def gen(prompts: list[list[int]], n: int) -> list[list[int]]:
         params = SamplingParams(max_tokens=n, ignore_eos=True)
