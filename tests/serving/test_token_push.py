@@ -126,3 +126,55 @@ def test_client_disconnect_mid_stream_stops_the_decode_worker_promptly(make_clus
              and not health(url)["requests"], 5.0,
              "the decode worker stopping the abandoned request")
     assert time.monotonic() - gone < 5.0
+
+
+def test_tokens_nobody_waits_for_get_their_request_aborted_on_the_worker(make_cluster):
+    """A request the Conductor does not know (here started on the worker behind its back;
+    in life, one whose client left before the stream's own abort got through) pushes
+    frames; the Conductor drops them and aborts the request on the worker."""
+    from pymooncake.rpc import RpcClient
+    from pymooncake.rpc.messages import DecodeTask, SamplingOptions, StartDecode
+
+    url = make_cluster(colocated=True, num_prefill=1).url
+    wid, w = next(iter(workers(url).items()))
+    before = _counter(url, "pymooncake_conductor_orphan_aborts_total")
+    task = DecodeTask("nobody-waits", tuple(range(1, 65)),
+                      SamplingOptions(max_tokens=8000, temperature=0.0, ignore_eos=True))
+
+    async def start() -> None:
+        c = RpcClient("127.0.0.1", w["rpc_port"], timeout_s=20)
+        try:
+            await c.call("prepare_decode", task)
+            assert await c.call("start_decode", StartDecode("nobody-waits"))
+        finally:
+            await c.close()
+
+    asyncio.run(start())
+    started = time.monotonic()
+    wait_for(lambda: _counter(url, "pymooncake_conductor_orphan_aborts_total") > before,
+             5.0, "the Conductor aborting the orphan")
+
+    async def gone() -> bool:     # the worker forgot it: it may be admitted afresh
+        c = RpcClient("127.0.0.1", w["rpc_port"], timeout_s=20)
+        try:
+            await c.call("prepare_decode", task)
+            await c.call("abort", task.request_id)
+            return True
+        except RpcError as e:
+            assert e.code == "DUPLICATE", e
+            return False
+        finally:
+            await c.close()
+
+    wait_for(lambda: asyncio.run(gone()), 5.0, "the worker dropping the orphan")
+    wait_for(lambda: workers(url)[wid]["num_running"] == 0, 5.0, "the worker idle")
+    assert time.monotonic() - started < 10.0     # 8000 tokens would take ~25 s
+
+
+def _counter(url: str, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        for smp in fam.samples:
+            if smp.name == name:
+                return smp.value
+    return 0.0

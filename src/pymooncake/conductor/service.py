@@ -82,6 +82,9 @@ OVERLAPPED = metrics.counter("pymooncake_conductor_overlapped_admissions_total",
 LATE_TARGETS = metrics.counter("pymooncake_conductor_late_targets_total",
                                "overlapped requests whose SetTarget found no prefill waiting "
                                "for it (aborted meanwhile)")
+ORPHAN_ABORTS = metrics.counter("pymooncake_conductor_orphan_aborts_total",
+                                "requests aborted on their worker because it pushed tokens "
+                                "nobody here waits for (client gone, request failed)")
 STAGE_S = metrics.histogram("pymooncake_conductor_stage_seconds",
                             "time per request stage (s): the Conductor's own (tokenize, "
                             "schedule, prepare_decode, prefill_rpc, ttft, decode_stream) and "
@@ -161,7 +164,7 @@ class Conductor:
         """request id → its ``serving.request`` span (OpenTelemetry; None while off)."""
         self.tokens = TokenRouter()
         """The token streams of the requests being decoded (fed by ``tokens`` notices)."""
-        self._aborting: set[str] = set()
+        self._aborting: dict[str, asyncio.Task[None]] = {}
         """Orphaned requests (nobody waits for their tokens) whose abort is under way."""
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -266,9 +269,9 @@ class Conductor:
         for rid in orphans:
             if w is None or rid in self._aborting:
                 continue
-            self._aborting.add(rid)
-            task = asyncio.ensure_future(self._abort(w, rid))
-            task.add_done_callback(lambda _t, rid=rid: self._aborting.discard(rid))
+            ORPHAN_ABORTS.inc()
+            task = self._aborting[rid] = asyncio.ensure_future(self._abort(w, rid))
+            task.add_done_callback(lambda _t, rid=rid: self._aborting.pop(rid, None))
 
     # -- health ---------------------------------------------------------------------------
     def waiting_for(self) -> list[str]:
