@@ -172,7 +172,7 @@ def test_bug_21_leases_cover_the_whole_matched_prefix() -> None:
     for i, key in enumerate(["A", "B", "X", "Y"]):
         put(core, key, 4096, float(i))
     for key in ["A", "B"]:  # lock(h): the matched node and all its ancestors
-        assert core.exist("req", key, 10.0)
+        core.get_replica_list("req", key, 10.0)  # a read leases (exist does not, BUG-16)
     evicted = core.evict(1 << 40, 11.0)
     assert sorted(evicted) == ["X", "Y"]
     assert sorted(core.list_keys()) == ["A", "B"]
@@ -192,7 +192,7 @@ def test_eviction_at_watermark_skips_leased_and_pinned() -> None:
     for i in range(90):
         cfg = hard if i == 0 else soft if i == 1 else R1
         put(core, f"k{i:02d}", obj, float(i), config=cfg)
-    core.exist("reader", "k02", 100.0)  # leased
+    core.get_replica_list("reader", "k02", 100.0)  # leased
     core.tick(100.0)
     assert core.pool.used_bytes() == 90 * obj  # exactly at the watermark: no eviction
     put(core, "k90", obj, 101.0)
@@ -359,7 +359,7 @@ def test_bug_34_exist_excludes_failed_segments_without_lease() -> None:
     assert core.exist("c2", "one", 2.0, frozenset({"s1"})) is False
     assert core.lease_count("one", 2.0) == 0
     assert core.exist("c2", "one", 2.0, frozenset({"s0", "s2"})) is True
-    assert core.lease_count("one", 2.0) == 1
+    assert core.lease_count("one", 2.0) == 0  # exist never leases (BUG-16)
     assert core.exist("c2", "two", 2.0, frozenset({"s1"})) is True
     assert core.exist("c2", "two", 2.0, frozenset(segs)) is False
     assert core.exist("c2", "one", 2.0) is True  # nothing excluded: the table's answer

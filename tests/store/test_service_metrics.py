@@ -40,7 +40,7 @@ def test_metrics_and_malformed_requests() -> None:
                 await c.call("put_end", {"client_id": "c", "key": key,
                                          "generation": h["generation"]})
                 now["t"] += 1.0
-            await c.call("exist", {"client_id": "r", "key": "nsB:k4"})
+            await c.call("get_replica_list", {"client_id": "r", "key": "nsB:k4"})  # leases
             # malformed requests are refused; the master keeps serving
             for bad in (None, [], {"client_id": 3, "key": "x"}, {"key": "x"}):
                 try:

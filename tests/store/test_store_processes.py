@@ -140,7 +140,7 @@ def test_eviction_at_watermark_skips_leased_and_pinned(cluster_factory) -> None:
             # 14 × 64 KiB = 0.875 of 1 MiB: under the 0.90 watermark, nothing evicted
             time.sleep(0.3)
             assert len(w.list_keys()) == 14
-            assert r.exist("o02")  # leased by the reader
+            assert r.get("o02") == vals["o02"]  # leased by the reader
         w.put(k, v, cfgs.get(k))
     # 15 objects = 0.9375 > 0.90: a pass frees max(5% of 1 MiB, excess) → one object,
     # the least recently used one that is not pinned, leased or unpublished: o03
@@ -207,8 +207,8 @@ def test_bug_27_ssd_spill_and_read_back_byte_exact(cluster_factory, tmp_path) ->
     for k in keys:
         got = r.get(k)
         assert len(got) == MiB and got == vals[k]
-    files = list((tmp_path / "ssd").iterdir())
-    assert files and all(f.stat().st_size == MiB for f in files)
+    files = list((tmp_path / "ssd").rglob("*.obj"))
+    assert files and all(MiB < f.stat().st_size < MiB + 4096 for f in files)
 
 
 def test_bad_input_is_refused_and_nothing_is_disturbed(cluster_factory) -> None:
@@ -390,7 +390,7 @@ def test_bug_31_master_restart_forgets_and_never_serves_wrong_bytes(cluster_fact
     cl.restart_master()
     assert wait_until(lambda: c.ping() and c.stats()["num_segments"] == 2, 10.0)
     # the remounted SSD tier dropped files nobody can name any more
-    assert wait_until(lambda: not list((tmp_path / "ssd").glob("*.obj")), 5.0)
+    assert wait_until(lambda: not list((tmp_path / "ssd").rglob("*.obj")), 5.0)
     for k in old:  # documented: no snapshot, so every old key is a miss, never other bytes
         assert status_of(c.get, k) == "NOT_FOUND"
     new = {f"new{i:03d}": pattern(1000 + i, 30 * 1024) for i in range(100)}

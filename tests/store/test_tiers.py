@@ -8,7 +8,7 @@ import random
 import pytest
 
 from pymooncake.store.tiers.dram_segment import DramSegment, OffsetAllocator
-from pymooncake.store.tiers.ssd import SsdFull, SsdTier
+from pymooncake.store.tiers.ssd import SsdCorrupt, SsdFull, SsdTier
 
 MiB = 1 << 20
 
@@ -79,8 +79,8 @@ def test_bug_26_ssd_tier_evicts_lru_by_default(tmp_path) -> None:
     for k, v in values.items():
         tier.put(k, v)
         assert tier.used_bytes <= 10 * MiB
-    on_disk = sum(p.stat().st_size for p in tmp_path.iterdir())
-    assert on_disk <= 10 * MiB
+    on_disk = sum(p.stat().st_size for p in tmp_path.glob("*.obj"))
+    assert on_disk <= 10 * MiB + 10 * 4096  # object bytes plus a small header per file
     for i in range(20):
         assert tier.get(f"k{i}") is None
     for i in range(20, 30):
@@ -101,7 +101,9 @@ def test_bug_26_no_eviction_policy_refuses_without_partial_file(tmp_path) -> Non
 def test_ssd_truncated_file_is_a_miss_not_partial(tmp_path) -> None:
     tier = SsdTier(tmp_path, MiB)
     tier.put("a", b"z" * 1000)
-    (f,) = list(tmp_path.iterdir())
-    f.write_bytes(b"z" * 10)
+    (f,) = list(tmp_path.glob("*.obj"))
+    f.write_bytes(f.read_bytes()[:-10])
+    with pytest.raises(SsdCorrupt):  # an error, never the partial bytes
+        tier.get("a")
     assert tier.get("a") is None
     assert "a" not in tier

@@ -59,7 +59,7 @@ from pymooncake.store.protocol import (
     replica_list_from_wire,
 )
 from pymooncake.store.tiers.dram_segment import OffsetAllocator
-from pymooncake.store.tiers.ssd import SsdFull, SsdTier
+from pymooncake.store.tiers.ssd import SsdCorrupt, SsdFull, SsdTier
 
 logger = init_logger(__name__)
 
@@ -70,6 +70,10 @@ M_GETS = metrics.counter("pymooncake_store_client_gets_total",
 
 _LOCAL_DONE = StoreError(ErrorCode.OK, "served from the local segment")
 """Marks a read already served by a memcpy from this client's own segment."""
+_NEEDS_LOAD = StoreError(ErrorCode.NO_AVAILABLE_HANDLE, "held only on SSD: load it first")
+"""Marks a key ``batch_get`` loads back from SSD in a later round."""
+_LOAD_CHUNK = 16
+"""Keys a ``batch_get`` round asks the master to load from SSD at once."""
 _PUT_LATENCY = M_OP_LATENCY.labels("put")
 _GET_LATENCY = M_OP_LATENCY.labels("get")
 _GET_RESULT = {r: M_GETS.labels(r) for r in ("hit", "miss", "error")}
@@ -194,7 +198,9 @@ class StoreClient:
             self._segment_arr[::4096] = 0  # commit the pages now (Mooncake allocates up front)
             self.segment_base = self._dp.register(self._segment_buf)
             if self._ssd_path:
-                self.ssd = SsdTier(self._ssd_path, self._ssd_capacity)
+                # its own subdirectory of the path, locked: processes given the same
+                # --ssd-path never touch each other's files (case BUG-29)
+                self.ssd = SsdTier.claim(self._ssd_path, self._ssd_capacity)
         ready = threading.Event()
         self._thread = threading.Thread(target=self._bg_main, args=(ready,), daemon=True,
                                         name=f"store-client-{self.client_id}")
@@ -275,6 +281,8 @@ class StoreClient:
             with contextlib.suppress(Exception):
                 self._segment_buf.close()
             self._segment_buf = None
+        if self.ssd is not None:
+            self.ssd.close()
 
     def __enter__(self) -> StoreClient:
         return self.start()
@@ -351,7 +359,11 @@ class StoreClient:
     async def _ssd_load(self, order: LoadOrder) -> dict[str, Any]:
         if self.ssd is None:
             return {"ok": False}
-        data = await self.ssd.aget(order.key)
+        try:
+            data = await self.ssd.aget(order.key)
+        except SsdCorrupt as e:  # never hand damaged bytes on (case BUG-60)
+            logger.warning("SSD copy of %r is corrupt, dropped: %s", order.key, e)
+            return {"ok": False, "corrupt": True}
         if data is None or len(data) != order.length:
             return {"ok": False}
         self._seg_view(order.addr, order.length)[:] = np.frombuffer(data, dtype=np.uint8)
@@ -598,7 +610,11 @@ class StoreClient:
 
     # -- get ---------------------------------------------------------------------------
 
-    def _plan(self, keys: Sequence[str], prefer_local: bool) -> list[_ReadPlan]:
+    def _plan(self, keys: Sequence[str], prefer_local: bool, load: bool = True
+              ) -> list[_ReadPlan]:
+        """Replica lists (and leases) for ``keys``. ``load=False``: a key held only on SSD
+        is not loaded here but marked ``_NEEDS_LOAD`` (``batch_get`` loads it in a later
+        round, after the DRAM-resident keys were read and gave their leases back)."""
         plans = [_ReadPlan(k) for k in keys]
         ask = []
         for p in plans:
@@ -614,12 +630,16 @@ class StoreClient:
                            {"client_id": self.client_id, "keys": [p.key for p in ask]})
         answers = [self._batch_item(item) for item in res]
         queried = [t_query] * len(ask)  # when each lease was asked for (client clock)
-        load = [i for i, r in enumerate(answers) if isinstance(r, dict) and r.get("promote")]
-        if load:  # held only on SSD: the master loads them back into DRAM first
+        load_ix = [i for i, r in enumerate(answers) if isinstance(r, dict) and r.get("promote")]
+        if load_ix and not load:
+            for i in load_ix:
+                answers[i] = _NEEDS_LOAD
+            load_ix = []
+        if load_ix:  # held only on SSD: the master loads them back into DRAM first
             res = self._master("load_replica_list", KeysRequest(
-                self.client_id, tuple(ask[i].key for i in load)))
+                self.client_id, tuple(ask[i].key for i in load_ix)))
             loaded = []
-            for i, item in zip(load, res, strict=True):
+            for i, item in zip(load_ix, res, strict=True):
                 answers[i] = self._batch_item(item)
                 if not isinstance(answers[i], StoreError):
                     loaded.append(i)
@@ -630,7 +650,7 @@ class StoreClient:
                 for i, item in zip(loaded, res, strict=True):
                     r = self._batch_item(item)
                     if isinstance(r, dict) and r.get("promote"):
-                        r = StoreError(ErrorCode.OBJECT_NOT_FOUND,
+                        r = StoreError(ErrorCode.NO_AVAILABLE_HANDLE,  # retryable
                                        f"{ask[i].key!r} left DRAM again before it was read")
                     answers[i] = r
                     queried[i] = t_again
@@ -698,8 +718,8 @@ class StoreClient:
 
     def _finish_read(self, p: _ReadPlan) -> None:
         """The one lease check of every read path, after the copy (case BUG-15)."""
-        if p.error is _LOCAL_DONE:
-            return  # checked by the caller once the local copy is done
+        if p.error is _LOCAL_DONE or p.error is _NEEDS_LOAD:
+            return  # checked by the caller once the local copy (or the load) is done
         if p.error is None and self._clock() >= p.lease_expiry:
             p.error = StoreError(ErrorCode.LEASE_EXPIRED,
                                  f"{p.key!r}: read lease lapsed before the copy completed")
@@ -717,8 +737,41 @@ class StoreClient:
 
     def batch_get(self, keys: Sequence[str], prefer_local: bool = True
                   ) -> list[bytes | StoreError]:
+        """One value or ``StoreError`` per key. Keys held only on SSD are loaded back into
+        DRAM by the master; when they do not all fit at once (a batch larger than the
+        memory tier), the keys already read give their leases back and the rest are read
+        in further rounds while each round makes progress, instead of the whole batch
+        waiting out its RPC timeout (case BUG-62)."""
         t0 = time.perf_counter()
-        plans = self._plan(keys, prefer_local)
+        keys = list(keys)
+        out = self._batch_get_round(keys, prefer_local, load=False)
+        todo = [i for i, v in enumerate(out) if v is _NEEDS_LOAD]
+        done = [keys[i] for i, v in enumerate(out) if not isinstance(v, StoreError)]
+        while todo:
+            if done:  # read and copied: give the leases back so eviction may reuse the DRAM
+                with contextlib.suppress(StoreError):
+                    self.release_leases(done)
+            chunk, todo = todo[:_LOAD_CHUNK], todo[_LOAD_CHUNK:]
+            res = self._batch_get_round([keys[i] for i in chunk], prefer_local, load=True)
+            done = []
+            for i, v in zip(chunk, res, strict=True):
+                out[i] = v
+                if not isinstance(v, StoreError):
+                    done.append(keys[i])
+                elif v.code == ErrorCode.NO_AVAILABLE_HANDLE:
+                    todo.append(i)  # no room yet: again after this chunk's leases are back
+            if not done:  # a round without progress: the rest keep their errors
+                break
+        for i, v in enumerate(out):
+            if v is _NEEDS_LOAD:
+                out[i] = StoreError(ErrorCode.NO_AVAILABLE_HANDLE,
+                                    f"{keys[i]!r}: no DRAM room to load it from SSD")
+        _GET_LATENCY.observe(time.perf_counter() - t0)
+        return out
+
+    def _batch_get_round(self, keys: Sequence[str], prefer_local: bool, load: bool
+                         ) -> list[bytes | StoreError]:
+        plans = self._plan(keys, prefer_local, load)
         views: dict[int, np.ndarray] = {}
         for i, p in enumerate(plans):  # a replica in our own segment: one memcpy out
             if p.error is None and p.replicas and p.replicas[0].segment == self.segment_name:
@@ -745,7 +798,6 @@ class StoreClient:
             for s in stages:
                 if s is not None:
                     s[2]()
-        _GET_LATENCY.observe(time.perf_counter() - t0)
         return out
 
     def get_into(self, key: str, addr: int, size: int) -> int:

@@ -30,13 +30,14 @@ class MasterConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     default_kv_lease_ttl_ms: float = 10_000.0
-    """Read lease granted by ``get_replica_list``/``exist`` (Mooncake default 10 s)."""
+    """Read lease granted by ``get_replica_list`` (not ``exist``, BUG-16; default 10 s)."""
     default_kv_soft_pin_ttl_ms: float = 30 * 60 * 1000.0
     """Soft-pin lifetime from when the object becomes readable (default 30 min)."""
     eviction_high_watermark_ratio: float = 0.90
     """Eviction starts when used/capacity of the DRAM pool exceeds this."""
     eviction_ratio: float = 0.05
-    """Each eviction pass frees about this share of the pool's capacity."""
+    """Each watermark pass evicts this share of the objects that have an evictable DRAM
+    replica (rounded up; at least enough to get back under the watermark)."""
     client_ttl_s: float = 10.0
     """A client silent for this long is dropped and its segments unmounted."""
     allocation_strategy: str = "random"

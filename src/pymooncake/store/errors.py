@@ -74,7 +74,13 @@ _GENERIC: dict[ErrorCode, str] = {
     ErrorCode.RPC_FAIL: "UNAVAILABLE",
     ErrorCode.RPC_TIMEOUT: "UNAVAILABLE",
     ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS: "UNAVAILABLE",
+    ErrorCode.CHECKSUM_MISMATCH: "INTEGRITY_ERROR",
 }
+
+
+RETRYABLE_CODES: frozenset[ErrorCode] = frozenset({
+    ErrorCode.NO_AVAILABLE_HANDLE, ErrorCode.REPLICA_IS_NOT_READY, ErrorCode.RPC_TIMEOUT,
+    ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS})
 
 
 class StoreError(Exception):
@@ -93,6 +99,14 @@ class StoreError(Exception):
     @property
     def status(self) -> str:
         return self.code.status
+
+    @property
+    def retryable(self) -> bool:
+        """True when the same call may succeed later without any change by the caller:
+        no room *yet* (eviction or a spill to SSD is making room), an object still being
+        written or moved, a timed-out RPC. A put rejected with ``NO_SPACE`` should be
+        retried after a short back-off, not dropped (case BUG-62)."""
+        return self.code in RETRYABLE_CODES
 
     @classmethod
     def from_rpc(cls, err: object) -> StoreError:

@@ -63,6 +63,7 @@ class Effects:
     ssd_deletes: list[tuple[str, str]] = field(default_factory=list)  # (segment, key)
     evicted: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # reason → n
     dropped_clients: list[str] = field(default_factory=list)
+    stalled_passes: int = 0  # watermark passes over the watermark that found no candidate
 
 
 @dataclass(slots=True)
@@ -321,9 +322,11 @@ class MasterCore:
 
     def exist(self, client_id: str, key: str, now_ms: float,
               exclude_segments: frozenset[str] = frozenset()) -> bool:
-        """True for a published object (grants a read lease, as Mooncake's ``ExistKey``).
-        False, without a lease, when every readable replica lies on one of
-        ``exclude_segments`` (segments the caller knows have failed, case BUG-34)."""
+        """True for a published object. It refreshes the object's LRU recency but grants
+        **no read lease** — no bytes are read, and a poller's leases would otherwise keep a
+        full store from evicting anything (case BUG-16; Mooncake's ``ExistKey`` leases).
+        False when every readable replica lies on one of ``exclude_segments`` (segments the
+        caller knows have failed, case BUG-34)."""
         validate_key(key, self.config.max_key_bytes)
         obj = self.objects.get(key)
         if obj is None or not obj.complete:
@@ -331,7 +334,7 @@ class MasterCore:
         if exclude_segments and all(r.segment in exclude_segments
                                     for r in obj.readable_replicas()):
             return False
-        self.leases.grant(key, client_id, now_ms, self.config.default_kv_lease_ttl_ms)
+        obj.last_access_ms = max(obj.last_access_ms, now_ms)
         return True
 
     def release_leases(self, client_id: str, keys: list[str]) -> int:
@@ -419,10 +422,13 @@ class MasterCore:
             self._evict(key, reason)
         return victims
 
-    def _evict_for(self, size_bytes: int, now_ms: float) -> None:
+    def _evict_for(self, size_bytes: int, now_ms: float, segment: str | None = None) -> None:
         """After a failed placement: evict LRU objects per segment until one range fits
-        (spills only free space when the service reports them done)."""
-        for seg in sorted(self.pool.segments.values(), key=lambda s: -s.free_ratio):
+        (spills only free space when the service reports them done). ``segment``: make
+        room there only (a load from SSD must land in its owner's segment)."""
+        segs = [self.pool.segments[segment]] if segment is not None else sorted(
+            self.pool.segments.values(), key=lambda s: -s.free_ratio)
+        for seg in segs:
             if seg.allocator.capacity_bytes < size_bytes:
                 continue
             cands = eviction.order_candidates(self._candidates(now_ms, {seg.name}))
@@ -438,13 +444,25 @@ class MasterCore:
                 return
 
     def watermark_pass(self, now_ms: float) -> list[str]:
-        """Evict when used/capacity is over the high watermark."""
-        need = eviction.bytes_to_free(self.pool.used_bytes(), self.pool.capacity_bytes(),
-                                      self.config.eviction_high_watermark_ratio,
-                                      self.config.eviction_ratio)
-        if need <= 0:
+        """Evict when used/capacity is over the high watermark: ``ceil(eviction_ratio ×
+        candidates)`` objects (only objects with an evictable DRAM replica count, case
+        BUG-62), and at least enough bytes to get back under the watermark. A pass over the
+        watermark that finds no candidate is counted (``effects.stalled_passes``) so a
+        full, all-leased store is visible (case BUG-16)."""
+        used, cap = self.pool.used_bytes(), self.pool.capacity_bytes()
+        hw = self.config.eviction_high_watermark_ratio
+        if cap <= 0 or used <= hw * cap:
             return []
-        return self.evict(need, now_ms, eviction.EVICT_REASON_WATERMARK)
+        over = used - int(hw * cap)
+        cands = self._candidates(now_ms)
+        if not cands:
+            self.effects.stalled_passes += 1
+            return []
+        victims = eviction.select_victims(
+            cands, over, eviction.target_count(len(cands), self.config.eviction_ratio))
+        for key in victims:
+            self._evict(key, eviction.EVICT_REASON_WATERMARK)
+        return victims
 
     # -- SSD tier --------------------------------------------------------------------------
 
@@ -509,7 +527,7 @@ class MasterCore:
         seg = self.pool.segments[ssd[0].segment]
         off = seg.allocator.allocate(obj.size_bytes)
         if off is None:
-            self._evict_for(obj.size_bytes, now_ms)
+            self._evict_for(obj.size_bytes, now_ms, seg.name)
             off = seg.allocator.allocate(obj.size_bytes)
         if off is None:
             raise StoreError(ErrorCode.NO_AVAILABLE_HANDLE,

@@ -63,6 +63,9 @@ M_FRAG = metrics.gauge("pymooncake_store_fragmentation_ratio",
 M_LOOKUPS = metrics.counter("pymooncake_store_lookups_total",
                             "get_replica_list answers, by result (hit/miss)", ["result"])
 _LOOKUP = {r: M_LOOKUPS.labels(r) for r in ("hit", "miss", "error")}
+M_EVICTION_STALLS = metrics.counter(
+    "pymooncake_store_eviction_stalls_total",
+    "Watermark eviction passes over the watermark that found no evictable object")
 M_DROPPED_CLIENTS = metrics.counter("pymooncake_store_dropped_clients_total",
                                     "Clients dropped after missing heartbeats")
 
@@ -147,6 +150,7 @@ class MasterService:
         self._clock = clock
         self.tick_interval_s = tick_interval_s or min(0.1, config.client_ttl_s / 4)
         self._gauges_ms = float("-inf")
+        self._stall_logged = float("-inf")
         self.server = RpcServer(config.host, config.port)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._spills: set[asyncio.Task[Any]] = set()
@@ -228,9 +232,18 @@ class MasterService:
     def _after(self) -> None:
         """Carry out the core's pending effects (spills, SSD deletes, metrics)."""
         e = self.core.effects
-        if not (e.spills or e.ssd_deletes or e.evicted or e.dropped_clients):
+        if not (e.spills or e.ssd_deletes or e.evicted or e.dropped_clients
+                or e.stalled_passes):
             return
         eff = self.core.drain_effects()
+        if eff.stalled_passes:
+            M_EVICTION_STALLS.inc(eff.stalled_passes)
+            now = self._clock()
+            if now - self._stall_logged >= 10.0:
+                self._stall_logged = now
+                logger.warning("store over the eviction watermark but no object can be "
+                               "evicted (all leased, pinned or moving); puts fail "
+                               "NO_AVAILABLE_HANDLE until leases lapse")
         for reason, n in eff.evicted.items():
             M_EVICTIONS.labels(reason).inc(n)
         if eff.dropped_clients:
@@ -405,14 +418,17 @@ class MasterService:
         self._after()
         if order is None:
             return
-        ok = False
+        ok = corrupt = False
         try:
             res = await self._ssd_call(order.segment, "ssd_load", order)
-            ok = bool(res.get("ok"))
+            ok, corrupt = bool(res.get("ok")), bool(res.get("corrupt"))
         except Exception as e:
             logger.warning("load of %r from SSD on %s failed: %s", key, order.segment, e)
         self.core.promote_done(order, ok, self.now_ms())
         self._after()
+        if corrupt:  # the SSD copy failed its checksum: an error, never the bytes (BUG-60)
+            raise StoreError(ErrorCode.CHECKSUM_MISMATCH,
+                             f"{key!r}: the SSD copy failed its checksum and was dropped")
         if not ok:
             raise StoreError(ErrorCode.OBJECT_NOT_FOUND, f"{key!r} could not be read from SSD")
 
@@ -441,18 +457,21 @@ class MasterService:
         return self._each(lambda k: self._read_wire(cid, k, now), _keys(p))
 
     async def _load_replica_list(self, p: KeysRequest) -> Any:
-        out: list[dict[str, Any]] = []
-        for key in p.keys:
+        """Load SSD-only objects back, all keys at once: each load waits at most one
+        ``PROMOTE_WAIT_S`` for room, so the whole answer does too (one key after another,
+        a batch of mostly-spilled keys outlived the client's RPC timeout, case BUG-62).
+        A key that finds no room answers ``NO_AVAILABLE_HANDLE`` (retryable)."""
+        async def one(key: str) -> dict[str, Any]:
             try:
                 rl = await self._lookup(p.client_id, key)
-                out.append({"r": {"key": key, "size_bytes": rl.size_bytes,
-                                  "generation": rl.generation,
-                                  "replicas": [replica_to_wire(r) for r in rl.replicas
-                                               if r.tier == TIER_DRAM],
-                                  "lease_ttl_ms": rl.lease_ttl_ms}})
             except StoreError as e:
-                out.append({"e": [int(e.code), e.message]})
-        return out
+                return {"e": [int(e.code), e.message]}
+            return {"r": {"key": key, "size_bytes": rl.size_bytes,
+                          "generation": rl.generation,
+                          "replicas": [replica_to_wire(r) for r in rl.replicas
+                                       if r.tier == TIER_DRAM],
+                          "lease_ttl_ms": rl.lease_ttl_ms}}
+        return list(await asyncio.gather(*(one(k) for k in p.keys)))
 
     def _exist(self, p: Any) -> bool:
         _check(p, _KEY_FIELDS | _EXCLUDE)
