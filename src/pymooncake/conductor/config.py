@@ -30,8 +30,6 @@ class ConductorConfig:
     """A worker silent this long (no load report) leaves the cluster view."""
     rpc_timeout_s: float = 60.0
     """Longest prefill or prepare call (s)."""
-    poll_timeout_s: float = 5.0
-    """Long-poll wait per token fetch (s)."""
     kvcache_balancing_threshold: float = 1.0
     kv_bytes_per_token: int = 2048
     """Transfer estimate: KV bytes of one token (tiny model fp32: 2·4·2·32·4)."""
@@ -74,7 +72,7 @@ class ConductorConfig:
             raise ValueError(f"context_length must be >= 0 tokens, got {self.context_length}")
         if self.online_profile_every < 1 or self.online_profile_window < 3:
             raise ValueError("online_profile_every must be >= 1 and online_profile_window >= 3")
-        if self.worker_timeout_s <= 0 or self.rpc_timeout_s <= 0 or self.poll_timeout_s <= 0:
+        if self.worker_timeout_s <= 0 or self.rpc_timeout_s <= 0:
             raise ValueError("timeouts must be > 0 seconds")
 
     @property
