@@ -91,3 +91,13 @@ def wait_store_blocks(url: str, at_least: int, timeout_s: float = 10.0) -> int:
     put blocks off the TTFT path and report them as KV events)."""
     return wait_for(lambda: (lambda n: n if n >= at_least else None)(
         health(url)["num_store_blocks"]), timeout_s, f"{at_least} blocks in the Store")
+
+
+def metric_value(url: str, name: str) -> float:
+    """A sample's value from ``url/metrics`` (0.0 when absent), parsed by prometheus-client."""
+    from prometheus_client.parser import text_string_to_metric_families
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        for smp in fam.samples:
+            if smp.name == name:
+                return smp.value
+    return 0.0

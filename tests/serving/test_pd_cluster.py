@@ -21,6 +21,7 @@ import pytest
 from tests.serving.conftest import (
     complete,
     health,
+    metric_value,
     stream_token_ids,
     wait_for,
     wait_store_blocks,
@@ -249,13 +250,6 @@ def test_every_stage_of_a_request_is_measured(cluster):
     assert d["prefill"][1] <= d["prefill_rpc"][1] <= d["ttft"][1]
 
 
-def _counter(url: str, name: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
-        for smp in fam.samples:
-            if smp.name == name:
-                return smp.value
-    return 0.0
 
 
 def test_burst_overlaps_decode_admission_and_output_stays_exact(cluster):
@@ -269,15 +263,15 @@ def test_burst_overlaps_decode_admission_and_output_stays_exact(cluster):
     prompts = [_ids(40 + i, 600 + 37 * i) for i in range(8)]
     ref = Engine.from_model_name("tiny", EngineConfig(max_model_len=CONTEXT)).generate(
         prompts, SamplingParams(max_tokens=6, ignore_eos=True))
-    before = _counter(url, "pymooncake_conductor_overlapped_admissions_total")
-    late0 = _counter(url, "pymooncake_conductor_late_targets_total")
+    before = metric_value(url, "pymooncake_conductor_overlapped_admissions_total")
+    late0 = metric_value(url, "pymooncake_conductor_late_targets_total")
     with ThreadPoolExecutor(len(prompts)) as pool:
         got = list(pool.map(lambda p: stream_token_ids(url, p, 6, ignore_eos=True), prompts))
     for (ids, _usage, errors), r in zip(got, ref, strict=True):
         assert not errors
         assert ids == list(r.output_token_ids)
-    assert _counter(url, "pymooncake_conductor_overlapped_admissions_total") > before
-    assert _counter(url, "pymooncake_conductor_late_targets_total") == late0
+    assert metric_value(url, "pymooncake_conductor_overlapped_admissions_total") > before
+    assert metric_value(url, "pymooncake_conductor_late_targets_total") == late0
 
 
 def test_prefill_done_before_its_late_target_ships_its_kv_from_the_cache(cluster):

@@ -15,7 +15,7 @@ from pymooncake.conductor.token_streams import TokenRouter
 from pymooncake.rpc import RpcError
 from pymooncake.rpc.codec import from_wire, to_wire
 from pymooncake.rpc.messages import TokenFrame, TokenFrames
-from tests.serving.conftest import health, wait_for, workers
+from tests.serving.conftest import health, metric_value, wait_for, workers
 
 
 def _drain(router_stream) -> tuple[list[TokenFrame], RpcError | None]:
@@ -137,7 +137,7 @@ def test_tokens_nobody_waits_for_get_their_request_aborted_on_the_worker(make_cl
 
     url = make_cluster(colocated=True, num_prefill=1).url
     wid, w = next(iter(workers(url).items()))
-    before = _counter(url, "pymooncake_conductor_orphan_aborts_total")
+    before = metric_value(url, "pymooncake_conductor_orphan_aborts_total")
     task = DecodeTask("nobody-waits", tuple(range(1, 65)),
                       SamplingOptions(max_tokens=8000, temperature=0.0, ignore_eos=True))
 
@@ -151,7 +151,7 @@ def test_tokens_nobody_waits_for_get_their_request_aborted_on_the_worker(make_cl
 
     asyncio.run(start())
     started = time.monotonic()
-    wait_for(lambda: _counter(url, "pymooncake_conductor_orphan_aborts_total") > before,
+    wait_for(lambda: metric_value(url, "pymooncake_conductor_orphan_aborts_total") > before,
              5.0, "the Conductor aborting the orphan")
 
     async def gone() -> bool:     # the worker forgot it: it may be admitted afresh
@@ -171,10 +171,3 @@ def test_tokens_nobody_waits_for_get_their_request_aborted_on_the_worker(make_cl
     assert time.monotonic() - started < 10.0     # 8000 tokens would take ~25 s
 
 
-def _counter(url: str, name: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
-        for smp in fam.samples:
-            if smp.name == name:
-                return smp.value
-    return 0.0

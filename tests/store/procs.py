@@ -124,3 +124,16 @@ class Cluster:
             p.stop()
         if self.md_server is not None:
             self.md_server.stop()
+
+
+def wait_for_port(port: int, timeout_s: float = 15.0, settle_s: float = 0.3) -> None:
+    """Wait until 127.0.0.1:``port`` accepts a connection (then ``settle_s`` more, for a
+    server that listens before it has finished starting), at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    time.sleep(settle_s)

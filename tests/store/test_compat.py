@@ -17,6 +17,7 @@ from pymooncake.store.compat import (
     ReplicateConfig,
     SoftPinAction,
 )
+from tests.store.procs import wait_for_port
 
 pytestmark = pytest.mark.integration
 
@@ -42,16 +43,8 @@ class _MooncakeCluster:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.master_addr = f"127.0.0.1:{mport}"
         self.metadata_url = f"http://127.0.0.1:{hport}/metadata"
-        import socket
 
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", mport), 1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        time.sleep(0.3)
+        wait_for_port(mport)
 
     def close(self) -> None:
         self.proc.kill()

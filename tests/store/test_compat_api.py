@@ -15,7 +15,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from pymooncake.store.compat import (
     SoftPinAction,
     TaskStatus,
 )
+from tests.store.procs import wait_for_port
 
 from . import compat_api_scenario as scenario
 
@@ -82,14 +82,7 @@ def test_same_as_mooncake_wheel(cluster_factory) -> None:
          f"--http_metadata_server_port={hport}", f"--metrics_port={_port()}",
          "--default_kv_lease_ttl=500"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", mport), 1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        time.sleep(0.3)
+        wait_for_port(mport)
         res = subprocess.run([py, str(HERE / "compat_api_scenario.py"), "mooncake.store",
                               f"127.0.0.1:{mport}", f"http://127.0.0.1:{hport}/metadata"],
                              capture_output=True, timeout=120)
