@@ -147,8 +147,11 @@ def test_decode_workspace_equals_gathering_from_paged_cache() -> None:
     b = without.generate(prompts, params)
     for x, y in zip(a, b, strict=True):
         assert x.output_token_ids == y.output_token_ids
-        diff = (torch.stack(list(x.logits)) - torch.stack(list(y.logits))).abs().max()
-        assert float(diff) <= 1e-5
+        lx, ly = torch.stack(list(x.logits)), torch.stack(list(y.logits))
+        # the two attention paths sum in different orders: fp32 rounding only, i.e. a few
+        # ulps of the largest logit (2e-6 relative = 16 ulps; measured 7.6e-6 absolute on
+        # logits of ~15 with MKL GEMMs, 1.2e-5 with oneDNN's), never a real difference
+        assert float((lx - ly).abs().max()) <= 2e-6 * float(ly.abs().max())
 
 
 def test_shortest_waiting_order_runs_short_prompts_first_and_ages_long_ones() -> None:

@@ -20,7 +20,7 @@ from pymooncake.engine.hooks import KVLoadError, KVLoadSource, LayerHooks
 from pymooncake.engine.kv.block_pool import BlockPool
 from pymooncake.engine.kv.kv_cache_manager import KVCacheManager
 from pymooncake.engine.kv.kv_tensors import KV_LAYOUT, KVTensors, torch_dtype
-from pymooncake.engine.model.layers import use_input_major_weights
+from pymooncake.engine.model.layers import use_input_major_weights, use_onednn_weights
 from pymooncake.engine.model.llama import LlamaForCausalLM
 from pymooncake.engine.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from pymooncake.engine.request import FinishReason, Request, RequestId, RequestOutput
@@ -98,6 +98,7 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         self.config = config
         use_input_major_weights(model)
+        use_onednn_weights(model)
         self.model = model
         self.namespace = namespace
         self.tokenizer = tokenizer
