@@ -238,3 +238,58 @@ def test_leader_election_resign_and_expiry(url: str, prefix: str) -> None:
             await md.close()
 
     asyncio.run(main())
+
+
+def test_guarded_write_is_fenced_by_the_guard_revision(url: str, prefix: str) -> None:
+    async def main() -> None:
+        md = await _open(url)
+        try:
+            guard = prefix + "leader"
+            r1 = await md.put(guard, b"A")
+            await md.put(prefix + "gone", b"x")
+            rev = await md.guarded_write(guard, r1, [(prefix + "log/1", b"one"),
+                                                     (prefix + "log/2", b"two")],
+                                         [prefix + "gone"])
+            assert rev is not None and rev > r1
+            assert (await md.get(prefix + "log/2")).value == b"two"
+            assert await md.get(prefix + "gone") is None
+            # a successor rewrote the guard: the old token writes nothing
+            r2 = await md.put(guard, b"B")
+            assert await md.guarded_write(guard, r1, [(prefix + "log/3", b"x")]) is None
+            assert await md.get(prefix + "log/3") is None
+            assert await md.guarded_write(guard, r2, [(prefix + "log/3", b"y")]) is not None
+            # the guard deleted (lease expired): nothing written either
+            await md.delete(guard)
+            assert await md.guarded_write(guard, r2, [(prefix + "log/4", b"z")]) is None
+            assert await md.get(prefix + "log/4") is None
+            with pytest.raises(ValueError, match="at most 128"):
+                await md.guarded_write(guard, r2, [(f"{prefix}k{i}", b"") for i in range(129)])
+        finally:
+            await md.close()
+
+    asyncio.run(main())
+
+
+def test_election_revision_fences_the_loser(url: str, prefix: str) -> None:
+    from pymooncake.metadata.election import LeaderElection
+
+    async def main() -> None:
+        md = await _open(url)
+        try:
+            key = prefix + "leader"
+            a = LeaderElection(md, key, b"A", ttl_s=1.0)
+            assert await a.campaign(timeout_s=5) is True
+            assert a.revision is not None and a.valid()
+            assert await md.guarded_write(key, a.revision, [(prefix + "w", b"a")]) is not None
+            await a.abandon()  # frozen: its lease runs out
+            assert not a.valid()
+            b = LeaderElection(md, key, b"B", ttl_s=1.0)
+            assert await b.campaign(timeout_s=6) is True
+            assert b.revision != a.revision
+            assert await md.guarded_write(key, a.revision, [(prefix + "w", b"late")]) is None
+            assert (await md.get(prefix + "w")).value == b"a"
+            await b.resign()
+        finally:
+            await md.close()
+
+    asyncio.run(main())

@@ -9,7 +9,7 @@ contract suite (tests/metadata/test_contract.py).
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import NewType, Protocol, runtime_checkable
 
@@ -18,6 +18,11 @@ LeaseId = NewType("LeaseId", int)
 
 class MetadataError(Exception):
     """A metadata operation could not be carried out (backend unreachable, bad reply)."""
+
+
+MAX_TXN_OPS = 128
+"""Most puts + deletes one :meth:`MetadataStore.guarded_write` may carry (etcd's default
+``--max-txn-ops``)."""
 
 
 class LeaseNotFound(MetadataError):
@@ -99,6 +104,20 @@ class MetadataStore(Protocol):
 
     async def delete(self, key: str) -> bool:
         """Delete the key; ``True`` when it existed."""
+        ...
+
+    async def guarded_write(self, guard_key: str, guard_revision: int,
+                            puts: Sequence[tuple[str, bytes]] = (),
+                            deletes: Sequence[str] = ()) -> int | None:
+        """Apply ``puts`` then ``deletes`` atomically, only while ``guard_key`` exists with
+        ``mod_revision == guard_revision`` (an etcd transaction comparing the key's mod
+        revision): the fence a leader puts on every write it makes.
+
+        Returns the store's new revision, or ``None`` when the guard did not hold (nothing
+        was written). Raises ``ValueError`` for more than :data:`MAX_TXN_OPS` operations
+        or an empty key, and :class:`MetadataError` when the backend cannot be reached
+        (the write may or may not have happened).
+        """
         ...
 
     async def grant_lease(self, ttl_s: float) -> LeaseId:

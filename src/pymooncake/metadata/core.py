@@ -10,9 +10,11 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pymooncake.metadata.base import (
+    MAX_TXN_OPS,
     EventKind,
     KeyValue,
     LeaseId,
@@ -20,6 +22,15 @@ from pymooncake.metadata.base import (
     WatchCompacted,
     WatchEvent,
 )
+
+
+def check_txn(puts: Sequence[tuple[str, bytes]], deletes: Sequence[str]) -> None:
+    """``ValueError`` for a guarded write with too many operations or an empty key."""
+    if len(puts) + len(deletes) > MAX_TXN_OPS:
+        raise ValueError(f"a guarded write carries at most {MAX_TXN_OPS} operations, got "
+                         f"{len(puts) + len(deletes)}")
+    if any(not k for k, _ in puts) or any(not k for k in deletes):
+        raise ValueError("keys must be non-empty strings")
 
 
 @dataclass(slots=True)
@@ -97,6 +108,22 @@ class KvState:
             return False
         self.put(key, value, now_s, lease_id)
         return True
+
+    def guarded_write(self, guard_key: str, guard_revision: int,
+                      puts: Sequence[tuple[str, bytes]], deletes: Sequence[str],
+                      now_s: float) -> int | None:
+        """Puts then deletes, all or nothing, iff ``guard_key``'s mod revision is
+        ``guard_revision``; the new revision or ``None`` (see ``MetadataStore``)."""
+        check_txn(puts, deletes)
+        self.expire(now_s)
+        kv = self._kv.get(guard_key)
+        if kv is None or kv.mod_revision != guard_revision:
+            return None
+        for key, value in puts:
+            self.put(key, value, now_s)
+        for key in deletes:
+            self._delete(key)
+        return self.revision
 
     def delete(self, key: str, now_s: float) -> bool:
         self.expire(now_s)

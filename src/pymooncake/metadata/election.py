@@ -4,6 +4,14 @@ A candidate grants a lease of ``ttl_s``, then atomically creates ``key`` = its i
 lease. The winner keeps the lease alive every ``ttl_s / 3``; when it resigns (or dies and
 the lease expires) the key is deleted and waiting candidates race again. Works on every
 :class:`~pymooncake.metadata.base.MetadataStore` backend.
+
+Fencing: ``revision`` is the leader key's mod revision once won; a leader passes it to
+:meth:`~pymooncake.metadata.base.MetadataStore.guarded_write` so none of its writes lands
+after the key is gone or owned by a successor. ``valid()`` is the leader's own view of its
+lease: true until ``ttl_s`` after the *sending* of its last successful keep-alive (less a
+margin), which is never later than the moment the metadata service expires the lease. A
+leader that was frozen (SIGSTOP) or cut off therefore sees itself invalid before anybody
+else can have won.
 """
 
 from __future__ import annotations
@@ -30,12 +38,24 @@ class LeaderElection:
         self.candidate_id = bytes(candidate_id)
         self.ttl_s = ttl_s
         self._lease: LeaseId | None = None
+        self.revision: int | None = None
+        """Mod revision of ``key`` written by this candidate's win (the fencing token)."""
+        self._valid_until = float("-inf")
         self._keepalive: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
 
     @property
     def is_leader(self) -> bool:
         return self._lease is not None and not self._lost.is_set()
+
+    VALIDITY_MARGIN_S = 0.2
+    """Seconds of its lease a leader gives up, against clock-rate differences."""
+
+    def valid(self, now_s: float | None = None) -> bool:
+        """Leader, and the lease cannot have expired yet at monotonic ``now_s`` (see the
+        module docstring)."""
+        now = time.monotonic() if now_s is None else now_s
+        return self.is_leader and now < self._valid_until - self.VALIDITY_MARGIN_S
 
     async def leader(self) -> bytes | None:
         """The current leader's id, or ``None`` when there is none."""
@@ -49,8 +69,14 @@ class LeaderElection:
         watch = await self.metadata.watch_prefix(self.key)
         try:
             while True:
+                sent = time.monotonic()
                 lease = await self.metadata.grant_lease(self.ttl_s)
                 if await self.metadata.create(self.key, self.candidate_id, lease_id=lease):
+                    kv = await self.metadata.get(self.key)
+                    if kv is None or kv.value != self.candidate_id:
+                        continue  # expired at once (frozen in between): campaign again
+                    self.revision = kv.mod_revision
+                    self._valid_until = sent + self.ttl_s
                     self._lease = lease
                     self._lost = asyncio.Event()
                     self._keepalive = asyncio.create_task(self._keep_alive(lease))
@@ -72,7 +98,9 @@ class LeaderElection:
         try:
             while True:
                 await asyncio.sleep(self.ttl_s / 3)
+                sent = time.monotonic()
                 await self.metadata.keep_alive(lease)
+                self._valid_until = sent + self.ttl_s
         except LeaseNotFound:
             logger.warning("leadership of %s lost: lease expired", self.key)
             self._lost.set()
@@ -94,6 +122,7 @@ class LeaderElection:
                 await self._keepalive
             self._keepalive = None
         if self._lease is not None:
+            self._valid_until = float("-inf")
             await self.metadata.revoke_lease(self._lease)
             self._lease = None
 
@@ -105,3 +134,4 @@ class LeaderElection:
                 await self._keepalive
             self._keepalive = None
         self._lease = None
+        self._valid_until = float("-inf")

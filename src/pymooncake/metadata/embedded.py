@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pymooncake.metadata.base import KeyValue, LeaseId, WatchEvent
@@ -137,6 +138,12 @@ class EmbeddedMetadata:
 
     async def delete(self, key: str) -> bool:
         return self._state.run(self._state.kv.delete, key)
+
+    async def guarded_write(self, guard_key: str, guard_revision: int,
+                            puts: Sequence[tuple[str, bytes]] = (),
+                            deletes: Sequence[str] = ()) -> int | None:
+        return self._state.run(lambda now: self._state.kv.guarded_write(
+            guard_key, guard_revision, list(puts), list(deletes), now))
 
     async def grant_lease(self, ttl_s: float) -> LeaseId:
         return self._state.run(self._state.kv.grant_lease, ttl_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from pymooncake.metadata.base import (
@@ -20,6 +21,7 @@ from pymooncake.metadata.base import (
     MetadataError,
     WatchEvent,
 )
+from pymooncake.metadata.core import check_txn
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -123,7 +125,7 @@ class EtcdMetadata:
         client = await self._client()
         k = key.encode()
         try:
-            ok, _ = await client.transaction(
+            ok, responses = await client.transaction(
                 compare=[client.transactions.create(k) == 0],
                 success=[client.transactions.put(
                     k, bytes(value), lease=int(lease_id) if lease_id is not None else None)],
@@ -133,6 +135,29 @@ class EtcdMetadata:
                 raise LeaseNotFound(f"lease {lease_id} is unknown or expired") from e
             raise MetadataError(f"etcd create failed: {e}") from e
         return bool(ok)
+
+    async def guarded_write(self, guard_key: str, guard_revision: int,
+                            puts: Sequence[tuple[str, bytes]] = (),
+                            deletes: Sequence[str] = ()) -> int | None:
+        check_txn(puts, deletes)
+        client = await self._client()
+        tx = client.transactions
+        ops = [tx.put(k.encode(), bytes(v)) for k, v in puts]
+        ops += [tx.delete(k.encode()) for k in deletes]
+        try:
+            ok, responses = await client.transaction(
+                compare=[tx.mod(guard_key.encode()) == int(guard_revision)],
+                success=ops, failure=[])
+        except Exception as e:  # noqa: BLE001 - aetcd wraps gRPC errors in several types
+            raise MetadataError(f"etcd guarded write failed: {e!r}") from e
+        if not ok:
+            return None
+        for r in responses:  # every op answers with the header of the transaction
+            inner = getattr(r, r.WhichOneof("response"), None)
+            if inner is not None and inner.HasField("header"):
+                return int(inner.header.revision)
+        kv = await self._call("get", guard_key.encode())  # no operation: revision unchanged
+        return int(kv.mod_revision) if kv is not None else int(guard_revision)
 
     async def delete(self, key: str) -> bool:
         r = await self._call("delete", key.encode())

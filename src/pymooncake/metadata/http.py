@@ -8,6 +8,8 @@ HTTP 400, as Mooncake does). pymooncake adds, on the same server:
 * ``GET /metadata/prefix?prefix=p`` → msgpack ``[[key, value, mod_revision, lease_id], ...]``;
 * ``POST /lease?ttl_s=T`` → lease id; ``POST /lease/keepalive?lease_id=N``;
   ``DELETE /lease?lease_id=N`` (404 for an unknown or expired lease);
+* ``POST /txn`` msgpack ``{guard_key, guard_revision, puts: [[k, v]], deletes: [k]}`` →
+  new revision, 412 when the guard key's mod revision differs (nothing written);
 * ``GET /watch?prefix=p&since=R&timeout_s=T`` long-poll → msgpack
   ``{"revision": R', "events": [[kind, key, value, revision], ...]}``; ``since=-1`` only
   returns the current revision; 410 when the events after ``R`` were compacted.
@@ -20,6 +22,7 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -35,6 +38,7 @@ from pymooncake.metadata.base import (
     WatchCompacted,
     WatchEvent,
 )
+from pymooncake.metadata.core import check_txn
 from pymooncake.metadata.embedded import SharedState
 from pymooncake.obs.logging import init_logger
 
@@ -125,6 +129,17 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._reply(200)
             elif path == "/watch" and method == "GET":
                 return self._watch(q)
+            elif path == "/txn" and method == "POST":
+                req = msgpack.unpackb(body)
+                if not isinstance(req, dict):
+                    return self._error(400, "txn body must be a msgpack map")
+                puts = [(str(k), bytes(v)) for k, v in req.get("puts", [])]
+                deletes = [str(k) for k in req.get("deletes", [])]
+                rev = st.run(lambda now: st.kv.guarded_write(
+                    str(req["guard_key"]), int(req["guard_revision"]), puts, deletes, now))
+                if rev is None:
+                    return self._error(412, "guard does not hold")
+                return self._reply(200, str(rev).encode())
             elif path == "/health" and method == "GET":
                 return self._reply(200, b"ok", "text/plain")
             return self._error(404, f"no route {method} {path}")
@@ -363,6 +378,19 @@ class HttpMetadata:
             return False
         self._check(r)
         return True
+
+    async def guarded_write(self, guard_key: str, guard_revision: int,
+                            puts: Sequence[tuple[str, bytes]] = (),
+                            deletes: Sequence[str] = ()) -> int | None:
+        check_txn(puts, deletes)
+        body = msgpack.packb({"guard_key": guard_key, "guard_revision": int(guard_revision),
+                              "puts": [[k, bytes(v)] for k, v in puts],
+                              "deletes": list(deletes)})
+        r = await self._request("POST", "/txn", {}, body)
+        if r.status_code == 412:
+            return None
+        self._check(r)
+        return int(r.text)
 
     async def grant_lease(self, ttl_s: float) -> LeaseId:
         r = await self._request("POST", "/lease", {"ttl_s": ttl_s})
