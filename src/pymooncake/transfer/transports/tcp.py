@@ -166,8 +166,10 @@ class TcpDataServer:
     the server closes that connection in the middle of the next slice, once.
     """
 
-    def __init__(self, host: str, port: int, registry: MemoryRegistry) -> None:
+    def __init__(self, host: str, port: int, registry: MemoryRegistry, *,
+                 read_timeout_s: float = 5.0) -> None:
         self.registry = registry
+        self.read_timeout_s = read_timeout_s
         self._listener = socket.create_server((host, port), reuse_port=False)
         self.host = host
         self.port = int(self._listener.getsockname()[1])

@@ -1,0 +1,131 @@
+"""Submit-time checks and transport choice for each request (BUG-37, BUG-38).
+
+:meth:`Router.route` answers, before any I/O, either a final status (refused, or an OK
+no-op for ``length == 0``) or the transport that moves the request: ``local`` (the target
+is this engine), ``shm`` (a same-host peer's shared-memory buffer, mapped here) or ``tcp``.
+Both ranges are checked against registered memory: ours in the registry, the target's in
+its published descriptor (re-read once when the cached one does not cover the range).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from pymooncake.obs.logging import init_logger
+from pymooncake.transfer import slicing
+from pymooncake.transfer.batch import (
+    BatchId,
+    StatusCode,
+    TransferRequest,
+    TransferStatus,
+)
+from pymooncake.transfer.config import TransferConfig
+from pymooncake.transfer.memory import MemoryRegistry, PeerMapping
+from pymooncake.transfer.segment import BufferDesc, SegmentDescriptor, local_host_id
+from pymooncake.transfer.transports.base import Slice
+
+logger = init_logger(__name__)
+
+Route = tuple[str, int, SegmentDescriptor | None]
+"""``(transport, target address in this process or the peer's, target descriptor)``."""
+
+_NOOP = TransferStatus.completed(0)
+
+
+class Router:
+    """Routes requests of the engine named ``name``; owns the peers' shm mappings."""
+
+    def __init__(self, name: str, config: TransferConfig, registry: MemoryRegistry,
+                 resolve: Callable[[str, bool], SegmentDescriptor | None],
+                 metadata_url: Callable[[], str]) -> None:
+        self.name = name
+        self.config = config
+        self.registry = registry
+        self._resolve = resolve
+        self._metadata_url = metadata_url
+        self._lock = threading.Lock()
+        self.mappings: dict[str, PeerMapping] = {}
+        self._host_id = local_host_id()
+
+    def route(self, req: TransferRequest) -> TransferStatus | Route:
+        if req.length < 0:
+            return TransferStatus.failed(StatusCode.INVALID_ARGUMENT,
+                                         f"length must be >= 0, got {req.length}")
+        if req.length == 0:
+            return _NOOP
+        if self.registry.find(req.local_addr, req.length) is None:
+            return TransferStatus.failed(
+                StatusCode.INVALID_ARGUMENT,
+                f"local range [{req.local_addr:#x}, +{req.length}) is outside every "
+                "registered buffer of this engine")
+        if req.target_segment == self.name:
+            if self.registry.find(req.target_addr, req.length) is None:
+                return bad_target(req)
+            return ("local", req.target_addr, None)
+        try:
+            desc = self._resolve(req.target_segment, False)
+            buf = desc.find(req.target_addr, req.length) if desc else None
+            if desc is not None and buf is None:  # maybe registered since we cached it
+                desc = self._resolve(req.target_segment, True)
+                buf = desc.find(req.target_addr, req.length) if desc else None
+        except Exception as e:  # noqa: BLE001 - metadata failures become a status
+            return TransferStatus.failed(StatusCode.INTERNAL, f"metadata lookup failed: {e!r}")
+        if desc is None:
+            return TransferStatus.failed(
+                StatusCode.NOT_FOUND,
+                f"segment {req.target_segment!r} is not published in {self._metadata_url()}")
+        if buf is None:
+            return bad_target(req)
+        cfg = self.config
+        if (buf.shm_name and "shm" in cfg.transports and "shm" in desc.transports
+                and desc.host_id == self._host_id):
+            try:
+                mapping = self.map(buf)
+                return ("shm", mapping.addr + (req.target_addr - buf.addr), desc)
+            except OSError as e:
+                logger.info("shm mapping of %s failed (%r); using tcp", buf.shm_name, e)
+        if "tcp" in cfg.transports and "tcp" in desc.transports and desc.tcp_port:
+            return ("tcp", req.target_addr, desc)
+        return TransferStatus.failed(
+            StatusCode.INVALID_ARGUMENT,
+            f"no common transport with {req.target_segment!r} (ours {cfg.transports},"
+            f" theirs {desc.transports})")
+
+    def map(self, buf: BufferDesc) -> PeerMapping:
+        """The peer's shared buffer mapped here (mapped once, kept until :meth:`close`)."""
+        assert buf.shm_name is not None
+        with self._lock:
+            mapping = self.mappings.get(buf.shm_name)
+        if mapping is None:
+            mapping = PeerMapping(buf.shm_name, buf.length)
+            with self._lock:
+                kept = self.mappings.setdefault(buf.shm_name, mapping)
+            if kept is not mapping:
+                mapping.close()
+            mapping = kept
+        return mapping
+
+    def slices(self, batch_id: BatchId, idx: int, req: TransferRequest) -> list[Slice]:
+        """The tcp slices of request ``idx`` (one for a request of ≤ ``min_slice_bytes``)."""
+        cfg = self.config
+        if req.length <= cfg.min_slice_bytes:  # one slice (the common small request)
+            return [Slice(req.op, req.local_addr, req.target_addr, req.length, batch_id, idx)]
+        size = slicing.slice_size(req.length, cfg.num_paths, cfg.min_slice_bytes,
+                                  cfg.max_slice_bytes)
+        return [Slice(req.op, req.local_addr + off, req.target_addr + off, n, batch_id, idx)
+                for off, n in slicing.split(req.length, size)]
+
+    def close(self) -> None:
+        with self._lock:
+            mappings = list(self.mappings.values())
+            self.mappings.clear()
+        for mapping in mappings:
+            mapping.close()
+
+
+def bad_target(req: TransferRequest) -> TransferStatus:
+    return TransferStatus.failed(
+        StatusCode.INVALID_ARGUMENT,
+        f"target range [{req.target_addr:#x}, +{req.length}) is outside every registered "
+        f"buffer of segment {req.target_segment!r}")
