@@ -15,6 +15,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "pymooncake.cli.engine",
     "pymooncake.cli.sim",
     "pymooncake.cli.bench_serving",
+    "pymooncake.cli.p2p",
 )
 
 

@@ -39,6 +39,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pymooncake.cli.profile",
     "pymooncake.cli.model",
     "pymooncake.cli.bench",
+    "pymooncake.cli.p2p",
 )
 
 MODULE_EXTRAS: dict[str, str] = {

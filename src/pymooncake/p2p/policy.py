@@ -1,0 +1,58 @@
+"""Which shard to pull next, and from whom (pure; BitTorrent's rarest-first + least-loaded).
+
+Mooncake's P2P Store lets every node that finished a shard serve it; this module only
+decides. Inputs are plain data, randomness comes from the caller's ``random.Random`` (so
+receivers that start together pick different shards from the seed).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Mapping
+
+from pymooncake.p2p.manifest import Holder
+
+
+def holder_loads(holders: Mapping[str, Holder], own_inflight: Mapping[str, int],
+                 self_segment: str) -> dict[str, int]:
+    """Pulls in flight from each holder, as every peer's record says (ours counted live)."""
+    load = {seg: 0 for seg in holders}
+    for seg, h in holders.items():
+        if seg == self_segment:
+            continue
+        for target, n in h.pulling.items():
+            if target in load:
+                load[target] += n
+    for target, n in own_inflight.items():
+        if target in load:
+            load[target] += n
+    return load
+
+
+def choose(missing: Collection[int], holders: Mapping[str, Holder],
+           load: Mapping[str, int], excluded: Collection[str],
+           bad: Collection[tuple[int, str]], rng: random.Random) -> tuple[int, str] | None:
+    """``(shard, holder segment)`` to pull next, or ``None`` when no missing shard has an
+    eligible holder.
+
+    ``missing``: shards this peer lacks and is not pulling. A holder is eligible for a shard
+    when it has it, is not in ``excluded`` (recently failed) and ``(shard, holder)`` is not
+    in ``bad`` (it served bytes that failed the checksum). Rarest first: the shard with the
+    fewest eligible holders; among those, the least-loaded holder; ties broken at random.
+    """
+    best: list[tuple[int, list[str]]] = []
+    best_n = 0
+    for s in missing:
+        cands = [seg for seg, h in holders.items()
+                 if h.has(s) and seg not in excluded and (s, seg) not in bad]
+        if not cands:
+            continue
+        if not best or len(cands) < best_n:
+            best, best_n = [(s, cands)], len(cands)
+        elif len(cands) == best_n:
+            best.append((s, cands))
+    if not best:
+        return None
+    shard, cands = rng.choice(best)
+    least = min(load.get(c, 0) for c in cands)
+    return shard, rng.choice([c for c in cands if load.get(c, 0) == least])
