@@ -6,10 +6,12 @@ Method names, argument order and return conventions follow Mooncake's
 (0 = OK, negative = error), ``get`` returns ``b''`` for a missing key, ``is_exist`` returns
 1/0/-1. Code written against Mooncake runs unchanged. Every place where pymooncake behaves
 differently, and the methods not provided, are listed in docs/store.md ("Differences from
-Mooncake"). tests/store/compat_api_scenario.py runs the same calls against both.
+Mooncake") and docs/compat.md. tests/store/compat_api_scenario.py runs the same calls against both.
 """
 
+from pymooncake.store.compat._async import MooncakeDistributedStoreAsync
 from pymooncake.store.compat._store import MooncakeDistributedStore
+from pymooncake.store.compat._tasks import QueryTaskResponse
 from pymooncake.store.compat._types import (
     BufferHandle,
     Descriptor,
@@ -25,5 +27,6 @@ from pymooncake.store.compat._types import (
 )
 
 __all__ = ["BufferHandle", "Descriptor", "DiskDescriptor", "MemoryDescriptor",
-           "MooncakeDistributedStore", "ObjectDataType", "ReplicaDescriptor", "ReplicaStatus",
+           "MooncakeDistributedStore", "MooncakeDistributedStoreAsync", "ObjectDataType",
+           "QueryTaskResponse", "ReplicaDescriptor", "ReplicaStatus",
            "ReplicateConfig", "SoftPinAction", "TaskStatus", "TaskType"]

@@ -1,0 +1,5 @@
+"""``mooncake.async_store`` on pymooncake."""
+
+from pymooncake.store.compat import MooncakeDistributedStoreAsync
+
+__all__ = ["MooncakeDistributedStoreAsync"]
