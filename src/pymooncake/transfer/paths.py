@@ -261,6 +261,10 @@ class TcpPaths:
             results = tcp.run_window(conn, window, cfg.checksum, seq)
         except PathError as e:
             self.pool.discard(key, conn)
+            if e.refused:  # the target refused a slice and hung up: the rest goes again
+                self._path_failed(ch, lane, window, e.results, e.code, str(e),
+                                  mark_down=False, count_retry=False)
+                return
             # A reused connection may have died just now (peer restart): retry at once on
             # a fresh one; a fresh connection that fails marks the path down.
             if reused:
@@ -268,7 +272,10 @@ class TcpPaths:
             self._path_failed(ch, lane, window, e.results, e.code,
                               f"path {lane.label} to {ch.name}: {e}", mark_down=not reused)
             return
-        self.pool.release(key, conn)
+        if conn.closed_by_peer:
+            self.pool.discard(key, conn)
+        else:
+            self.pool.release(key, conn)
         lane.latency_metric.observe(time.monotonic() - t0)
         self._account(window, results, lane)
 
@@ -296,11 +303,14 @@ class TcpPaths:
 
     def _path_failed(self, ch: _PeerChannel, lane: _Lane, window: list[Slice],
                      results: list[tuple[StatusCode, str]], code: StatusCode, reason: str,
-                     mark_down: bool) -> None:
+                     mark_down: bool, count_retry: bool = True) -> None:
         self._account(window[:len(results)], results, lane)
         retry: list[Slice] = []
         failed: list[tuple[Slice, StatusCode, str]] = []
         for s in window[len(results):]:
+            if not count_retry:
+                retry.append(s)
+                continue
             s.retries += 1
             s.last_error = reason
             if s.retries > self.config.max_retries:

@@ -27,13 +27,16 @@ class Slice:
 class PathError(Exception):
     """A path (connection) broke: the first ``len(results)`` slices of the window got
     their replies (``results``); the rest must be retried.
-    ``code`` says whether it was a connection error or a timeout."""
+    ``code`` says whether it was a connection error or a timeout. ``refused``: the target
+    refused the last slice of ``results`` and closed the session (BUG-64) — the path is
+    healthy, the rest of the window is re-sent at once without counting a retry."""
 
     def __init__(self, message: str, results: list[tuple[StatusCode, str]],
-                 code: StatusCode) -> None:
+                 code: StatusCode, *, refused: bool = False) -> None:
         super().__init__(message)
         self.results = results
         self.code = code
+        self.refused = refused
 
     @property
     def num_done(self) -> int:
