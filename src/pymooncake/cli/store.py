@@ -60,6 +60,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--enable-http-metadata-server", action="store_true",
                    help="also serve a Mooncake-style HTTP metadata server (as Mooncake's)")
     m.add_argument("--http-metadata-server-port", type=int, default=8080)
+    m.add_argument("--ha", "--enable-ha", dest="ha", action="store_true",
+                   help="high availability: elect a leader among the masters of "
+                   "--cluster-id through --etcd-endpoints; followers refuse calls with the "
+                   "leader's address, and the leader journals its metadata there")
+    m.add_argument("--etcd-endpoints", default=None, metavar="URL",
+                   help="etcd for --ha: etcd://host:port (or host:port)")
+    m.add_argument("--cluster-id", default="default",
+                   help="masters with the same id form one HA set (default: default)")
+    m.add_argument("--ha-lease-ttl", type=float, default=2.0, metavar="S",
+                   help="the leader's etcd lease (whole s >= 1, default 2): a dead leader "
+                   "is replaced about this long after it stops")
     m.set_defaults(handler=_run_master)
 
     s = subparsers.add_parser("store-server", help="contribute DRAM (and SSD) to a store",
@@ -114,15 +125,16 @@ def _run_master(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    ha = _ha_config(args)
 
     async def main() -> None:
         from pymooncake.obs import metrics
 
         md = None
-        svc = MasterService(cfg)
+        svc = MasterService(cfg, ha=ha)
         try:
             # every listening socket is bound before "ready"; a busy port is one line
-            with _binding("--port", cfg.port, cfg.host):
+            with _binding("--port", cfg.port, cfg.host), _etcd_reachable(args):
                 await svc.start()
             if args.enable_http_metadata_server:
                 from pymooncake.metadata.http import MetadataHttpServer
@@ -143,7 +155,8 @@ def _run_master(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         _ready({"port": svc.port, "host": cfg.host,
-                "metadata_url": md.url if md is not None else None})
+                "metadata_url": md.url if md is not None else None,
+                **({"ha": True, "cluster_id": ha.cluster_id} if ha is not None else {})})
         try:
             await stop.wait()
         finally:
@@ -153,6 +166,44 @@ def _run_master(args: argparse.Namespace) -> int:
 
     _run_loop(main())
     return 0
+
+
+def _ha_config(args: argparse.Namespace):  # noqa: ANN202
+    """The ``HaConfig`` of ``--ha`` (``None`` without it); ``UsageError`` (exit 2) for a
+    missing or malformed ``--etcd-endpoints`` or a bad ``--ha-lease-ttl``."""
+    from pymooncake.cli.main import UsageError
+    from pymooncake.store.master.ha import HaConfig
+
+    if not args.ha:
+        if args.etcd_endpoints:
+            raise UsageError("--etcd-endpoints given without --ha: add --ha (or drop it)")
+        return None
+    url = args.etcd_endpoints
+    if not url:
+        raise UsageError("--ha needs --etcd-endpoints etcd://host:port")
+    if "://" not in url:
+        url = "etcd://" + url
+    if not url.startswith("etcd://"):
+        raise UsageError(f"--etcd-endpoints {args.etcd_endpoints!r}: expected etcd://host:port")
+    try:
+        from pymooncake.metadata.etcd import EtcdMetadata
+
+        EtcdMetadata(url)
+        return HaConfig(url, cluster_id=args.cluster_id, lease_ttl_s=args.ha_lease_ttl)
+    except ValueError as e:
+        raise UsageError(f"--ha: {e}") from None
+
+
+@contextlib.contextmanager
+def _etcd_reachable(args: argparse.Namespace):
+    """etcd of ``--ha`` unreachable at start: one line, exit 1."""
+    from pymooncake.cli.main import CommandError
+    from pymooncake.metadata import MetadataError
+
+    try:
+        yield
+    except MetadataError as e:
+        raise CommandError(f"--etcd-endpoints {args.etcd_endpoints}: {e}") from None
 
 
 @contextlib.contextmanager

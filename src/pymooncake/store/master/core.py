@@ -99,6 +99,11 @@ class MasterCore:
         self._replica_id = 0
         self.effects = Effects()
         self.spills_in_flight = 0
+        self.segments_changed: set[str] | None = None
+        """When a set (an HA leader journals changes): segments mounted or unmounted."""
+        self.generation_floor = 0
+        """Writes with a generation below this began under an earlier leader (HA): their
+        ``put_end``/``put_revoke`` answer ``UNAVAILABLE_IN_CURRENT_STATUS`` (retryable)."""
         self.ssd_used: dict[str, int] = defaultdict(int)  # segment → bytes on SSD
 
     # -- clients and segments ------------------------------------------------------------
@@ -135,6 +140,8 @@ class MasterCore:
             raise StoreError(ErrorCode.SEGMENT_ALREADY_EXISTS, f"segment {name!r} is mounted")
         self.pool.mount(Segment(name, client_id, host, base_addr, size_bytes,
                                 ssd_capacity_bytes, rpc_host, rpc_port))
+        if self.segments_changed is not None:
+            self.segments_changed.add(name)
         self._touch(client_id, now_ms).segments.add(name)
 
     def unmount_segment(self, client_id: str, name: str, now_ms: float) -> int:
@@ -158,6 +165,7 @@ class MasterCore:
                 lost += 1
                 continue
             obj.replicas = keep
+            self.objects.touch(obj.key)
             if not any(r.complete for r in keep):
                 self._delete(obj, free_ranges=True)
                 lost += 1
@@ -166,6 +174,8 @@ class MasterCore:
         for d in self._discarded:
             d.ranges = [(s, a) for s, a in d.ranges if s != name]
         seg = self.pool.unmount(name)
+        if self.segments_changed is not None:
+            self.segments_changed.add(name)
         self.ssd_used.pop(name, None)
         c = self.clients.get(seg.client_id)
         if c is not None:
@@ -272,6 +282,10 @@ class MasterCore:
     def _live_write(self, client_id: str, key: str, generation: int) -> ObjectMeta:
         validate_key(key, self.config.max_key_bytes)
         obj = self.objects.get(key)
+        if generation < self.generation_floor and (obj is None or obj.generation != generation):
+            raise StoreError(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS,
+                             f"{key!r} generation {generation} was started under an earlier "
+                             "master leader and did not survive the fail-over; put it again")
         if obj is None or obj.generation != generation or obj.complete:
             state = ("absent" if obj is None else
                      f"generation {obj.generation} {obj.state.value}")
@@ -284,10 +298,18 @@ class MasterCore:
         return obj
 
     def put_end(self, client_id: str, key: str, generation: int, now_ms: float) -> None:
-        """Publish write ``generation`` of ``key`` (``INVALID_VERSION`` when stale)."""
+        """Publish write ``generation`` of ``key`` (``INVALID_VERSION`` when stale).
+
+        Idempotent for its writer: a ``put_end`` of the generation already published by
+        the same client succeeds again (a retry after the answer was lost in a fail-over)."""
+        done = self.objects.get(key)
+        if done is not None and done.complete and done.generation == generation \
+                and done.writer == client_id and isinstance(key, str):
+            return
         obj = self._live_write(client_id, key, generation)
         self._touch(client_id, now_ms)
         obj.state = ObjectState.COMPLETE
+        self.objects.touch(key)
         for r in obj.replicas:
             r.complete = True
         obj.last_access_ms = now_ms
@@ -413,6 +435,7 @@ class MasterCore:
         for r in obj.dram_replicas():  # an SSD copy exists: drop the DRAM copies only
             self.pool.free(r.segment, r.addr)
         obj.replicas = obj.ssd_replicas()
+        self.objects.touch(key)
 
     def evict(self, need_bytes: int, now_ms: float, reason: str = eviction.EVICT_REASON_NO_SPACE
               ) -> list[str]:
@@ -489,6 +512,7 @@ class MasterCore:
         self._replica_id += 1
         ssd = Replica(self._replica_id, segment, -1, obj.size_bytes, TIER_SSD, seg.host,
                       complete=True)
+        self.objects.touch(key)
         if leased:
             obj.replicas.append(ssd)
         else:
@@ -507,6 +531,7 @@ class MasterCore:
             return
         self.ssd_used[segment] -= obj.size_bytes
         obj.replicas = [r for r in obj.replicas if r not in ssd]
+        self.objects.touch(key)
         if not obj.readable_replicas() and obj.complete:
             self.objects.pop(key)
             self.leases.drop(key)
@@ -533,6 +558,7 @@ class MasterCore:
             raise StoreError(ErrorCode.NO_AVAILABLE_HANDLE,
                              f"no DRAM room in {seg.name!r} to load {key!r} from SSD")
         obj.promoting = True
+        self.objects.touch(key)
         addr = seg.base_addr + off
         self._replica_id += 1
         obj.replicas.append(Replica(self._replica_id, seg.name, addr, obj.size_bytes,
@@ -545,6 +571,7 @@ class MasterCore:
             self.pool.free(order.segment, order.addr)
             return
         obj.promoting = False
+        self.objects.touch(order.key)
         target = [r for r in obj.replicas if r.tier == TIER_DRAM and r.addr == order.addr
                   and r.segment == order.segment]
         if not ok:

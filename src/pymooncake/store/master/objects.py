@@ -70,15 +70,27 @@ class ObjectTable:
 
     def __init__(self) -> None:
         self._objects: dict[str, ObjectMeta] = {}
+        self.changed: set[str] | None = None
+        """When a set (an HA leader journals its changes): keys put, popped or marked
+        with ``touch`` since the journal last took them."""
 
     def get(self, key: str) -> ObjectMeta | None:
         return self._objects.get(key)
 
     def put(self, obj: ObjectMeta) -> None:
         self._objects[obj.key] = obj
+        if self.changed is not None:
+            self.changed.add(obj.key)
 
     def pop(self, key: str) -> ObjectMeta | None:
+        if self.changed is not None:
+            self.changed.add(key)
         return self._objects.pop(key, None)
+
+    def touch(self, key: str) -> None:
+        """Record an in-place change of ``key``'s object (state, replicas, pins)."""
+        if self.changed is not None:
+            self.changed.add(key)
 
     def __contains__(self, key: str) -> bool:
         return key in self._objects

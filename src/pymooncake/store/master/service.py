@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,7 @@ from pymooncake.rpc import RpcClient, RpcError, RpcServer, from_wire
 from pymooncake.store.config import MasterConfig, ReplicateConfig
 from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.master.core import MasterCore
+from pymooncake.store.master.ha import HaConfig, HaController
 from pymooncake.store.protocol import (
     TIER_DRAM,
     BatchPutEndRequest,
@@ -144,9 +146,11 @@ class MasterService:
     """
 
     def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.monotonic,
-                 tick_interval_s: float | None = None) -> None:
+                 tick_interval_s: float | None = None, ha: HaConfig | None = None) -> None:
         self.config = config
         self.core = MasterCore(config)
+        self.ha_config = ha
+        self.ha: HaController | None = None
         self._clock = clock
         self.tick_interval_s = tick_interval_s or min(0.1, config.client_ttl_s / 4)
         self._gauges_ms = float("-inf")
@@ -167,9 +171,27 @@ class MasterService:
         return self._clock() * 1000.0
 
     async def start(self) -> None:
+        """Listen (and, with ``ha``, join the election as a follower). Raises ``OSError``
+        when the port is taken and ``MetadataError`` when etcd cannot be reached."""
         await self.server.start()
+        if self.ha_config is not None:
+            self.ha = HaController(self, self.ha_config,
+                                   f"{self.config.host}:{self.server.port}")
+            try:
+                await self.ha.start()
+            except BaseException:
+                await self.server.stop()
+                raise
         self._ticker = asyncio.ensure_future(self._tick_loop())
-        logger.info("store master listening on %s:%d", self.config.host, self.server.port)
+        logger.info("store master listening on %s:%d%s", self.config.host, self.server.port,
+                    " (HA follower until elected)" if self.ha else "")
+
+    def install_core(self, core: MasterCore) -> None:
+        """Serve ``core`` from now on (HA promotion and step-down)."""
+        for t in list(self._promotions.values()):
+            t.cancel()
+        self._promotions.clear()
+        self.core = core
 
     async def stop(self) -> None:
         if self._ticker is not None:
@@ -178,6 +200,8 @@ class MasterService:
                 await self._ticker
         for t in list(self._tasks) + list(self._spills):
             t.cancel()
+        if self.ha is not None:
+            await self.ha.stop()
         await self.server.stop()
         for c in self._peers.values():
             with contextlib.suppress(Exception):
@@ -186,8 +210,17 @@ class MasterService:
     # -- plumbing ----------------------------------------------------------------------
 
     def _register(self) -> None:
-        s = self.server
-        s.register("ping", lambda p: "pong")
+        server = self.server
+
+        class _Gated:  # with HA, every call but ping/ha_status is gated and journaled
+            @staticmethod
+            def register(name: str, fn: Callable[..., Any], ptype: type | None = None) -> None:
+                server.register(name, self._gated(fn), ptype)
+
+        s = _Gated
+        server.register("ping", lambda p: "pong")
+        server.register("ha_status", lambda p: self.ha.status() if self.ha else
+                        {"role": "standalone"})
         s.register("mount_segment", self._mount, MountRequest)
         s.register("unmount_segment", self._unmount, UnmountRequest)
         s.register("heartbeat", self._heartbeat, HeartbeatRequest)
@@ -210,6 +243,33 @@ class MasterService:
         s.register("list_keys", lambda p: self.core.list_keys())
         s.register("stats", lambda p: self.core.stats(self.now_ms()))
 
+    def _gated(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """With HA: refuse unless leading; answer only after the changes the call made
+        (and every change queued before it) are durable in the journal."""
+        if self.ha_config is None:
+            return fn
+
+        async def handler(p: Any) -> Any:
+            ha = self.ha
+            if ha is None:
+                raise RpcError(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS.name,
+                               "master is starting", {"code": -1010, "leader": ""})
+            await ha.gate()
+            core = self.core
+            try:
+                out = fn(p)
+                if inspect.isawaitable(out):
+                    out = await out
+            finally:
+                fut = ha.record() if self.core is core else None
+            if fut is not None:
+                await ha.durable(fut)
+            elif self.core is not core or not ha.leading:
+                await ha.gate()  # stepped down meanwhile: the answer may be stale
+            return out
+
+        return handler
+
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             out = fn(*args)
@@ -231,6 +291,8 @@ class MasterService:
 
     def _after(self) -> None:
         """Carry out the core's pending effects (spills, SSD deletes, metrics)."""
+        if self.ha is not None:
+            self.ha.record()
         e = self.core.effects
         if not (e.spills or e.ssd_deletes or e.evicted or e.dropped_clients
                 or e.stalled_passes):
@@ -504,6 +566,8 @@ class MasterService:
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(self.tick_interval_s)
+            if self.ha is not None and not self.ha.leading:
+                continue
             try:
                 now = self.now_ms()
                 self.core.tick(now)
@@ -529,11 +593,12 @@ class MasterService:
             M_FRAG.labels(seg).set(f)
 
 
-async def run_master(config: MasterConfig, ready: Callable[[int], None] | None = None) -> None:
+async def run_master(config: MasterConfig, ready: Callable[[int], None] | None = None,
+                     ha: HaConfig | None = None) -> None:
     """Run a master until cancelled (the ``pymooncake master`` command)."""
     if config.metrics_port is not None:
         metrics.serve_metrics(config.metrics_port, config.host)
-    svc = MasterService(config)
+    svc = MasterService(config, ha=ha)
     await svc.start()
     if ready is not None:
         ready(svc.port)

@@ -109,6 +109,28 @@ class OffsetAllocator:
         self._insert_free(start, end - start)
         return size
 
+    def reserve(self, offset: int, size_bytes: int) -> bool:
+        """Allocate exactly ``[offset, offset + size_bytes)`` (rounded up to the alignment)
+        when that whole range is free; ``False`` (nothing changed) when any of it is in use,
+        outside the region or ``offset`` is not aligned. Restores a known layout (a master
+        loading its metadata after a fail-over)."""
+        if size_bytes <= 0 or offset < 0 or offset % self.alignment:
+            return False
+        size = self._round(size_bytes)
+        for start, free_size in self._free_by_offset.items():
+            if start <= offset and offset + size <= start + free_size:
+                break
+        else:
+            return False
+        self._remove_free(start)
+        if offset > start:
+            self._insert_free(start, offset - start)
+        if start + free_size > offset + size:
+            self._insert_free(offset + size, start + free_size - offset - size)
+        self._allocated[offset] = size
+        self.used_bytes += size
+        return True
+
     def size_of(self, offset: int) -> int:
         return self._allocated[offset]
 
