@@ -16,17 +16,18 @@ def main(argv: list[str] | None = None) -> int:
                                 description="Run code written for Mooncake's Python wheel "
                                             "on pymooncake.")
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="run SCRIPT (or -m MODULE) with 'mooncake' = pymooncake")
-    r.add_argument("--shadow", action="store_true",
-                   help="run even when a real mooncake package is importable (warns)")
-    r.add_argument("-m", dest="module", default=None, help="run a module, as python -m")
-    r.add_argument("target", nargs=argparse.REMAINDER, help="SCRIPT [ARGS...]")
+    sub.add_parser("run", help="run [--shadow] SCRIPT [ARGS...] or [--shadow] -m MODULE "
+                              "[ARGS...] with 'mooncake' = pymooncake (--shadow: even when a "
+                              "real mooncake package is importable, with a warning)")
     sub.add_parser("path", help="print the directory to put on PYTHONPATH")
     sub.add_parser("check", help="say whether a real mooncake package is importable")
     rc = sub.add_parser("real-client", help="serve a store client for setup_dummy clients")
     from pymooncake.compat.real_client import add_arguments
 
     add_arguments(rc)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run"]:
+        return _run(p, argv[1:])
     a = p.parse_args(argv)
     if a.cmd == "path":
         print(SHIM_DIR)
@@ -39,21 +40,33 @@ def main(argv: list[str] | None = None) -> int:
         from pymooncake.compat.real_client import serve
 
         return serve(a)
-    if not a.module and not a.target:
+    return 0
+
+
+def _run(p: argparse.ArgumentParser, args: list[str]) -> int:
+    """``run [--shadow] (SCRIPT | -m MODULE) [ARGS...]``: the rest goes to the target."""
+    shadow = bool(args[:1] == ["--shadow"])
+    args = args[1:] if shadow else args
+    module = None
+    if args[:1] == ["-m"]:
+        if len(args) < 2:
+            p.error("run -m: give a MODULE")
+        module, args = args[1], args[2:]
+    elif not args:
         p.error("run: give SCRIPT [ARGS...] or -m MODULE [ARGS...]")
     try:
-        activate(shadow=a.shadow)
+        activate(shadow=shadow)
     except RuntimeError as e:
         print(f"pymooncake.compat: {e}", file=sys.stderr)
         return 2
-    if a.module:
-        sys.argv = [a.module, *a.target]
-        runpy.run_module(a.module, run_name="__main__", alter_sys=True)
+    if module is not None:
+        sys.argv = [module, *args]
+        sys.path.insert(1, "")
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     else:
-        script = a.target[0]
-        sys.argv = list(a.target)
-        sys.path.insert(1, str(Path(script).resolve().parent))
-        runpy.run_path(script, run_name="__main__")
+        sys.argv = list(args)
+        sys.path.insert(1, str(Path(args[0]).resolve().parent))
+        runpy.run_path(args[0], run_name="__main__")
     return 0
 
 

@@ -29,6 +29,12 @@ from pymooncake.transfer.batch import (
     TransferRequest,
     TransferState,
 )
+from pymooncake.transfer.compat_util import (
+    TransferNotify,
+    conn_string,
+    local_topology_json,
+    probe,
+)
 from pymooncake.transfer.config import TransferConfig
 from pymooncake.transfer.engine import TransferEngine as _Engine
 from pymooncake.transfer.memory import SharedBuffer, view_at
@@ -52,6 +58,7 @@ class TransferEngine:
     """Mooncake's Python ``TransferEngine`` over :class:`pymooncake.transfer.TransferEngine`."""
 
     TransferOpcode = TransferOpcode
+    TransferNotify = TransferNotify
 
     def __init__(self) -> None:
         self._engine: _Engine | None = None
@@ -60,6 +67,7 @@ class TransferEngine:
         self._peer_md: dict[str, MetadataStore] = {}
         self._lock = threading.Lock()
         self._deadlines: dict[int, float] = {}
+        self._metadata_url = ""
 
     # ------------------------------------------------------------------ set-up
     def initialize(self, local_hostname: str, metadata_server: str, protocol: str,
@@ -80,6 +88,7 @@ class TransferEngine:
                 engine.segment_metadata = self._p2p_metadata
             else:
                 engine = _Engine(local_hostname, metadata_server, config=cfg)
+                self._metadata_url = metadata_server
             engine.start()
             self._engine = engine
             return OK
@@ -87,6 +96,32 @@ class TransferEngine:
             logger.error("initialize failed: %s: %s", type(e).__name__, e)
             self._shutdown_p2p()
             return FAILED
+
+    def initialize_ext(self, local_hostname: str, metadata_server: str, protocol: str,
+                       device_name: str = "", metadata_type: str = "etcd") -> int:
+        """``initialize`` with the metadata service given as address + type (``etcd``,
+        ``http``, ``p2p``); a full URL or ``P2PHANDSHAKE`` is taken as is."""
+        return self.initialize(local_hostname, conn_string(metadata_server, metadata_type),
+                               protocol, device_name)
+
+    @staticmethod
+    def get_local_topology(device_name: str | None = None) -> str:
+        """This host's topology as Mooncake prints it: ``{"cpu:N": [[preferred NICs],
+        [secondary NICs]]}``, restricted to ``device_name`` when given."""
+        return local_topology_json(device_name)
+
+    def send_probe(self, peer_server_name: str) -> int:
+        """0 when the peer's segment is published and its data port answers, else -1."""
+        if self._engine is None:
+            return FAILED
+        url = (f"http://{peer_server_name}/metadata" if self._p2p_server is not None
+               else self._metadata_url)
+        return probe(url, peer_server_name) if url else FAILED
+
+    def get_notifies(self) -> list[TransferNotify]:
+        """Notifications received (``transfer_sync(..., notify=...)``). pymooncake's
+        transports carry none, so this is always ``[]``."""
+        return []
 
     def _p2p_metadata(self, segment: str) -> MetadataStore:
         with self._lock:
@@ -280,6 +315,14 @@ class TransferEngine:
                                   transport_hint: str = "") -> int:
         return self._async(TransferOp.READ, target_hostname, buffers, peer_buffer_addresses,
                            lengths)
+
+    def transfer_submit_write(self, target_hostname: str, buffer: int,
+                              peer_buffer_address: int, length: int,
+                              transport_hint: str = "") -> int:
+        """One asynchronous write: a batch id for :meth:`transfer_check_status` /
+        :meth:`get_batch_transfer_status`, or 0 when it could not be started."""
+        return self._async(TransferOp.WRITE, target_hostname, [buffer], [peer_buffer_address],
+                           [length])
 
     @staticmethod
     def _op(opcode: TransferOpcode | int) -> TransferOp:

@@ -90,8 +90,9 @@ class BufferPool:
         self._max_size_class = self._max_bytes if max_size_class is None else max_size_class
         self._block, self._timeout = block_on_exhaustion, default_timeout
         self._max_regions = max_regions
-        self._local = np.zeros(local, dtype=np.uint8)
-        self._local_base = int(self._local.ctypes.data)
+        self._local = np.zeros(local + 4096, dtype=np.uint8)  # base aligned to a page
+        self._local_base = int(self._local.ctypes.data) + (-int(self._local.ctypes.data)
+                                                           % 4096)
         if store.register_buffer(self._local_base, local) != 0:
             raise RuntimeError("local buffer registration failed")
         self._alloc = OffsetAllocator(local, alignment=64)
