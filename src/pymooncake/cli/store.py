@@ -299,6 +299,11 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--metadata-ops", type=int, default=20_000,
                    help="exist/get_replica_list calls for the master benchmark (0 = skip)")
     b.add_argument("--no-mooncake", action="store_true", help="skip Mooncake's own store")
+    b.add_argument("--repeat", type=int, default=1,
+                   help="interleaved rounds (ours, Mooncake, ...); medians with min/max")
+    b.add_argument("--mooncake-path", default=None, metavar="DIR",
+                   help="a site-packages directory holding the Mooncake wheel (appended to "
+                   "sys.path; its ../../../bin is searched for mooncake_master)")
     add_json_flag(b)
     b.set_defaults(handler=_run_bench)
 
@@ -309,9 +314,18 @@ def _run_bench(args: argparse.Namespace) -> int:
 
     if args.count < 1:
         raise UsageError("--count must be >= 1")
+    if args.repeat < 1:
+        raise UsageError("--repeat must be >= 1")
+    if args.mooncake_path:
+        import os
+        import sys
+
+        sys.path.append(args.mooncake_path)
+        bindir = os.path.normpath(os.path.join(args.mooncake_path, "..", "..", "..", "bin"))
+        os.environ["PATH"] = os.environ.get("PATH", "") + os.pathsep + bindir
     sizes = args.size or [4 << 10, 64 << 10, 1 << 20, 16 << 20]
     modes = args.mode or ["embedded", "remote"]
     result = bench.run(sizes, args.count, modes, metadata_ops=args.metadata_ops,
-                       with_mooncake=not args.no_mooncake)
+                       with_mooncake=not args.no_mooncake, repeat=args.repeat)
     emit(result, args.json, bench.human)
     return 0

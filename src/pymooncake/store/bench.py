@@ -159,6 +159,7 @@ def _bench_pymooncake(sizes: list[int], count: int, mode: str) -> dict[int, tupl
 
 _MC_HOLDER = """
 import sys, time
+sys.path.append(sys.argv[4])
 from mooncake.store import MooncakeDistributedStore
 s = MooncakeDistributedStore()
 rc = s.setup("localhost", sys.argv[1], int(sys.argv[3]), 16 << 20, "tcp", "", sys.argv[2])
@@ -212,7 +213,10 @@ def _bench_mooncake(sizes: list[int], count: int, mode: str) -> dict[int, tuple[
     with _mooncake_cluster() as (addr, md):
         holder = None
         if mode == "remote":
-            holder, _ = _spawn([sys.executable, "-c", _MC_HOLDER, md, addr, str(seg)],
+            import mooncake
+
+            site = os.path.dirname(os.path.dirname(os.path.abspath(mooncake.__file__)))
+            holder, _ = _spawn([sys.executable, "-c", _MC_HOLDER, md, addr, str(seg), site],
                                lambda line: {} if line.startswith(b"ready") else None)
         try:
             store = MooncakeDistributedStore()
@@ -345,7 +349,8 @@ def bench_master(ops: int, with_mooncake: bool, batch: int = 16) -> dict[str, An
 ROW_KEYS = ("op", "size_bytes", "mode", "count", "throughput_bytes_per_s", "p50_s", "p99_s",
             "verified", "mooncake_throughput_bytes_per_s", "mooncake_p50_s", "ratio",
             "ops_per_s", "mooncake_ops_per_s", "num_clients", "batch_keys", "ops",
-            "mooncake_available", "machine")
+            "mooncake_available", "machine", "repeats", "throughput_min", "throughput_max",
+            "mooncake_throughput_min", "mooncake_throughput_max", "ratio_min", "ratio_max")
 """Every row of ``run`` has exactly these keys; a key that does not apply is ``None``."""
 
 
@@ -370,29 +375,59 @@ def master_rows(m: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _spread(xs: list[float]) -> tuple[float, float, float]:
+    """(median, min, max)."""
+    return float(np.median(xs)), float(min(xs)), float(max(xs))
+
+
 def run(sizes: list[int], count: int, modes: list[str], metadata_ops: int = 20_000,
-        with_mooncake: bool = True) -> list[dict[str, Any]]:
+        with_mooncake: bool = True, repeat: int = 1) -> list[dict[str, Any]]:
     """Run the benchmark; returns a list of rows (keys ``ROW_KEYS``): one ``put`` and one
     ``get`` row per (mode, size) — throughput in bytes/s (bytes / sum of per-op latencies),
     p50/p99 in s, ``verified`` (every value read back equal) and Mooncake's figures
     (``None`` without the wheel) — then, unless ``metadata_ops`` is 0, the master's
-    ``metadata`` and ``metadata_batch`` rows (``ops_per_s`` from 4 client processes)."""
+    ``metadata`` and ``metadata_batch`` rows (``ops_per_s`` from 4 client processes).
+
+    ``repeat`` > 1 interleaves the two stores (ours, Mooncake, ours, ... with the order
+    swapped every round) and reports medians over the rounds: throughput, p50 and the
+    per-round ratio, with the spread (min/max) in ``throughput_min``/``throughput_max``,
+    ``mooncake_throughput_min``/``_max`` and ``ratio_min``/``ratio_max``."""
     mc = with_mooncake and mooncake_available()
     machine = f"{os.cpu_count()} CPUs, loopback"
     rows = []
     for mode in modes:
-        ours = _bench_pymooncake(sizes, count, mode)
-        theirs = _bench_mooncake(sizes, count, mode) if mc else {}
+        ours_runs: list[dict[int, tuple[dict, dict]]] = []
+        theirs_runs: list[dict[int, tuple[dict, dict]]] = []
+        for r in range(max(1, repeat)):
+            order = [False, True] if r % 2 == 0 else [True, False]
+            for mooncake in order:
+                if not mooncake:
+                    ours_runs.append(_bench_pymooncake(sizes, count, mode))
+                elif mc:
+                    theirs_runs.append(_bench_mooncake(sizes, count, mode))
         for size in sizes:
             for j, op in enumerate(("put", "get")):
-                r = ours[size][j]
-                m = theirs.get(size, (None, None))[j]
-                mt = m["throughput_bytes_per_s"] if m else None
-                rows.append(_row(op=op, size_bytes=size, mode=mode, **r,
-                                 mooncake_throughput_bytes_per_s=mt,
-                                 mooncake_p50_s=m["p50_s"] if m else None,
-                                 ratio=r["throughput_bytes_per_s"] / mt if mt else None,
-                                 mooncake_available=mc, machine=machine))
+                ours = [run_[size][j] for run_ in ours_runs]
+                theirs = [run_[size][j] for run_ in theirs_runs]
+                tp, tp_lo, tp_hi = _spread([x["throughput_bytes_per_s"] for x in ours])
+                extra: dict[str, Any] = {}
+                if theirs:
+                    mt, mt_lo, mt_hi = _spread([x["throughput_bytes_per_s"] for x in theirs])
+                    ratios = [a["throughput_bytes_per_s"] / b["throughput_bytes_per_s"]
+                              for a, b in zip(ours, theirs, strict=True)]
+                    ratio, r_lo, r_hi = _spread(ratios)
+                    extra = {"mooncake_throughput_bytes_per_s": mt,
+                             "mooncake_throughput_min": mt_lo, "mooncake_throughput_max": mt_hi,
+                             "mooncake_p50_s": _spread([x["p50_s"] for x in theirs])[0],
+                             "ratio": ratio, "ratio_min": r_lo, "ratio_max": r_hi}
+                rows.append(_row(op=op, size_bytes=size, mode=mode, count=ours[0]["count"],
+                                 throughput_bytes_per_s=tp, throughput_min=tp_lo,
+                                 throughput_max=tp_hi,
+                                 p50_s=_spread([x["p50_s"] for x in ours])[0],
+                                 p99_s=_spread([x["p99_s"] for x in ours])[0],
+                                 verified=all(x["verified"] for x in ours + theirs),
+                                 repeats=len(ours), mooncake_available=mc, machine=machine,
+                                 **extra))
     if metadata_ops > 0:
         for row in master_rows(bench_master(metadata_ops, mc)):
             row.update(mooncake_available=mc, machine=machine)
@@ -413,6 +448,8 @@ def human(rows: list[dict[str, Any]]) -> str:
             continue
         mt = r["mooncake_throughput_bytes_per_s"]
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        if r["ratio"] is not None and (r["repeats"] or 1) > 1:
+            ratio += f" [{r['ratio_min']:.2f}-{r['ratio_max']:.2f}]"
         lines.append(
             f"{r['op']:4} {r['mode']:8} {r['size_bytes']:>9} "
             f"{r['throughput_bytes_per_s'] / MiB:>9.1f} {r['p50_s'] * 1e6:>9.0f} "

@@ -1,0 +1,163 @@
+"""The Store client's control plane: master RPCs (one connection per calling thread),
+metadata-only operations (exist, remove, leases, listing) and the two-phase primitives for
+callers that write the bytes themselves."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pymooncake.rpc import RpcError, SyncRpcClient, to_wire
+from pymooncake.store.client_base import DEFAULT_CONFIG, MAX_KEY_BYTES, ClientBase
+from pymooncake.store.config import ReplicateConfig
+from pymooncake.store.errors import ErrorCode, StoreError
+from pymooncake.store.leader import LeaderSyncRpc
+from pymooncake.store.master.core import validate_key
+from pymooncake.store.protocol import (
+    KeysRequest,
+    PutEndRequest,
+    PutHandle,
+    RemoveAllRequest,
+    RemoveRequest,
+    ReplicaList,
+    put_handle_from_wire,
+    replica_list_from_wire,
+)
+
+
+class MasterOps(ClientBase):
+    """Master RPC and metadata-only methods of ``StoreClient``."""
+
+    # -- master RPC --------------------------------------------------------------------
+
+    @property
+    def _rpc(self) -> SyncRpcClient:
+        """This thread's connection to the master (threads do not queue behind each other)."""
+        rpc = getattr(self._rpc_local, "rpc", None)
+        if rpc is None:
+            rpc = LeaderSyncRpc(self.master_locator, self._rpc_timeout)
+            self._rpc_local.rpc = rpc
+            with self._lock:
+                self._rpcs.append(rpc)
+        return rpc
+
+    def _master(self, method: str, params: Any) -> Any:
+        try:
+            return self._rpc.call(method, params)
+        except RpcError as e:
+            raise StoreError.from_rpc(e) from None
+
+    @staticmethod
+    def _batch_item(item: dict[str, Any]) -> Any:
+        if "e" in item:
+            code, msg = item["e"]
+            return StoreError(ErrorCode(code), msg)
+        return item.get("r")
+
+
+    @staticmethod
+    def _check_key(key: object) -> str:
+        """The key, or ``StoreError(INVALID_KEY)`` (generic ``INVALID_ARGUMENT``) for a
+        non-str, empty, over-long (> ``MAX_KEY_BYTES`` UTF-8 bytes), NUL-carrying or not
+        UTF-8-encodable key (case BUG-28): refused here, before any RPC, never a crash."""
+        validate_key(key, MAX_KEY_BYTES)
+        assert isinstance(key, str)
+        if "\x00" in key:
+            raise StoreError(ErrorCode.INVALID_KEY, "key contains a NUL character")
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise StoreError(ErrorCode.INVALID_KEY, "key is not valid UTF-8 "
+                             "(lone surrogate)") from None
+        return key
+
+    # -- metadata-only -----------------------------------------------------------------
+
+    def _bad_now(self) -> list[str]:
+        """Segments this client currently knows to have failed (see ``bad_segment_ttl_s``)."""
+        if not self._bad:
+            return []
+        now = self._clock()
+        return [seg for seg, until in list(self._bad.items()) if until > now]
+
+    def exist(self, key: str) -> bool:
+        """True for a published object with a replica this client may read: a key whose
+        every replica lies on a segment this client knows to have failed is reported
+        absent, as ``get`` answers ``OBJECT_NOT_FOUND`` for it (case BUG-34)."""
+        self._check_key(key)
+        req: dict[str, Any] = {"client_id": self.client_id, "key": key}
+        bad = self._bad_now()
+        if bad:
+            req["exclude_segments"] = bad
+        return bool(self._master("exist", req))
+
+    def batch_exist(self, keys: Sequence[str]) -> list[bool | StoreError]:
+        """``exist`` per key (same rule for keys on failed segments)."""
+        out: list[bool | StoreError] = []
+        ask: list[int] = []
+        for i, k in enumerate(keys):
+            try:
+                self._check_key(k)
+                ask.append(i)
+                out.append(False)
+            except StoreError as e:  # a bad key is its own answer, the rest still asked
+                out.append(e)
+        if not ask:
+            return out
+        req: dict[str, Any] = {"client_id": self.client_id,
+                               "keys": [keys[i] for i in ask]}
+        bad = self._bad_now()
+        if bad:
+            req["exclude_segments"] = bad
+        res = self._master("batch_exist", req)
+        for i, x in zip(ask, res, strict=True):
+            out[i] = self._batch_item(x)
+        return out
+
+    def remove(self, key: str, force: bool = False) -> None:
+        self._check_key(key)
+        self._master("remove", RemoveRequest(self.client_id, key, force))
+
+    def remove_all(self, force: bool = False) -> int:
+        return int(self._master("remove_all", RemoveAllRequest(self.client_id, force)))
+
+    def release_leases(self, keys: Sequence[str]) -> int:
+        return int(self._master("release_leases", KeysRequest(self.client_id, tuple(keys))))
+
+    def list_keys(self) -> list[str]:
+        return list(self._master("list_keys", None))
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self._master("stats", None))
+
+    def ping(self) -> bool:
+        try:
+            return self._rpc.call("ping", None, timeout_s=2.0) == "pong"
+        except RpcError:
+            return False
+    # -- two-phase primitives (for callers that write the bytes themselves) -------------
+
+    def replica_list(self, key: str) -> ReplicaList:
+        """The master's answer for ``key`` (grants a read lease)."""
+        self._check_key(key)
+        r = self._master("get_replica_list", {"client_id": self.client_id, "key": key})
+        if r.get("promote"):
+            (item,) = self._master("load_replica_list", KeysRequest(self.client_id, (key,)))
+            r = self._batch_item(item)
+            if isinstance(r, StoreError):
+                raise r
+        return replica_list_from_wire(r)
+
+    def put_start(self, key: str, size_bytes: int,
+                  config: ReplicateConfig | None = None) -> PutHandle:
+        self._check_key(key)
+        return put_handle_from_wire(self._master("put_start", {
+            "client_id": self.client_id, "key": key, "size_bytes": size_bytes,
+            "config": to_wire(config or DEFAULT_CONFIG)}))
+
+    def put_end(self, key: str, generation: int) -> None:
+        self._master("put_end", {"client_id": self.client_id, "key": key,
+                                 "generation": generation})
+
+    def put_revoke(self, key: str, generation: int) -> None:
+        self._master("put_revoke", PutEndRequest(self.client_id, key, generation))

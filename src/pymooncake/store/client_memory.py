@@ -1,0 +1,93 @@
+"""The Store client's memory: the segment it contributes, its staging buffer for bytes
+values, and the user buffers registered for ``put_from``/``get_into``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pymooncake.store.client_base import ClientBase
+from pymooncake.store.errors import ErrorCode, StoreError
+
+
+class MemoryOps(ClientBase):
+    """Registration, staging and local views of ``StoreClient``."""
+
+    @staticmethod
+    def _alloc_segment(size: int) -> tuple[Any, np.ndarray]:
+        """Shared memory when the transfer layer offers it (same-host peers map it)."""
+        try:
+            from pymooncake.transfer.memory import SharedBuffer
+
+            buf = SharedBuffer(size)
+            return buf, np.frombuffer(buf.view(), dtype=np.uint8)
+        except Exception:  # no /dev/shm: private memory, reached over tcp
+            arr = np.zeros(size, dtype=np.uint8)
+            return arr, arr
+
+    def register_buffer(self, buffer: object) -> int:
+        """Register a user buffer for ``put_from``/``get_into``; returns its base address.
+        Raises ``StoreError(INVALID_PARAMS)`` for a non-contiguous or overlapping buffer."""
+        from pymooncake.transfer.memory import buffer_address
+
+        assert self._dp is not None
+        try:
+            _, nbytes, keep = buffer_address(buffer)
+            addr = self._dp.register(buffer)
+        except (ValueError, TypeError) as e:
+            raise StoreError(ErrorCode.INVALID_PARAMS, f"cannot register buffer: {e}") from None
+        self._registered[addr] = (nbytes, keep)
+        return addr
+
+    def register_memory(self, addr: int, size: int) -> int:
+        """Register raw memory ``[addr, addr+size)`` that the caller keeps alive."""
+        assert self._dp is not None
+        if not isinstance(addr, int) or not isinstance(size, int) or addr <= 0 or size <= 0:
+            raise StoreError(ErrorCode.INVALID_PARAMS,
+                             f"register_memory({addr!r}, {size!r}): need addr > 0, size > 0")
+        try:
+            self._dp.register_at(addr, size)
+        except (ValueError, TypeError) as e:
+            raise StoreError(ErrorCode.INVALID_PARAMS, f"cannot register memory: {e}") from None
+        self._registered[addr] = (size, None)
+        return addr
+
+    def unregister_buffer(self, addr: int) -> None:
+        if addr not in self._registered:
+            raise StoreError(ErrorCode.INVALID_PARAMS, f"address {addr:#x} is not registered")
+        assert self._dp is not None
+        self._dp.unregister(addr)
+        del self._registered[addr]
+
+    def _stage(self, size: int) -> tuple[int, np.ndarray, Callable[[], None]]:
+        """A registered local range of ``size`` bytes: (addr, view, release)."""
+        assert self._dp is not None
+        if self._staging is not None:
+            with self._lock:
+                off = self._staging.allocate(size) if size <= self.local_buffer_size else None
+            if off is not None:
+                assert self._staging_arr is not None
+
+                def release(off: int = off) -> None:
+                    with self._lock:
+                        assert self._staging is not None
+                        self._staging.free(off)
+
+                return (self._staging_base + off, self._staging_arr[off:off + size], release)
+        arr = np.empty(max(size, 1), dtype=np.uint8)  # oversize or busy: a one-off buffer
+        addr = self._dp.register(arr)
+        dp = self._dp
+        return addr, arr[:size], lambda: dp.unregister(addr)
+
+    def _in_registered(self, addr: int, size: int) -> bool:
+        return any(base <= addr and addr + size <= base + n
+                   for base, (n, _) in self._registered.items())
+
+    def _local_view(self, addr: int, length: int) -> np.ndarray | None:
+        """A view of ``[addr, addr+length)`` when it lies in this client's own segment."""
+        off = addr - self.segment_base
+        if self._segment_arr is None or off < 0 or off + length > self.global_segment_size:
+            return None
+        return self._segment_arr[off:off + length]
