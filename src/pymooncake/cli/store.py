@@ -76,7 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s = subparsers.add_parser("store-server", help="contribute DRAM (and SSD) to a store",
                               description="Run a process that only contributes a DRAM "
                               "segment (and optionally an SSD tier) to a Mooncake Store.")
-    s.add_argument("--master", required=True, metavar="HOST:PORT")
+    s.add_argument("--master", required=True, metavar="HOST:PORT",
+                   help="the master: host:port, or an HA set (host:port,host:port or "
+                   "etcd://host:port[/cluster_id]) whose leader is followed")
     s.add_argument("--metadata", required=True, metavar="URL",
                    help="metadata service: http://h:p/metadata, etcd://h:p")
     s.add_argument("--global-segment-size", type=_size, default=1 << 30, metavar="BYTES")
@@ -235,8 +237,9 @@ def _run_loop(coro) -> None:
 
 def _run_store_server(args: argparse.Namespace) -> int:
     from pymooncake.cli.main import CommandError, UsageError
-    from pymooncake.store.client import StoreClient, parse_addr
+    from pymooncake.store.client import StoreClient
     from pymooncake.store.errors import StoreError
+    from pymooncake.store.leader import MasterLocator
     from pymooncake.transfer import TransferConfig
 
     # flags checked before anything connects: each error names the flag (exit 2)
@@ -255,7 +258,7 @@ def _run_store_server(args: argparse.Namespace) -> int:
     if not args.startup_timeout > 0:
         raise UsageError(f"--startup-timeout {args.startup_timeout}: must be > 0 seconds")
     try:
-        parse_addr(args.master)
+        MasterLocator(args.master)
     except ValueError as e:
         raise UsageError(f"--master: {e}") from None
     try:
