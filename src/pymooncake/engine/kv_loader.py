@@ -8,6 +8,12 @@ keys from the Store (stopping at the first miss, so a match is a prefix) and kee
 bytes until the step loads them layer by layer in ``before_layer`` (Mooncake FAST'25 §3.1
 step 1, DESIGN.md §1). A request may turn Store reuse off (``disable``), for the
 local-cache-only policies.
+
+Zero copy on the read side: blocks are read with ``batch_get_into`` straight into slots of
+one host buffer registered with the Store client once (``staging_blocks`` blocks), and
+``before_layer`` imports views of those slots — no ``bytes`` in between. A lookup that
+finds no free slots (or a store without ``register_buffer``) reads ``bytes`` instead.
+Puts take ``bytes`` or contiguous CPU tensors (``export_blocks`` slices) as values.
 """
 
 from __future__ import annotations
@@ -40,10 +46,17 @@ def store_key(namespace_digest: str, block_key: str) -> str:
 class StoreKVLoader(NullHooks):
     """Loads reusable prefix blocks from the Store into a prefill engine's paged cache."""
 
-    def __init__(self, store: StoreClient, kv: KVTensors, namespace_digest: str) -> None:
+    def __init__(self, store: StoreClient, kv: KVTensors, namespace_digest: str,
+                 staging_blocks: int = 64) -> None:
         self.store = store
         self.kv = kv
         self.ns = namespace_digest
+        self._staging_blocks = staging_blocks
+        self._staging: torch.Tensor | None = None
+        self._staging_addr = 0
+        self._free_slots: list[int] = []
+        self._slots: dict[str, list[int]] = {}
+        """request id → staging slots its fetched blocks live in."""
         self._fetched: dict[str, tuple[int, list[torch.Tensor]]] = {}
         """request id → (first block index, fetched blocks from there)."""
         self._disabled: set[str] = set()
@@ -68,6 +81,78 @@ class StoreKVLoader(NullHooks):
         self._disabled.discard(request_id)
         self._hints.pop(request_id, None)
         self._fetched.pop(request_id, None)
+        self._release(request_id)
+
+    # -- zero-copy staging ----------------------------------------------------------------
+    def _take_slots(self, n: int) -> list[int] | None:
+        """``n`` free block slots of the registered staging buffer (registered on first
+        use), or ``None`` (no room, or a store that cannot register memory)."""
+        with self._lock:
+            if self._staging is None and self._staging_blocks > 0:
+                register = getattr(self.store, "register_buffer", None)
+                buf = torch.empty(self._staging_blocks * self.kv.block_nbytes,
+                                  dtype=torch.uint8)
+                try:
+                    self._staging_addr = register(buf) if register is not None else 0
+                except Exception as e:  # noqa: BLE001 - no staging: bytes reads instead
+                    logger.warning("store staging buffer not registered: %s", e)
+                    self._staging_addr = 0
+                self._staging_blocks = self._staging_blocks if self._staging_addr else 0
+                self._staging = buf
+                self._free_slots = list(range(self._staging_blocks))
+            if not self._staging_addr or n > len(self._free_slots):
+                return None
+            taken, self._free_slots = self._free_slots[:n], self._free_slots[n:]
+            return taken
+
+    def _give_slots(self, slots: list[int]) -> None:
+        with self._lock:
+            self._free_slots.extend(slots)
+
+    def _release(self, request_id: str) -> None:
+        slots = self._slots.pop(request_id, None)
+        if slots:
+            self._give_slots(slots)
+
+    def _slot_view(self, slot: int) -> torch.Tensor:
+        k = self.kv
+        assert self._staging is not None
+        raw = self._staging[slot * k.block_nbytes:(slot + 1) * k.block_nbytes]
+        return raw.view(k.dtype).view(k.num_layers, 2, k.num_kv_heads, 1, k.block_size,
+                                      k.head_dim)
+
+    def _read_blocks(self, request_id: str, skeys: list[str]) -> list[torch.Tensor]:
+        """The leading run of ``skeys`` the Store returns whole, as block tensors: read
+        into staging slots (zero copy) when there is room, else as ``bytes``."""
+        nb = self.kv.block_nbytes
+        slots = self._take_slots(len(skeys))
+        have: list[torch.Tensor] = []
+        if slots is None:
+            for v in self.store.batch_get(skeys):
+                if not isinstance(v, bytes | bytearray):
+                    break
+                try:
+                    have.append(self._as_tensor(v))
+                except ValueError as e:
+                    logger.warning("store block for %s unusable: %s", request_id, e)
+                    break
+            return have
+        try:
+            res = self.store.batch_get_into(
+                skeys, [self._staging_addr + s * nb for s in slots], [nb] * len(skeys))
+        except BaseException:
+            self._give_slots(slots)
+            raise
+        for s, r in zip(slots, res, strict=True):
+            if r != nb:  # a miss, an error, or a block of the wrong size ends the run
+                if isinstance(r, int):
+                    logger.warning("store block for %s unusable: %d B, expected %d",
+                                   request_id, r, nb)
+                break
+            have.append(self._slot_view(s))
+        self._give_slots(slots[len(have):])
+        self._slots.setdefault(request_id, []).extend(slots[:len(have)])
+        return have
 
     def _as_tensor(self, data: bytes) -> torch.Tensor:
         k = self.kv
@@ -90,6 +175,7 @@ class StoreKVLoader(NullHooks):
         have = cached[1] if cached is not None and cached[0] == first else None
         if have is None:
             have = []
+            self._release(rid)  # blocks fetched for another starting block: not used
             t0 = time.time()
             try:
                 with span("prefill.store_lookup", request_id=rid, num_blocks=len(keys)):
@@ -97,18 +183,11 @@ class StoreKVLoader(NullHooks):
                     # metadata first: read only the leading run of blocks the Store holds
                     exists = self.store.batch_exist(skeys)
                     n = next((i for i, x in enumerate(exists) if x is not True), len(exists))
-                    values = self.store.batch_get(skeys[:n]) if n else []
+                    have = self._read_blocks(rid, skeys[:n]) if n else []
             except Exception as e:  # noqa: BLE001 - the Store being down only costs reuse
                 logger.warning("store lookup for %s failed: %s", rid, e)
-                values = []
-            for v in values:
-                if not isinstance(v, bytes | bytearray):
-                    break
-                try:
-                    have.append(self._as_tensor(v))
-                except ValueError as e:
-                    logger.warning("store block for %s unusable: %s", rid, e)
-                    break
+                have = []
+                self._release(rid)
             self._fetched[rid] = (first, have)
             if self.clock is not None:
                 self.clock.mark(rid, "store_lookup", t0, time.time())
@@ -132,12 +211,15 @@ class StoreKVLoader(NullHooks):
         for ld in ctx.loads:
             self.num_loaded_blocks += len(ld.block_ids)
             self._fetched.pop(ld.request_id, None)
+            self._release(ld.request_id)
 
     # -- put ------------------------------------------------------------------------------
-    def put_blocks(self, block_keys: Sequence[str], block_bytes: Sequence[bytes]) -> list[str]:
+    def put_blocks(self, block_keys: Sequence[str],
+                   block_bytes: Sequence[bytes | torch.Tensor]) -> list[str]:
         """Put blocks not yet in the Store; returns the keys the Store holds after this call
         (those put now and those it already held: a holder's report heals a removal that
-        was reported for a key which is in fact still there)."""
+        was reported for a key which is in fact still there). A value is a block's
+        ``bytes`` or a contiguous CPU tensor of it (put without a ``bytes`` copy)."""
         if not block_keys:
             return []
         skeys = [store_key(self.ns, k) for k in block_keys]
@@ -150,7 +232,10 @@ class StoreKVLoader(NullHooks):
         todo = [i for i, x in enumerate(exists) if x is not True]
         if not todo:
             return held
-        errs = self.store.batch_put([skeys[i] for i in todo], [block_bytes[i] for i in todo])
+        values = [block_bytes[i] for i in todo]
+        values = [v.view(torch.uint8).reshape(-1).numpy() if isinstance(v, torch.Tensor) else v
+                  for v in values]
+        errs = self.store.batch_put([skeys[i] for i in todo], values)
         stored = [block_keys[i] for i, e in zip(todo, errs, strict=True) if e is None]
         self.num_put_blocks += len(stored)
         return held + stored

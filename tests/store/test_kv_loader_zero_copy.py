@@ -1,0 +1,50 @@
+"""The prefill worker's Store path without ``bytes``: blocks put from tensors, read with
+``batch_get_into`` into the loader's registered staging slots, equal to what was put; a
+lookup larger than the staging falls back to ``bytes`` reads with the same result."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.integration
+
+
+def test_kv_loader_reads_blocks_into_registered_staging(cluster_factory) -> None:
+    from pymooncake.engine import Engine, EngineConfig
+    from pymooncake.engine.kv_loader import StoreKVLoader
+    from pymooncake.engine.request import Request
+    from pymooncake.engine.sampling import SamplingParams
+
+    from .procs import MiB
+
+    cl = cluster_factory()
+    cl.store_server(32 * MiB)
+    eng = Engine.from_model_name("tiny", EngineConfig(num_kv_blocks=32))
+    ns = eng.namespace.digest()
+    prompt = list(range(3, 3 + 80))  # 5 full blocks
+    req = Request("r", prompt, SamplingParams(max_tokens=1), eng.namespace)
+    torch.manual_seed(0)
+    eng.kv.buffer.copy_(torch.randn_like(eng.kv.buffer))
+    ids = [4, 9, 2]
+    blocks = eng.kv.export_blocks(ids)  # [L, 2, H, n, bs, D]
+    writer = StoreKVLoader(cl.client(), eng.kv, ns)
+    keys = [str(k) for k in req.block_keys[:3]]
+    vals = [blocks[:, :, :, j:j + 1].contiguous() for j in range(3)]
+    assert writer.put_blocks(keys, vals) == keys  # tensors in, no bytes
+
+    reader = StoreKVLoader(cl.client(), eng.kv, ns, staging_blocks=4)
+    assert reader.get_num_matched_tokens(req, 0) == 3 * eng.kv.block_size
+    got = reader._fetched["r"][1]
+    assert len(reader._slots["r"]) == 3 and len(reader._free_slots) == 1  # zero copy
+    for j in range(3):
+        assert torch.equal(got[j], vals[j])
+        assert got[j].data_ptr() >= reader._staging_addr  # a view of the staging slot
+    reader.forget("r")
+    assert len(reader._free_slots) == 4 and "r" not in reader._slots
+
+    small = StoreKVLoader(cl.client(), eng.kv, ns, staging_blocks=2)
+    assert small.get_num_matched_tokens(req, 0) == 3 * eng.kv.block_size
+    assert "r" not in small._slots  # no room for 3: read as bytes
+    for j in range(3):
+        assert torch.equal(small._fetched["r"][1][j], vals[j])
