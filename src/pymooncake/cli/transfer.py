@@ -28,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     topo.add_argument("--file", default=None, metavar="PATH", help="JSON topology override")
     add_json_flag(topo)
     topo.set_defaults(handler=_cmd_topology)
+    _add_bench(tr, "bench")  # ``pymooncake transfer bench`` = ``pymooncake bench transfer``
 
 
 def _cmd_metadata_server(args: argparse.Namespace) -> int:
@@ -80,12 +81,18 @@ def _cmd_topology(args: argparse.Namespace) -> int:
 
 def register_bench(bench: argparse._SubParsersAction) -> None:
     """Add ``pymooncake bench transfer``."""
-    p = bench.add_parser(
-        "transfer", help="Transfer Engine throughput vs memcpy, a plain socket and Mooncake",
+    _add_bench(bench, "transfer")
+
+
+def _add_bench(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(
+        name, help="Transfer Engine throughput vs memcpy, plain sockets and Mooncake",
         description="Write a working set of BATCH requests of SIZE bytes into another "
-                    "process's registered memory and read it back (verified), median of "
-                    "rounds; also measures memcpy, a plain loopback socket stream and, when "
-                    "mooncake-transfer-engine-non-cuda is importable, Mooncake's engine.")
+                    "process's registered memory and read it back (verified). Every subject "
+                    "(our engine, memcpy, plain sockets with as many connections as --paths, "
+                    "Mooncake's engine when its wheel is importable) runs in every repeat, "
+                    "interleaved; figures are median [min-max] over the repeats, ratios are "
+                    "taken per repeat and judged 'met', 'missed' or 'not distinguishable'.")
     p.add_argument("--transport", choices=("local", "shm", "tcp"), default="tcp",
                    help="local: same engine; shm: target in shared memory of another "
                         "process; tcp: sockets to another process (default)")
@@ -94,20 +101,23 @@ def register_bench(bench: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=16, metavar="N",
                    help="requests per batch (default 16)")
     p.add_argument("--paths", type=int, default=2, metavar="K",
-                   help="TCP connections per peer (default 2)")
+                   help="TCP connections per peer, and of the socket reference (default 2)")
     p.add_argument("--min-time-s", type=float, default=1.0,
                    help="measure each subject at least this long per repeat (default 1 s)")
     p.add_argument("--repeat", type=int, default=3,
                    help="interleaved repeats of every subject; medians reported (default 3)")
     p.add_argument("--no-mooncake", action="store_true",
                    help="skip the Mooncake comparison even when the wheel is installed")
+    p.add_argument("--mooncake-python", default=None, metavar="PYTHON",
+                   help="interpreter whose venv has mooncake-transfer-engine-non-cuda "
+                        "(default: $PYMOONCAKE_MOONCAKE_PYTHON, else this one)")
     add_json_flag(p)
     p.set_defaults(handler=_cmd_bench_transfer)
 
 
 def _cmd_bench_transfer(args: argparse.Namespace) -> int:
+    from pymooncake.bench import transfer as bench
     from pymooncake.cli.main import CommandError, UsageError
-    from pymooncake.transfer import bench
 
     for flag, value in (("--size", args.size), ("--batch", args.batch),
                         ("--paths", args.paths), ("--repeat", args.repeat),
@@ -117,29 +127,10 @@ def _cmd_bench_transfer(args: argparse.Namespace) -> int:
     try:
         result = bench.run(args.transport, args.size, args.batch, args.paths,
                            min_time_s=args.min_time_s, compare_mooncake=not args.no_mooncake,
-                           repeat=args.repeat)
+                           repeat=args.repeat, mooncake_python=args.mooncake_python)
     except ValueError as e:
         raise UsageError(str(e)) from e
     except (OSError, RuntimeError) as e:
         raise CommandError(f"benchmark failed: {e}") from e
-
-    def human(p: dict[str, Any]) -> str:
-        gib = 1024**3
-        mc = p["mooncake_bytes_per_s"]
-        return "\n".join([
-            f"transfer {p['transport']}: {p['batch']} x {p['size_bytes']} B, "
-            f"{p['paths']} path(s), {p['rounds']} rounds, verified={p['verified']}",
-            f"  throughput   {p['throughput_bytes_per_s'] / gib:8.2f} GiB/s "
-            f"(write {p['write_bytes_per_s'] / gib:.2f}, read {p['read_bytes_per_s'] / gib:.2f})"
-            f", {p['requests_per_s']:,.0f} requests/s",
-            f"  memcpy       {p['memcpy_bytes_per_s'] / gib:8.2f} GiB/s "
-            f"(ratio {p['ratio_vs_memcpy']:.2f})",
-            f"  socket       {p['socket_bytes_per_s'] / gib:8.2f} GiB/s "
-            f"(ratio {p['ratio_vs_socket']:.2f})",
-            (f"  mooncake     {mc / gib:8.2f} GiB/s (ratio {p['ratio_vs_mooncake']:.2f}, "
-             f"{p['mooncake_requests_per_s']:,.0f} requests/s)" if mc else
-             f"  mooncake     n/a ({p['mooncake_note']})"),
-        ])
-
-    emit(bench.to_json(result), args.json, human)
+    emit(bench.to_json(result), args.json, bench.format_human)
     return 0 if result.verified else 1

@@ -45,6 +45,7 @@ from pymooncake.transfer.transports.wire import (
     STATUS_CODES,
     TcpConnection,
     sendmsg_all,
+    timeval,
 )
 
 __all__ = ["TcpConnection", "TcpDataServer", "is_stale", "open_connection", "run_window"]
@@ -52,11 +53,20 @@ __all__ = ["TcpConnection", "TcpDataServer", "is_stale", "open_connection", "run
 def open_connection(host: str, port: int, connect_timeout_s: float,
                     io_timeout_s: float, source_ip: str | None = None) -> TcpConnection:
     """A connected, ``TCP_NODELAY`` connection whose every send/recv times out; bound to
-    ``source_ip`` (a device's address: the path's NIC) when given."""
+    ``source_ip`` (a device's address: the path's NIC) when given.
+
+    The socket stays in blocking mode with kernel timeouts (``SO_RCVTIMEO``,
+    ``SO_SNDTIMEO``) rather than Python's (which make every call a ``poll`` plus a
+    non-blocking call and rule out ``MSG_WAITALL``): a payload is sent or received in one
+    system call without the GIL. A call that times out raises ``BlockingIOError``.
+    """
     sock = socket.create_connection((host, port), timeout=connect_timeout_s,
                                     source_address=(source_ip, 0) if source_ip else None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.settimeout(io_timeout_s)
+    sock.settimeout(None)
+    tv = timeval(io_timeout_s)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
     return TcpConnection(sock)
 
 
@@ -128,7 +138,7 @@ def run_window(conn: TcpConnection, slices: Sequence[Slice], checksum: bool,
                     raise PathError("the target closed the session after refusing a slice",
                                     results, StatusCode.CONNECTION_ERROR, refused=True)
                 break
-    except TimeoutError as e:
+    except (TimeoutError, BlockingIOError) as e:  # BlockingIOError: SO_RCVTIMEO/SNDTIMEO
         raise PathError(f"timed out: {e}", results, StatusCode.TIMEOUT) from e
     except OSError as e:  # ConnectionError, reset, broken pipe, closed socket
         raise PathError(f"connection error: {e!r}", results,

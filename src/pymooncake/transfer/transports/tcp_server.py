@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import struct
 import threading
 import time
 import zlib
@@ -38,6 +37,7 @@ from pymooncake.transfer.transports.wire import (
     ST_OK,
     RecvBuffer,
     sendmsg_all,
+    timeval,
 )
 
 logger = init_logger(__name__)
@@ -78,7 +78,7 @@ class TcpDataServer:
         self._accept_thread.start()
 
     def _accept_loop(self) -> None:
-        rcvtimeo = _timeval(self.read_timeout_s)
+        rcvtimeo = timeval(self.read_timeout_s)
         while not self._closed:
             try:
                 conn, _ = self._listener.accept()
@@ -207,11 +207,6 @@ class TcpDataServer:
         for t in threads:
             if t is not threading.current_thread():
                 t.join(timeout=max(0.0, deadline - time.monotonic()))
-
-
-def _timeval(seconds: float) -> bytes:
-    whole = int(seconds)
-    return struct.pack("ll", whole, int((seconds - whole) * 1e6))
 
 
 def _linger(conn: socket.socket, timeout_s: float) -> None:

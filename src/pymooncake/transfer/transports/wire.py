@@ -164,3 +164,9 @@ def sendmsg_all(sock: socket.socket, bufs: Sequence[memoryview | bytes]) -> None
         _drop_sent(pending, sock.sendmsg(pending[:MAX_IOV]))
 
 
+
+
+def timeval(seconds: float) -> bytes:
+    """``struct timeval`` for ``SO_RCVTIMEO``/``SO_SNDTIMEO``."""
+    whole = int(seconds)
+    return struct.pack("ll", whole, int((seconds - whole) * 1e6))
