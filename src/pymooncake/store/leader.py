@@ -12,8 +12,10 @@
 ``RpcClient`` that follow the leader: a call refused with ``UNAVAILABLE_IN_CURRENT_STATUS``
 (a follower, or a leader that stepped down) or that cannot connect is sent again to the
 leader for up to ``failover_timeout_s``. A call whose connection broke after it was sent
-(or that timed out) may have run; only calls that are safe to repeat (``IDEMPOTENT``) are
-sent again, the others raise as before.
+(or that timed out) may have run: calls that are safe to repeat (``IDEMPOTENT``) are sent
+again; the others only to a *different* master that leads now (a new leader never keeps an
+unfinished put of its predecessor, so a repeated ``put_start`` there cannot collide with
+the first one), else they raise as before.
 """
 
 from __future__ import annotations
@@ -139,17 +141,49 @@ class MasterLocator:
         return _addr(found) if found else None
 
 
+AMBIGUOUS = "?"
+"""Retry hint: the call may have run; repeat it only on another master."""
+
+
 def _retry_hint(method: str, e: RpcError) -> str | None:
-    """The leader hint to retry with (``""``: unknown), or ``None``: do not retry."""
+    """The leader hint to retry with (``""``: unknown, ``AMBIGUOUS``: only elsewhere), or
+    ``None``: do not retry."""
     if e.code == REFUSED and isinstance(e.data, dict) and "leader" in e.data:
         return str(e.data.get("leader") or "")
-    if isinstance(e, RpcConnectionError):
-        if "cannot connect" in e.message or method in IDEMPOTENT:
+    if isinstance(e, RpcConnectionError | RpcTimeout):
+        if (isinstance(e, RpcConnectionError) and "cannot connect" in e.message) \
+                or method in IDEMPOTENT:
             return ""
-        return None
-    if isinstance(e, RpcTimeout) and method in IDEMPOTENT:
-        return ""
+        return AMBIGUOUS
     return None
+
+
+class _Attempts:
+    """Retry bookkeeping of one call: the masters it may already have run on."""
+
+    def __init__(self, failover_timeout_s: float) -> None:
+        self.deadline = time.monotonic() + failover_timeout_s
+        self.ran_on: set[tuple[str, int]] = set()
+        self.first: RpcError | None = None
+
+    def next_hint(self, method: str, addr: tuple[str, int] | None, err: RpcError,
+                  ha: bool) -> str | None:
+        """The hint to fail over with, or ``None``: raise (see ``raise_error``)."""
+        hint = _retry_hint(method, err) if ha else None
+        if hint == AMBIGUOUS and addr is not None:
+            self.ran_on.add(addr)
+            self.first = self.first or err
+            hint = ""
+        if hint is None or time.monotonic() >= self.deadline:
+            return None
+        return hint
+
+    def blocked(self, addr: tuple[str, int] | None) -> bool:
+        """True when the call may already have run on ``addr``: do not send it again."""
+        return addr is not None and addr in self.ran_on
+
+    def raise_error(self, err: RpcError) -> None:
+        raise self.first or err
 
 
 class LeaderSyncRpc:
@@ -172,20 +206,22 @@ class LeaderSyncRpc:
     def call(self, method: str, params: Any = None, timeout_s: float | None = None) -> Any:
         """``SyncRpcClient.call`` on the leader; raises the last ``RpcError`` when no
         leader answers within ``failover_timeout_s`` (or at once without HA)."""
-        deadline = time.monotonic() + self.failover_timeout_s
+        tries = _Attempts(self.failover_timeout_s)
         while True:
             addr = self.locator.current()
             if addr is None:
                 err: RpcError = RpcConnectionError(
                     f"{method}: no master leader found in {self.locator.spec}")
+            elif tries.blocked(addr):
+                err = tries.first or RpcConnectionError(f"{method}: no other leader")
             else:
                 try:
                     return self._client(addr).call(method, params, timeout_s)
                 except RpcError as e:
                     err = e
-            hint = _retry_hint(method, err) if self.locator.ha else None
-            if hint is None or time.monotonic() >= deadline:
-                raise err
+            hint = tries.next_hint(method, addr, err, self.locator.ha)
+            if hint is None:
+                tries.raise_error(err)
             if addr is not None:
                 self.locator.failover(addr, hint)
             if self.locator.peek() == addr or not hint:
@@ -215,20 +251,22 @@ class LeaderRpc:
 
     async def call(self, method: str, params: Any = None, timeout_s: float | None = None) -> Any:
         """``RpcClient.call`` on the leader (same rules as ``LeaderSyncRpc.call``)."""
-        deadline = time.monotonic() + self.failover_timeout_s
+        tries = _Attempts(self.failover_timeout_s)
         while True:
             addr = await asyncio.to_thread(self.locator.current)
             if addr is None:
                 err: RpcError = RpcConnectionError(
                     f"{method}: no master leader found in {self.locator.spec}")
+            elif tries.blocked(addr):
+                err = tries.first or RpcConnectionError(f"{method}: no other leader")
             else:
                 try:
                     return await (await self._client(addr)).call(method, params, timeout_s)
                 except RpcError as e:
                     err = e
-            hint = _retry_hint(method, err) if self.locator.ha else None
-            if hint is None or time.monotonic() >= deadline:
-                raise err
+            hint = tries.next_hint(method, addr, err, self.locator.ha)
+            if hint is None:
+                tries.raise_error(err)
             if addr is not None:
                 await asyncio.to_thread(self.locator.failover, addr, hint)
             if self.locator.peek() == addr or not hint:
