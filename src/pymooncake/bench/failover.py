@@ -1,6 +1,7 @@
 """Store master fail-over: kill -9 the HA leader under a stream of puts (issue 17).
 
-``python -m pymooncake.bench.failover [--runs 5] [--masters 3] [--lease-ttl 2] [--json]``
+``python -m pymooncake.bench.failover [--runs 5] [--masters 3] [--lease-ttl 2]
+[--put-latency] [--json]``
 
 Each run starts, on loopback: etcd (random free ports, a temporary data directory), N
 ``pymooncake master --ha`` processes, one ``store-server`` (64 MiB) and a writer
@@ -261,6 +262,44 @@ def run_once(etcd_url: str, *, masters: int = 3, lease_ttl_s: float = 2.0,
             md_server.stop()
 
 
+def put_latency(etcd_url: str | None, *, count: int = 300,
+                value_bytes: int = 4096) -> dict[str, float]:
+    """Median and p99 latency (s) of ``count`` sequential 4 KiB puts through one master
+    with a store-server: HA (``etcd_url`` given: every put is journaled in etcd before
+    it is answered) or standalone (``None``)."""
+    from pymooncake.metadata.http import MetadataHttpServer
+    from pymooncake.store.client import StoreClient
+
+    md_server = MetadataHttpServer("127.0.0.1", 0).start()
+    procs: list[Child] = []
+    client = None
+    try:
+        if etcd_url is not None:
+            cluster = f"latency-{uuid.uuid4().hex[:8]}"
+            procs.append(ha_master(etcd_url, cluster))
+            wait_leader(procs)
+            master = f"{etcd_url}/{cluster}"
+        else:
+            procs.append(Child(["master", "--port", "0"]))
+            master = f"127.0.0.1:{procs[0].port}"
+        procs.append(Child(["store-server", "--master", master, "--metadata", md_server.url,
+                            "--global-segment-size", str(64 * MiB)]))
+        client = StoreClient(master, md_server.url, transfer_config=transfer_config()).start()
+        lat = []
+        for i in range(count):
+            t0 = time.perf_counter()
+            client.put(f"lat-{i}", pattern(i, value_bytes))
+            lat.append(time.perf_counter() - t0)
+        lat.sort()
+        return {"median_s": statistics.median(lat), "p99_s": lat[int(0.99 * (len(lat) - 1))]}
+    finally:
+        if client is not None:
+            client.close()
+        for p in reversed(procs):
+            p.kill(signal.SIGTERM)
+        md_server.stop()
+
+
 def _get_or_none(client: Any, key: str) -> bytes | None:
     from pymooncake.store.errors import StoreError
 
@@ -277,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--masters", type=int, default=3)
     ap.add_argument("--lease-ttl", type=float, default=2.0, metavar="S")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--put-latency", action="store_true",
+                    help="also time 300 sequential 4 KiB puts, HA vs a standalone master")
     args = ap.parse_args(argv)
     if args.runs < 1 or args.masters < 2:
         ap.error("--runs must be >= 1 and --masters >= 2")
@@ -287,9 +328,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         etcd.close()
     times = [r["failover_s"] for r in runs if r["failover_s"] is not None]
-    out = {"runs": runs, "median_failover_s": statistics.median(times) if times else None,
-           "max_failover_s": max(times) if times else None,
-           "lost_total": sum(r["lost"] for r in runs)}
+    out: dict[str, Any] = {
+        "runs": runs, "median_failover_s": statistics.median(times) if times else None,
+        "max_failover_s": max(times) if times else None,
+        "lost_total": sum(r["lost"] for r in runs)}
+    if args.put_latency:
+        etcd = Etcd()
+        try:
+            out["put_latency"] = {"ha": put_latency(etcd.url),
+                                  "standalone": put_latency(None)}
+        finally:
+            etcd.close()
     if args.json:
         print(json.dumps(out))
     else:
@@ -298,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['failed_puts']} {r['failed_codes']}  lost {r['lost']}")
         print(f"median {out['median_failover_s']:.3f} s  max {out['max_failover_s']:.3f} s  "
               f"lost {out['lost_total']}")
+        for mode, r in out.get("put_latency", {}).items():
+            print(f"put 4 KiB {mode}: median {r['median_s'] * 1e3:.2f} ms  "
+                  f"p99 {r['p99_s'] * 1e3:.2f} ms")
     return 0
 
 
