@@ -55,6 +55,9 @@ def test_restore_loads_every_published_object_at_its_offsets() -> None:
     new = MasterCore(MasterConfig())
     rep = restore(idx, new, 1_000_000.0)
     assert (rep.objects, rep.segments, rep.dropped) == (10, 2, [])
+    # restored objects are leased afresh: not evictable before old readers are done
+    assert new.lease_count("k_0", 1_000_000.0 + 9_999) == 1
+    assert new.lease_count("k_0", 1_000_000.0 + 10_001) == 0
     assert rep.discarded_writes == ["unfinished"]
     for i in range(10):
         a = core.get_replica_list("c1", f"k_{i}", 5.0)

@@ -45,6 +45,8 @@ SKIP_MALFORMED = "malformed"
 DROP_OVERLAP = "overlap"
 DROP_BAD_RANGE = "bad_range"
 DROP_NO_SEGMENT = "no_segment"
+RESTORE_HOLDER = "__restored__"
+"""Holder of the read lease every restored object gets at promotion."""
 
 
 class LogGap(Exception):
@@ -248,7 +250,10 @@ def restore(index: MetaIndex, core: MasterCore, now_ms: float) -> RestoreReport:
 
     Segments are mounted and their clients known (last seen now, so each has a full
     ``client_ttl`` to heartbeat the new leader). Published objects become readable with
-    their ranges reserved at the same offsets, LRU recency and soft pins starting now.
+    their ranges reserved at the same offsets, LRU recency and soft pins starting now,
+    and a fresh read lease (``default_kv_lease_ttl``): reads that began under the old
+    leader hold leases this core never saw, so no restored object is evicted or removed
+    (unless forced) before they are over.
     Unfinished writes are not restored (their ``put_end`` answers a retryable
     ``UNAVAILABLE_IN_CURRENT_STATUS``): their ranges stay taken until
     ``put_start_release_timeout_s`` from now, since their writers may still be sending.
@@ -335,6 +340,9 @@ def restore(index: MetaIndex, core: MasterCore, now_ms: float) -> RestoreReport:
             if r.tier == TIER_SSD:
                 core.ssd_used[r.segment] += r.length
         core.objects.put(obj)
+        # a fresh read lease: a reader still copying under the old leader's lease is
+        # never overwritten by an eviction here (BUG-58; one default lease TTL)
+        core.leases.grant(key, RESTORE_HOLDER, now_ms, core.config.default_kv_lease_ttl_ms)
         rep.objects += 1
     core._generation = max(core._generation, max_gen)
     core.generation_floor = max_gen + 1
