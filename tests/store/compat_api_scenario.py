@@ -212,6 +212,50 @@ def run(module: str, master: str, metadata: str) -> dict[str, Any]:
     rec("remove_all.force", lambda: st.remove_all(True) > 0)
     rec("remove_all.empty", lambda: st.remove_all())
 
+    # -- copy / move tasks (one segment: the codes, and a copy onto where it lies) ------
+    h = st.get_hostname()
+    rec("copy.missing", lambda: st.create_copy_task("nope", [h])[1])
+    rec("put.c1", lambda: st.put("c1", b"copy me"))
+    rec("copy.unknown_segment", lambda: st.create_copy_task("c1", ["unknown:1"])[1])
+    rec("move.same_segment", lambda: st.create_move_task("c1", h, h)[1])
+    rec("move.unknown_source", lambda: st.create_move_task("c1", "unknown:1", h)[1])
+    made: list[Any] = []
+    rec("copy.onto_itself", lambda: (made.append(st.create_copy_task("c1", [h])),
+                                     [len(made[0][0]), made[0][1]])[1])
+    task = made[0] if made else None
+
+    def finished() -> Any:
+        for _ in range(100):
+            resp, err = st.query_task(task[0])
+            if err != 0 or resp.status in (mod.TaskStatus.SUCCESS, mod.TaskStatus.FAILED):
+                return [err, str(resp.status).rsplit(".", 1)[-1], str(resp.type)
+                        .rsplit(".", 1)[-1], resp.id == task[0]]
+            time.sleep(0.05)
+        return "pending"
+
+    if task is not None and task[1] == 0:
+        rec("query_task.copy", finished)
+    rec("get.c1.after_copy", lambda: [st.get("c1"), len(st.get_replica_desc("c1"))])
+    rec("query_task.unknown", lambda: st.query_task((1, 2)))
+
+    # -- buffer pool -------------------------------------------------------------------
+    bp = getattr(mod, "BufferPool", None)
+    pool = rec("pool", lambda: bp(st, min_size_class=4096, alignment=4096))
+
+    def lease_info() -> Any:
+        lease = pool.acquire(1000)
+        lease.buffer[:3] = b"abc"
+        out = [lease.size, lease.ptr % 64, len(lease.buffer), st.put_from("bp", lease.ptr, 3)]
+        lease.release()
+        return out
+
+    if pool is not None:
+        rec("pool.lease", lease_info)
+        rec("get.bp", lambda: st.get("bp"))
+        rec("pool.huge", lambda: pool.acquire(1 << 60))
+        rec("pool.close", pool.close)
+    rec("pool.bad_alignment", lambda: bp(st, alignment=12345))
+
     # -- close -------------------------------------------------------------------------
     rec("close", st.close)
     rec("health.after_close", st.health_check)

@@ -10,6 +10,7 @@ Mooncake") and docs/compat.md. tests/store/compat_api_scenario.py runs the same 
 """
 
 from pymooncake.store.compat._async import MooncakeDistributedStoreAsync
+from pymooncake.store.compat._buffer_pool import BufferPool
 from pymooncake.store.compat._store import MooncakeDistributedStore
 from pymooncake.store.compat._tasks import QueryTaskResponse
 from pymooncake.store.compat._types import (
@@ -26,7 +27,7 @@ from pymooncake.store.compat._types import (
     TaskType,
 )
 
-__all__ = ["BufferHandle", "Descriptor", "DiskDescriptor", "MemoryDescriptor",
+__all__ = ["BufferHandle", "BufferPool", "Descriptor", "DiskDescriptor", "MemoryDescriptor",
            "MooncakeDistributedStore", "MooncakeDistributedStoreAsync", "ObjectDataType",
            "QueryTaskResponse", "ReplicaDescriptor", "ReplicaStatus",
            "ReplicateConfig", "SoftPinAction", "TaskStatus", "TaskType"]
