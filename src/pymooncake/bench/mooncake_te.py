@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import select
 import statistics
 import subprocess
@@ -52,6 +53,16 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.wait(timeout=5)
 
 
+def cpu_s(child: int) -> float:
+    """CPU seconds (user + system, all threads) of this process and ``child``."""
+    total = 0.0
+    for pid in ("self", str(child)):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def initiate(size_bytes: int, batch: int, min_time_s: float) -> dict[str, object]:
     import numpy as np
     from mooncake.engine import TransferEngine
@@ -80,6 +91,7 @@ def initiate(size_bytes: int, batch: int, min_time_s: float) -> dict[str, object
         rs: list[float] = []
         t_end = time.perf_counter() + min_time_s
         first = True
+        cpu0 = cpu_s(proc.pid)
         while first or len(ws) < 3 or time.perf_counter() < t_end:
             t0 = time.perf_counter()
             rw = te.batch_transfer_sync_write(target, locs, rems, lens)
@@ -90,12 +102,15 @@ def initiate(size_bytes: int, batch: int, min_time_s: float) -> dict[str, object
             if first:  # warm-up: connections
                 first = False
                 t_end = time.perf_counter() + min_time_s
+                cpu0 = cpu_s(proc.pid)
                 continue
             ws.append(t1 - t0)
             rs.append(t2 - t1)
+        cpu = cpu_s(proc.pid) - cpu0
         verified = ok and ctypes.string_at(dst_addr, total) == data.tobytes()
         return {"write_s": statistics.median(ws), "read_s": statistics.median(rs),
-                "rounds": len(ws), "verified": verified}
+                "rounds": len(ws), "verified": verified,
+                "cpu_s_per_gib": cpu / (2 * total * len(ws) / 1024**3)}
     finally:
         _stop(proc)
 

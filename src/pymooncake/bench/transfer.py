@@ -75,6 +75,8 @@ class TransferBenchResult:
     """Per subject: bytes/s ``median``, ``min``, ``max`` and the per-repeat ``values``."""
     ratios: dict[str, dict[str, Any]]
     """Per reference: the per-repeat ratio's median/min/max, ``target`` and ``verdict``."""
+    cpu_s_per_gib: dict[str, dict[str, Any]]
+    """Per subject: CPU seconds (all processes and threads of the subject) per GiB moved."""
 
 
 def verdict(ratios: Sequence[float], target: float) -> str:
@@ -99,7 +101,8 @@ def targets(transport: str, size_bytes: int) -> dict[str, float]:
 
 def _spawn(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "pymooncake.bench.transfer", *args],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=refs.child_env())
 
 
 def _digest(addr: int, n: int) -> str:
@@ -108,8 +111,9 @@ def _digest(addr: int, n: int) -> str:
 
 # ------------------------------------------------------------------------ pymooncake
 def measure_pymooncake(transport: str, size_bytes: int, batch: int, paths: int,
-                       min_time_s: float) -> tuple[float, float, int, bool]:
-    """(write_s, read_s, rounds, verified): median round halves of our engine."""
+                       min_time_s: float) -> tuple[float, float, int, bool, float]:
+    """(write_s, read_s, rounds, verified, CPU s/GiB): median round halves of our engine;
+    the CPU of both processes (initiator and target)."""
     from pymooncake.metadata.http import MetadataHttpServer
     from pymooncake.transfer.engine import TransferEngine
 
@@ -162,11 +166,13 @@ def measure_pymooncake(transport: str, size_bytes: int, batch: int, paths: int,
 
         one()  # warm-up: connections, mappings
         dst[:] = 0
+        cpu = refs.CpuMeter(*([proc.pid] if proc is not None else []))
         w, r, rounds = refs.median_rounds(one, 3, min_time_s)
+        cpu_per_gib = cpu.seconds() / (2 * total * rounds / GiB)
         verified = ok and bool(np.array_equal(dst, src))
         if proc is not None:
             verified = verified and refs.ask(proc, "digest") == _digest(src_addr, total)
-        return w, r, rounds, verified
+        return w, r, rounds, verified, cpu_per_gib
     finally:
         if proc is not None:
             refs.stop(proc)
@@ -208,16 +214,18 @@ def mooncake_available(python: str) -> tuple[bool, str]:
 
 
 def measure_mooncake(python: str, size_bytes: int, batch: int, min_time_s: float
-                     ) -> tuple[float, float, int, bool]:
+                     ) -> tuple[float, float, int, bool, float]:
     """Same rounds through Mooncake's engine, initiator and target in child processes."""
     proc = subprocess.Popen([python, str(MOONCAKE_SCRIPT), "initiate", str(size_bytes),
                              str(batch), str(min_time_s)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=refs.child_env())
     try:
         out = json.loads(refs.readline(proc, timeout_s=120 + 4 * min_time_s))
     finally:
         refs.stop(proc)
-    return out["write_s"], out["read_s"], out["rounds"], out["verified"]
+    return (out["write_s"], out["read_s"], out["rounds"], out["verified"],
+            out["cpu_s_per_gib"])
 
 
 # ------------------------------------------------------------------------------ main
@@ -244,33 +252,41 @@ def run(transport: str, size_bytes: int, batch: int, paths: int, min_time_s: flo
         use_mooncake, note = mooncake_available(python)
     subjects = ["pymooncake", "memcpy", "socket"] + (["mooncake"] if use_mooncake else [])
     per: dict[str, list[float]] = {s: [] for s in subjects}
+    cpu: dict[str, list[float]] = {s: [] for s in subjects}
     ws: list[float] = []
     rs: list[float] = []
     rounds, verified = 0, True
     for order in interleaved_orders(subjects, repeat):
         for subject in order:
             if subject == "pymooncake":
-                w, r, n, ok = measure_pymooncake(transport, size_bytes, batch, paths,
-                                                 min_time_s)
+                w, r, n, ok, c = measure_pymooncake(transport, size_bytes, batch, paths,
+                                                    min_time_s)
+                cpu[subject].append(c)
                 ws.append(w)
                 rs.append(r)
                 per[subject].append(2 * total / (w + r))
                 rounds += n
                 verified = verified and ok
             elif subject == "memcpy":
-                per[subject].append(refs.measure_memcpy(size_bytes, batch, min_time_s / 2))
+                bps, c = refs.measure_memcpy(size_bytes, batch, min_time_s / 2)
+                per[subject].append(bps)
+                cpu[subject].append(c)
             elif subject == "socket":
-                per[subject].append(refs.measure_socket_stream(size_bytes, batch, paths,
-                                                               min_time_s / 2))
+                bps, c = refs.measure_socket_stream(size_bytes, batch, paths, min_time_s / 2)
+                per[subject].append(bps)
+                cpu[subject].append(c)
             elif use_mooncake:
                 try:
-                    mw, mr, _, mok = measure_mooncake(python, size_bytes, batch, min_time_s)
+                    mw, mr, _, mok, c = measure_mooncake(python, size_bytes, batch,
+                                                         min_time_s)
                     per[subject].append(2 * total / (mw + mr))
+                    cpu[subject].append(c)
                     if not mok:
                         note += "; Mooncake's read-back did not verify"
                 except Exception as e:  # noqa: BLE001 - report, do not fail the benchmark
                     note, use_mooncake = f"mooncake run failed: {e!r}", False
     figures = {s: stats(v) for s, v in per.items() if v}
+    cpu_figures = {s: stats(v) for s, v in cpu.items() if v}
     ours = per["pymooncake"]
     ratios: dict[str, dict[str, Any]] = {}
     goal = targets(transport, size_bytes)
@@ -283,6 +299,10 @@ def run(transport: str, size_bytes: int, batch: int, paths: int, min_time_s: flo
         entry["parity"] = verdict(r, 1.0).replace("met", "faster").replace("missed", "slower")
         if ref in goal:
             entry["target"], entry["verdict"] = goal[ref], verdict(r, goal[ref])
+        if len(cpu.get(ref, [])) == len(cpu["pymooncake"]):
+            c = [a / b for a, b in zip(cpu["pymooncake"], cpu[ref], strict=True) if b > 0]
+            if c:
+                entry["cpu_per_byte"] = {k: v for k, v in stats(c).items() if k != "values"}
         ratios[ref] = entry
     thr = figures["pymooncake"]["median"]
     mc = figures.get("mooncake", {}).get("median")
@@ -298,7 +318,7 @@ def run(transport: str, size_bytes: int, batch: int, paths: int, min_time_s: flo
         mooncake_note=note, ratio_vs_memcpy=ratios["memcpy"]["median"],
         ratio_vs_socket=ratios["socket"]["median"],
         ratio_vs_mooncake=ratios["mooncake"]["median"] if "mooncake" in ratios else None,
-        figures=figures, ratios=ratios)
+        figures=figures, ratios=ratios, cpu_s_per_gib=cpu_figures)
 
 
 def to_json(result: TransferBenchResult) -> dict[str, object]:
@@ -311,13 +331,18 @@ def format_human(p: dict[str, Any]) -> str:
              f"{p['paths']} path(s), {p['repeats']} interleaved repeats, {p['api']}, "
              f"verified={p['verified']}"]
     for s, f in p["figures"].items():
+        c = p["cpu_s_per_gib"][s]
         lines.append(f"  {s:<11} {f['median'] / GiB:7.3f} GiB/s "
-                     f"[{f['min'] / GiB:.3f}–{f['max'] / GiB:.3f}]"
+                     f"[{f['min'] / GiB:.3f}–{f['max'] / GiB:.3f}], "
+                     f"CPU {c['median']:.3f} s/GiB [{c['min']:.3f}–{c['max']:.3f}]"
                      + (f" ({p['socket_connections']} connections)" if s == "socket" else ""))
     for ref, r in p["ratios"].items():
         goal = (f", target ≥ {r['target']}: {r['verdict']}" if "target" in r else "")
+        cpb = r.get("cpu_per_byte")
+        cpu_text = (f"; CPU per byte {cpb['median']:.2f}x [{cpb['min']:.2f}–{cpb['max']:.2f}]"
+                    if cpb else "")
         lines.append(f"  vs {ref:<8} {r['median']:.2f}x [{r['min']:.2f}–{r['max']:.2f}] "
-                     f"({r['parity']}{goal})")
+                     f"({r['parity']}{goal}){cpu_text}")
     if "mooncake" not in p["figures"]:
         lines.append(f"  mooncake    n/a ({p['mooncake_note']})")
     return "\n".join(lines)

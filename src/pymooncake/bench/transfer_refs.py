@@ -1,11 +1,13 @@
 """The references of ``pymooncake bench transfer``: memcpy and plain sockets (K connections).
 
-Also the child-process plumbing the harness shares: median rounds, line I/O with a
-timeout, stopping a child.
+Also what the harness shares: median rounds, CPU accounting (seconds of CPU, all threads,
+of this process and the given children, per GiB moved), line I/O with a timeout,
+stopping a child. Every ``measure_*`` returns ``(bytes/s, CPU seconds per GiB)``.
 """
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import statistics
@@ -19,6 +21,36 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 STREAM_CHUNK_MAX = 4 * 1024 * 1024
+GiB = 1024**3
+
+
+def child_env() -> dict[str, str]:
+    """The environment of every subject's child process: numpy's BLAS pool kept to one
+    thread (its idle worker threads otherwise spin and count as the subject's CPU)."""
+    return {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds spent by this process and ``pids`` since construction."""
+
+    def __init__(self, *pids: int) -> None:
+        self.pids = pids
+        self._t0 = time.process_time()
+        self._c0 = [proc_cpu_s(p) for p in pids]
+
+    def seconds(self) -> float:
+        own = time.process_time() - self._t0
+        return own + sum(proc_cpu_s(p) - c for p, c in zip(self.pids, self._c0, strict=True))
 
 
 def median_rounds(fn: Callable[[], tuple[float, float]], min_rounds: int,
@@ -63,7 +95,7 @@ def stop(proc: subprocess.Popen[str]) -> None:
         proc.wait(timeout=5)
 
 
-def measure_memcpy(size_bytes: int, batch: int, min_time_s: float) -> float:
+def measure_memcpy(size_bytes: int, batch: int, min_time_s: float) -> tuple[float, float]:
     """Bytes/s of numpy copies doing the engine's round: the working set copied in
     ``size_bytes`` pieces from a source into a target buffer ("write"), then from the
     target into a third buffer ("read") — the same bytes through the same three buffers
@@ -85,8 +117,9 @@ def measure_memcpy(size_bytes: int, batch: int, min_time_s: float) -> float:
         return t1 - t0, time.perf_counter() - t1
 
     one()
-    w, r, _ = median_rounds(one, 5, min_time_s)
-    return 2 * total / (w + r)
+    cpu = CpuMeter()
+    w, r, n = median_rounds(one, 5, min_time_s)
+    return 2 * total / (w + r), cpu.seconds() / (2 * total * n / GiB)
 
 
 def _shares(total: int, connections: int) -> list[int]:
@@ -95,7 +128,7 @@ def _shares(total: int, connections: int) -> list[int]:
 
 
 def measure_socket_stream(size_bytes: int, batch: int, connections: int,
-                          min_time_s: float) -> float:
+                          min_time_s: float) -> tuple[float, float]:
     """Bytes/s of plain Python sockets from a child process: ``connections`` sockets, each
     streaming its share of the working set (``sendall`` of ``min(size, 4 MiB)`` chunks;
     ``recv_into`` here), one thread per connection on both ends."""
@@ -106,7 +139,8 @@ def measure_socket_stream(size_bytes: int, batch: int, connections: int,
         port = srv.getsockname()[1]
         proc = subprocess.Popen(
             [sys.executable, "-m", "pymooncake.bench.transfer", "--stream-send", str(port),
-             str(total), str(chunk), str(connections)], stdin=subprocess.PIPE, text=True)
+             str(total), str(chunk), str(connections)], stdin=subprocess.PIPE, text=True,
+            env=child_env())
         conns: list[socket.socket] = []
         try:
             srv.settimeout(60)
@@ -127,19 +161,23 @@ def measure_socket_stream(size_bytes: int, batch: int, connections: int,
 
             times = []
             with ThreadPoolExecutor(connections) as pool:
+                for f in [pool.submit(receive, i) for i in range(connections)]:
+                    f.result()  # warm-up round
+                cpu = CpuMeter(proc.pid)
                 t_end = time.perf_counter() + min_time_s
                 while len(times) < 6 or time.perf_counter() < t_end:
                     t0 = time.perf_counter()
                     for f in [pool.submit(receive, i) for i in range(connections)]:
                         f.result()
                     times.append(time.perf_counter() - t0)
+                cpu_s = cpu.seconds()
             for conn in conns:
                 conn.sendall(b"q")
         finally:
             for conn in conns:
                 conn.close()
             stop(proc)
-    return total / statistics.median(times[1:])
+    return total / statistics.median(times), cpu_s / (total * len(times) / GiB)
 
 
 def stream_send(port: int, total: int, chunk: int, connections: int) -> None:

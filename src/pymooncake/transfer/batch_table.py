@@ -118,8 +118,9 @@ class BatchTable:
 
     # ------------------------------------------------------------------ outcomes
     def finish_locked(self, batch: BatchState, idx: int, status: TransferStatus,
-                      transport: str) -> None:
-        """Make request ``idx`` final (the lock is held)."""
+                      transport: str, tally: dict[float, int] | None = None) -> None:
+        """Make request ``idx`` final (the lock is held). With ``tally`` its latency is
+        counted there (``{t0: n}``, observed later by :func:`_observe`) instead of at once."""
         r = batch.reqs[idx]
         if r.status.state is not TransferState.PENDING:
             return
@@ -127,6 +128,8 @@ class BatchTable:
         batch.num_pending -= 1
         if status.state is TransferState.FAILED:
             m.failures_total.labels(transport, status.code.value).inc()
+        elif tally is not None:
+            tally[r.t0] = tally.get(r.t0, 0) + 1
         else:
             _LATENCY[transport].observe(time.monotonic() - r.t0)
         if batch.num_pending == 0:
@@ -141,25 +144,32 @@ class BatchTable:
 
     def finish_slices(self, outcomes: Sequence[tuple[Slice, StatusCode, str]]) -> None:
         """Record tcp slice outcomes (one lock for a whole window)."""
+        tally: dict[float, int] = {}
+        ok = StatusCode.OK
+        pending = TransferState.PENDING
         with self.lock:
+            batches = self._batches
             for s, code, msg in outcomes:
-                batch = self._batches.get(s.batch_id)
+                batch = batches.get(s.batch_id)
                 if batch is None:
                     continue
                 r = batch.reqs[s.request_index]
-                if r.status.state is not TransferState.PENDING:
+                if r.status.state is not pending:
                     continue
-                if code is not StatusCode.OK:
+                if code is not ok:
                     self.finish_locked(batch, s.request_index,
                                        TransferStatus.failed(code, msg), "tcp")
                     continue
                 r.remaining -= 1
                 if not r.remaining:
-                    self.finish_locked(batch, s.request_index, completed(r.nbytes), "tcp")
+                    self.finish_locked(batch, s.request_index, completed(r.nbytes), "tcp",
+                                       tally)
+        _observe("tcp", tally)
 
     def finish_copies(self, jobs: Sequence[CopyJob], error: str) -> None:
         """Finish local/shm requests (from the copy thread, or inline): OK, or failed
         ``INTERNAL`` with ``error``."""
+        tallies: dict[str, dict[float, int]] = {"local": {}, "shm": {}}
         with self.lock:
             for j in jobs:
                 batch = self._batches.get(j.batch_id)
@@ -170,7 +180,10 @@ class BatchTable:
                 else:
                     _BYTES_NO_PATH[j.transport].inc(j.length)
                     status = completed(j.length)
-                self.finish_locked(batch, j.index, status, j.transport)
+                self.finish_locked(batch, j.index, status, j.transport,
+                                   tallies[j.transport])
+        for transport, tally in tallies.items():
+            _observe(transport, tally)
 
     # ------------------------------------------------------------------ reading
     def status(self, batch_id: BatchId, i: int) -> TransferStatus:
@@ -226,6 +239,14 @@ def completed(nbytes: int) -> TransferStatus:
             _COMPLETED.clear()
         st = _COMPLETED[nbytes] = TransferStatus.completed(nbytes)
     return st
+
+
+def _observe(transport: str, tally: dict[float, int]) -> None:
+    """Observe the latencies counted in ``tally`` (``{t0: requests}``) as of now."""
+    if tally:
+        now = time.monotonic()
+        for t0, n in tally.items():
+            m.observe_many(_LATENCY[transport], now - t0, n)
 
 
 def observe_noop() -> None:

@@ -48,6 +48,8 @@ from pymooncake.transfer.transports.wire import (
     timeval,
 )
 
+_OK = (StatusCode.OK, "")
+
 __all__ = ["TcpConnection", "TcpDataServer", "is_stale", "open_connection", "run_window"]
 
 def open_connection(host: str, port: int, connect_timeout_s: float,
@@ -108,12 +110,10 @@ def run_window(conn: TcpConnection, slices: Sequence[Slice], checksum: bool,
             bufs.append(REQ.pack(REQ_MAGIC, 0, flags, 0, first_seq + i, s.target_addr,
                                  s.length, 0))
     results: list[tuple[StatusCode, str]] = []
-    hdr = bytearray(REP.size)
     try:
         sendmsg_all(sock, bufs)
         for i, s in enumerate(slices):
-            reader.read_into(memoryview(hdr))
-            magic, status, rflags, msg_len, seq, length, crc = REP.unpack_from(hdr)
+            magic, status, rflags, msg_len, seq, length, crc = reader.read_struct(REP)
             if magic != REP_MAGIC or seq != first_seq + i:
                 raise ConnectionError("reply out of sequence (corrupted link)")
             msg = ""
@@ -128,6 +128,9 @@ def run_window(conn: TcpConnection, slices: Sequence[Slice], checksum: bool,
                 reader.read_into(view)
                 if checksum and zlib.crc32(view) != crc:
                     status, msg = ST_CRC, "checksum mismatch on read"
+            if status == ST_OK and not msg:
+                results.append(_OK)
+                continue
             code = STATUS_CODES.get(status, StatusCode.INTERNAL)
             if code is StatusCode.CHECKSUM_MISMATCH and not msg:
                 msg = "checksum mismatch on write"

@@ -97,8 +97,6 @@ class TcpDataServer:
             t.start()
 
     def _serve(self, conn: socket.socket) -> None:
-        hdr = bytearray(REQ.size)
-        hview = memoryview(hdr)
         reader = RecvBuffer(conn)
         pending: list[memoryview | bytes] = []
         pending_bytes = 0
@@ -108,8 +106,8 @@ class TcpDataServer:
             while True:
                 if reader.empty and not reader.wait_readable():
                     return  # the peer closed between requests
-                reader.read_into(hview, time.monotonic() + timeout_s)
-                magic, op, flags, _, seq, addr, length, crc = REQ.unpack_from(hdr)
+                magic, op, flags, _, seq, addr, length, crc = reader.read_struct(
+                    REQ, time.monotonic() + timeout_s)
                 if magic != REQ_MAGIC or op not in (0, 1):
                     logger.warning("tcp data server: malformed request header; closing link")
                     return

@@ -98,6 +98,18 @@ class RecvBuffer:
         rest[:] = self._mv[:rest.nbytes]
         self._start = rest.nbytes
 
+    def read_struct(self, st: struct.Struct, deadline: float | None = None) -> tuple:
+        """The next ``st.size`` bytes unpacked (straight out of the buffer when they are
+        there: the common case for headers)."""
+        size = st.size
+        start = self._start
+        if self._end - start >= size:
+            self._start = start + size
+            return st.unpack_from(self._buf, start)
+        out = bytearray(size)
+        self.read_into(memoryview(out), deadline)
+        return st.unpack_from(out)
+
     def wait_readable(self) -> bool:
         """Block (without a deadline) until bytes arrive; ``False`` when the peer closed.
 
