@@ -73,7 +73,8 @@ def test_tp_forms(env) -> None:
         (2, 6)]
     # tp_size 1 is the plain call on the key itself
     assert s.put_tensor_with_tp("plain", t) == 0 and torch.equal(s.get_tensor("plain"), t)
-    assert s.put_tensor_with_tp("bad", t, tp_size=3, split_dim=5) == INVALID_PARAMS
+    assert s.put_tensor_with_tp("bad", t, tp_size=2, split_dim=5) == INVALID_PARAMS
+    assert s.put_tensor_with_tp("bad", t, tp_size=3, split_dim=0) == INVALID_PARAMS  # 8 % 3
     assert s.batch_pub_tensor_with_tp(["p1", "p2"], [t, t], ReplicateConfig(), tp_size=2,
                                       split_dim=1) == [0, 0]
     assert torch.equal(s.get_tensor_with_tp("p2", tp_rank=1, tp_size=2), t.chunk(2, 1)[1])

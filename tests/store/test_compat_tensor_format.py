@@ -61,21 +61,26 @@ def test_torch_bf16_round_trip() -> None:
     assert got.dtype == torch.bfloat16 and torch.equal(got, t)
 
 
-def test_tp_shards_follow_torch_chunk() -> None:
-    arr = np.arange(5 * 6, dtype=np.int32).reshape(5, 6)
+def test_tp_shards_as_mooncake() -> None:
+    arr = np.arange(4 * 6, dtype=np.int32).reshape(4, 6)
     code, shape, raw = _tensor.raw_of(arr)
-    shards = _shards(code, shape, raw, 2, 0)  # chunk sizes ceil(5/2)=3, then 2
-    got = [_tensor.tensor_from(s) for s in shards]
-    assert [np.asarray(g).shape for g in got] == [(3, 6), (2, 6)]
-    assert np.array_equal(np.concatenate([np.asarray(g) for g in got]), arr)
+    shards = _shards(code, shape, raw, 2, 0)
+    got = [np.asarray(_tensor.tensor_from(s)) for s in shards]
+    assert [g.shape for g in got] == [(2, 6), (2, 6)]
+    assert np.array_equal(np.concatenate(got), arr)
     m = _tensor.parse(shards[1], len(shards[1]))
-    assert m.kind == _tensor.SHARD and m.global_shape == (5, 6)
+    assert m.kind == _tensor.SHARD and m.global_shape == (4, 6)
     assert m.axes == ((_tensor.AXIS_TP, 1, 2, 0),)
+    # the axis record as Mooncake 0.3.13 writes it: kind, index, rank, count, split dim,
+    # 0, this piece's extent along the split dim; unused axis records all zero
     cols = _shards(code, shape, raw, 3, 1)
+    assert struct.unpack_from("<iiiiiiq", cols[2], 176) == (1, 0, 2, 3, 1, 0, 2)
+    assert cols[2][208:304] == bytes(96)
     assert np.array_equal(np.concatenate([np.asarray(_tensor.tensor_from(s)) for s in cols],
                                          axis=1), arr)
-    assert _shards(code, shape, raw, 4, 0) is None  # torch.chunk gives 3 pieces, not 4
+    assert _shards(code, shape, raw, 4, 1) is None  # 6 columns do not split 4 ways: -600
     assert _shards(code, shape, raw, 2, 2) is None  # no such dim
+    assert _shards(code, shape, raw, 2, -1) is None  # Mooncake refuses a negative dim too
     assert tp_key("w", 3) == "w_tp_3"
 
 

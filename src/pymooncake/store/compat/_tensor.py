@@ -90,8 +90,11 @@ def metadata(dtype: int, shape: tuple[int, ...], data_bytes: int, *,
            _SHAPE.pack(*(tuple(shape) + pad)[:MAX_DIMS]),
            _AXES_HEAD.pack(len(axes), 0)]
     for i in range(MAX_AXES):
-        k, rank, count, dim = axes[i] if i < len(axes) else (0, 0, 0, 0)
-        out.append(_AXIS.pack(k, i, rank, count, dim, 0, 0))
+        if i < len(axes):  # the last field: this piece's extent along the split dim
+            k, rank, count, dim = axes[i]
+            out.append(_AXIS.pack(k, i, rank, count, dim, 0, shape[dim]))
+        else:
+            out.append(bytes(_AXIS.size))
     return b"".join(out)
 
 

@@ -1,9 +1,11 @@
 """Tensor-parallel forms (``*_with_tp``) of ``MooncakeDistributedStore``, as Mooncake:
-a put splits the *full* tensor along ``split_dim`` into ``tp_size`` chunks (``torch.chunk``
-sizes: ceil(n / tp_size) each, the last smaller) and stores chunk ``r`` under
-``f"{key}_tp_{r}"`` for every rank — ``tp_rank`` is accepted and does not matter for a put;
-a get reads rank ``tp_rank``'s chunk. ``tp_size <= 1`` is the plain tensor call on ``key``.
-A split that yields fewer than ``tp_size`` chunks, or a bad ``split_dim``, is -600."""
+a put splits the *full* tensor along ``split_dim`` into ``tp_size`` equal chunks
+(``tensor.chunk(tp_size, split_dim)``) and stores chunk ``r`` under ``f"{key}_tp_{r}"`` for
+every rank — ``tp_rank`` is accepted and does not matter for a put; a get reads rank
+``tp_rank``'s chunk. ``tp_size <= 1`` is the plain tensor call on ``key``. As Mooncake
+0.3.13 (observed): a dimension not divisible by ``tp_size``, or a ``split_dim`` outside
+``[0, ndim)`` (negative included), is -600. Chunks are SHARD objects with one TP layout
+axis, byte-identical to Mooncake's."""
 
 from __future__ import annotations
 
@@ -26,12 +28,12 @@ def tp_key(key: str, rank: int) -> str:
 def _shards(code: int, shape: tuple[int, ...], raw: Any, tp_size: int, split_dim: int
             ) -> list[bytes] | None:
     """Each rank's serialised chunk, or None when the split is impossible."""
-    if not isinstance(split_dim, int) or not -len(shape) <= split_dim < len(shape):
+    if not isinstance(split_dim, int) or not 0 <= split_dim < len(shape):
         return None
-    dim = split_dim % len(shape)
+    dim = split_dim
     n = shape[dim]
-    step = -(-n // tp_size) if n else 0
-    if step == 0 or -(-n // step) != tp_size:
+    step = n // tp_size
+    if step == 0 or n % tp_size:
         return None
     arr = np.frombuffer(raw, dtype=np.uint8).reshape(*shape[:dim], n, -1) if raw.nbytes \
         else None
