@@ -318,9 +318,9 @@ class TransferEngine:
                         observe_noop()
                     continue
                 batch.num_pending += 1
-                transport, target_addr, desc = verdict
+                transport, target_addr, desc, local = verdict
                 if transport == "tcp":
-                    slices = self._router.slices(batch_id, idx, req)
+                    slices = self._router.slices(batch_id, idx, req, local)
                     reqs.append(RequestState(PENDING, "tcp", len(slices), req.length, now))
                     work = tcp_work.get(req.target_segment)
                     if work is None:

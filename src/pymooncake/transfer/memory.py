@@ -16,7 +16,7 @@ import mmap
 import os
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -64,12 +64,26 @@ def view_at(addr: int, length: int) -> memoryview:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class MemoryRegion:
-    """One registered range ``[addr, addr+length)``; ``shm_name`` when peers can map it."""
+    """One registered range ``[addr, addr+length)``; ``shm_name`` when peers can map it.
+
+    ``view`` (set by :meth:`MemoryRegistry.add`) is a byte view of the whole range, so a
+    slice's view is a cheap slice of it (:meth:`view_of`) rather than a new ctypes array.
+    """
 
     addr: int
     length: int
     keepalive: object
     shm_name: str | None = None
+    view: memoryview | None = field(default=None, repr=False)
+
+    def view_of(self, addr: int, length: int) -> memoryview:
+        """A writable view of ``[addr, addr+length)`` inside this region (checked by the
+        caller)."""
+        v = self.view
+        if v is None:
+            return view_at(addr, length)
+        off = addr - self.addr
+        return v[off:off + length]
 
     @property
     def end(self) -> int:
@@ -95,6 +109,8 @@ class MemoryRegistry:
         """Raises ``ValueError`` when the range overlaps one already registered."""
         if region.length <= 0:
             raise ValueError(f"cannot register an empty range at {region.addr:#x}")
+        if region.view is None:
+            region = replace(region, view=view_at(region.addr, region.length))
         with self._lock:
             for r in self._regions:
                 if region.addr < r.end and r.addr < region.end:

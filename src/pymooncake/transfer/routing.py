@@ -21,14 +21,15 @@ from pymooncake.transfer.batch import (
     TransferStatus,
 )
 from pymooncake.transfer.config import TransferConfig
-from pymooncake.transfer.memory import MemoryRegistry, PeerMapping
+from pymooncake.transfer.memory import MemoryRegion, MemoryRegistry, PeerMapping
 from pymooncake.transfer.segment import BufferDesc, SegmentDescriptor, local_host_id
 from pymooncake.transfer.transports.base import Slice
 
 logger = init_logger(__name__)
 
-Route = tuple[str, int, SegmentDescriptor | None]
-"""``(transport, target address in this process or the peer's, target descriptor)``."""
+Route = tuple[str, int, SegmentDescriptor | None, MemoryRegion]
+"""``(transport, target address in this process or the peer's, target descriptor, the
+registered local region)``."""
 
 _NOOP = TransferStatus.completed(0)
 
@@ -54,7 +55,8 @@ class Router:
                                          f"length must be >= 0, got {req.length}")
         if req.length == 0:
             return _NOOP
-        if self.registry.find(req.local_addr, req.length) is None:
+        local = self.registry.find(req.local_addr, req.length)
+        if local is None:
             return TransferStatus.failed(
                 StatusCode.INVALID_ARGUMENT,
                 f"local range [{req.local_addr:#x}, +{req.length}) is outside every "
@@ -62,7 +64,7 @@ class Router:
         if req.target_segment == self.name:
             if self.registry.find(req.target_addr, req.length) is None:
                 return bad_target(req)
-            return ("local", req.target_addr, None)
+            return ("local", req.target_addr, None, local)
         try:
             desc = self._resolve(req.target_segment, False)
             buf = desc.find(req.target_addr, req.length) if desc else None
@@ -82,11 +84,11 @@ class Router:
                 and desc.host_id == self._host_id):
             try:
                 mapping = self.map(buf)
-                return ("shm", mapping.addr + (req.target_addr - buf.addr), desc)
+                return ("shm", mapping.addr + (req.target_addr - buf.addr), desc, local)
             except OSError as e:
                 logger.info("shm mapping of %s failed (%r); using tcp", buf.shm_name, e)
         if "tcp" in cfg.transports and "tcp" in desc.transports and desc.tcp_port:
-            return ("tcp", req.target_addr, desc)
+            return ("tcp", req.target_addr, desc, local)
         return TransferStatus.failed(
             StatusCode.INVALID_ARGUMENT,
             f"no common transport with {req.target_segment!r} (ours {cfg.transports},"
@@ -106,14 +108,19 @@ class Router:
             mapping = kept
         return mapping
 
-    def slices(self, batch_id: BatchId, idx: int, req: TransferRequest) -> list[Slice]:
-        """The tcp slices of request ``idx`` (one for a request of ≤ ``min_slice_bytes``)."""
+    def slices(self, batch_id: BatchId, idx: int, req: TransferRequest,
+               local: MemoryRegion) -> list[Slice]:
+        """The tcp slices of request ``idx`` (one for a request of ≤ ``min_slice_bytes``),
+        each with its view of ``local``, the registered region holding the local range."""
         cfg = self.config
+        view = local.view_of(req.local_addr, req.length)
         if req.length <= cfg.min_slice_bytes:  # one slice (the common small request)
-            return [Slice(req.op, req.local_addr, req.target_addr, req.length, batch_id, idx)]
+            return [Slice(req.op, req.local_addr, req.target_addr, req.length, batch_id, idx,
+                          view=view)]
         size = slicing.slice_size(req.length, cfg.num_paths, cfg.min_slice_bytes,
                                   cfg.max_slice_bytes)
-        return [Slice(req.op, req.local_addr + off, req.target_addr + off, n, batch_id, idx)
+        return [Slice(req.op, req.local_addr + off, req.target_addr + off, n, batch_id, idx,
+                      view=view[off:off + n])
                 for off, n in slicing.split(req.length, size)]
 
     def close(self) -> None:

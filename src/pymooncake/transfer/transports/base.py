@@ -22,6 +22,8 @@ class Slice:
     request_index: int
     retries: int = 0
     last_error: str = field(default="")
+    view: memoryview | None = field(default=None, repr=False)
+    """The local range as a view (slice of the registered region's view), when known."""
 
 
 class PathError(Exception):

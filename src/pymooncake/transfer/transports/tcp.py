@@ -101,7 +101,7 @@ def run_window(conn: TcpConnection, slices: Sequence[Slice], checksum: bool,
     for i, s in enumerate(slices):
         flags = (FLAG_CRC if checksum else 0) | (FLAG_MORE if i < last else 0)
         if s.op is TransferOp.WRITE:
-            view = view_at(s.local_addr, s.length)
+            view = s.view if s.view is not None else view_at(s.local_addr, s.length)
             crc = zlib.crc32(view) if checksum else 0
             bufs.append(REQ.pack(REQ_MAGIC, 1, flags, 0, first_seq + i, s.target_addr,
                                  s.length, crc))
@@ -124,7 +124,7 @@ def run_window(conn: TcpConnection, slices: Sequence[Slice], checksum: bool,
             if status == ST_OK and s.op is TransferOp.READ:
                 if length != s.length:
                     raise ConnectionError("reply length differs from the request")
-                view = view_at(s.local_addr, s.length)
+                view = s.view if s.view is not None else view_at(s.local_addr, s.length)
                 reader.read_into(view)
                 if checksum and zlib.crc32(view) != crc:
                     status, msg = ST_CRC, "checksum mismatch on read"

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from pymooncake.obs.logging import init_logger
 from pymooncake.transfer.batch import TransferOp
-from pymooncake.transfer.memory import MemoryRegistry, view_at
+from pymooncake.transfer.memory import MemoryRegion, MemoryRegistry
 from pymooncake.transfer.transports.wire import (
     ADDR_LIMIT,
     FLAG_CLOSING,
@@ -117,8 +117,8 @@ class TcpDataServer:
                     self.fault_drop_after_slices = None
                     logger.warning("tcp data server: injected fault, dropping connection")
                     return
-                refusal = self._check(addr, length)
-                if refusal is not None:
+                region, refusal = self._check(addr, length)
+                if region is None:
                     msg = refusal.encode()
                     pending.append(REP.pack(REP_MAGIC, ST_INVALID, FLAG_CLOSING, len(msg),
                                             seq, 0, 0) + msg)
@@ -127,7 +127,7 @@ class TcpDataServer:
                                 refusal)
                     _linger(conn, self.read_timeout_s)
                     return
-                view = view_at(addr, length)
+                view = region.view_of(addr, length)
                 if op == TransferOp.WRITE:
                     reader.read_into(view, time.monotonic() + timeout_s + length / 2**20)
                     status = ST_OK
@@ -165,16 +165,19 @@ class TcpDataServer:
             with contextlib.suppress(OSError):
                 conn.close()
 
-    def _check(self, addr: int, length: int) -> str | None:
-        """Why ``[addr, addr+length)`` may not be touched, or ``None`` when it may."""
+    def _check(self, addr: int, length: int) -> tuple[MemoryRegion | None, str]:
+        """``(the registered region holding [addr, addr+length), "")``, or ``(None, why
+        that range may not be touched)``."""
         if length > SERVER_MAX_SLICE_BYTES:
-            return f"slice length {length} exceeds the limit of {SERVER_MAX_SLICE_BYTES} bytes"
+            return None, (f"slice length {length} exceeds the limit of "
+                          f"{SERVER_MAX_SLICE_BYTES} bytes")
         if addr + length > ADDR_LIMIT:
-            return f"address {addr:#x} plus length {length} overflows 64 bits"
-        if self.registry.find(addr, length) is None:
-            return (f"target range [{addr:#x}, {addr + length:#x}) is outside every "
-                    "registered buffer of this segment")
-        return None
+            return None, f"address {addr:#x} plus length {length} overflows 64 bits"
+        region = self.registry.find(addr, length)
+        if region is None:
+            return None, (f"target range [{addr:#x}, {addr + length:#x}) is outside every "
+                          "registered buffer of this segment")
+        return region, ""
 
     def drop_connections(self) -> int:
         """Close every accepted connection (the listener stays); the number closed."""
