@@ -15,6 +15,7 @@ after each run (besides the per-shard BLAKE3 checks of the pull itself).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -42,7 +43,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-mbit", type=float, default=300.0,
                    help="every host's link, each direction, Mbit/s (default 300)")
     p.add_argument("--shard-mib", type=float, default=4.0, help="shard size MiB (default 4)")
-    p.add_argument("--parallel", type=int, default=4, help="shards in flight per receiver")
+    p.add_argument("--parallel", type=int, default=8,
+                   help="shards in flight per receiver (default 8)")
     p.add_argument("--runs", default="baseline,p2p,kill",
                    help="comma-separated subset of baseline,p2p,kill (default all)")
     p.add_argument("--work-dir", default=None, help="where files go (default: a tmp dir)")
@@ -142,7 +144,7 @@ class Hosts:
              "--listen-client-urls", cu, "--advertise-client-urls", cu,
              "--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu,
              "--initial-cluster", f"b={pu}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -168,7 +170,9 @@ class Hosts:
     def down(self) -> None:
         for p in self.procs + ([self.etcd] if self.etcd else []):
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.kill()
             p.wait()
         for ns in self.made:
             if ns != "bridge":
@@ -199,7 +203,7 @@ def _json_line(p: subprocess.Popen, what: str, timeout_s: float) -> dict[str, An
             buf = ""
     err = p.stderr.read() if p.poll() is not None and p.stderr else ""
     raise BenchError(f"{what}: no result in {timeout_s:.0f} s (exit {p.poll()}): "
-                     f"{err.strip()[-500:]}")
+                     f"{err.strip()[-3000:]}")
 
 
 def _one_run(hosts: Hosts, md: str, kind: str, args: argparse.Namespace, src: Path,
@@ -231,7 +235,8 @@ def _one_run(hosts: Hosts, md: str, kind: str, args: argparse.Namespace, src: Pa
     end = max(d["finished_at"] for d in docs.values())
     for p in [seed, *recv]:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
     for p in [seed, *recv]:
         try:
             p.wait(timeout=15)

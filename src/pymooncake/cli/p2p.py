@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                  "Prints the pull's figures (JSON with --json).")
     p.add_argument("name")
     p.add_argument("dir")
-    p.add_argument("--parallel", type=int, default=4, help="shards in flight (default 4)")
+    p.add_argument("--parallel", type=int, default=8, help="shards in flight (default 8)")
     p.add_argument("--stall-timeout", type=float, default=10.0,
                    help="give up after this many seconds with no holder (default 10)")
     p.add_argument("--max-rate", type=float, default=None,

@@ -182,6 +182,8 @@ class Holder:
     """Bitmap of the shards it holds, verified (bit ``i`` = shard ``i``)."""
     pulling: dict[str, int] = field(default_factory=dict)
     """Segment → shard pulls this peer has in flight from it (the load others see)."""
+    fetching: list[int] = field(default_factory=list)
+    """Shards this peer is pulling now (others avoid fetching the same rare shard)."""
     host: str = ""
 
     def has(self, shard: int) -> bool:
@@ -193,7 +195,8 @@ class Holder:
     def encode(self) -> bytes:
         return json.dumps({"segment": self.segment, "manifest_id": self.manifest_id,
                            "bases": self.bases, "have": format(self.have, "x"),
-                           "pulling": self.pulling, "host": self.host},
+                           "pulling": self.pulling, "fetching": self.fetching,
+                           "host": self.host},
                           separators=(",", ":")).encode()
 
     @classmethod
@@ -203,6 +206,6 @@ class Holder:
             d = json.loads(raw)
             return cls(str(d["segment"]), str(d["manifest_id"]), [int(b) for b in d["bases"]],
                        int(d["have"], 16), {str(k): int(v) for k, v in d["pulling"].items()},
-                       str(d.get("host", "")))
+                       [int(x) for x in d.get("fetching", [])], str(d.get("host", "")))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"malformed P2P holder record: {e}") from None

@@ -8,6 +8,7 @@ receivers that start together pick different shards from the seed).
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Collection, Mapping
 
 from pymooncake.p2p.manifest import Holder
@@ -29,30 +30,43 @@ def holder_loads(holders: Mapping[str, Holder], own_inflight: Mapping[str, int],
     return load
 
 
+def fetchers(holders: Mapping[str, Holder]) -> Counter[int]:
+    """Shard → how many other peers are pulling it now (from their records)."""
+    return Counter(s for h in holders.values() for s in h.fetching)
+
+
 def choose(missing: Collection[int], holders: Mapping[str, Holder],
            load: Mapping[str, int], excluded: Collection[str],
-           bad: Collection[tuple[int, str]], rng: random.Random) -> tuple[int, str] | None:
+           bad: Collection[tuple[int, str]], rng: random.Random,
+           fetching: Mapping[int, int] | None = None) -> tuple[int, str] | None:
     """``(shard, holder segment)`` to pull next, or ``None`` when no missing shard has an
     eligible holder.
 
     ``missing``: shards this peer lacks and is not pulling. A holder is eligible for a shard
     when it has it, is not in ``excluded`` (recently failed) and ``(shard, holder)`` is not
     in ``bad`` (it served bytes that failed the checksum). Rarest first: the shard with the
-    fewest eligible holders; among those, the least-loaded holder; ties broken at random.
+    fewest eligible holders, then the fewest other peers ``fetching`` it now; among its
+    holders the least-loaded one, then the one holding the fewest shards (complete holders
+    stay free for rare shards); ties broken at random.
     """
+    fetching = fetching or {}
     best: list[tuple[int, list[str]]] = []
-    best_n = 0
+    best_n = (0, 0)
     for s in missing:
         cands = [seg for seg, h in holders.items()
                  if h.has(s) and seg not in excluded and (s, seg) not in bad]
         if not cands:
             continue
-        if not best or len(cands) < best_n:
-            best, best_n = [(s, cands)], len(cands)
-        elif len(cands) == best_n:
+        n = (len(cands), fetching.get(s, 0))
+        if not best or n < best_n:
+            best, best_n = [(s, cands)], n
+        elif n == best_n:
             best.append((s, cands))
     if not best:
         return None
     shard, cands = rng.choice(best)
-    least = min(load.get(c, 0) for c in cands)
-    return shard, rng.choice([c for c in cands if load.get(c, 0) == least])
+    # Least-loaded; among those, the holder with the fewest shards: a seed (or any
+    # complete holder) is the only source of the rare shards, so it is kept for them.
+    key = {c: (load.get(c, 0), holders[c].count()) for c in cands}
+    least = min(key.values())
+    return shard, rng.choice([c for c in cands if key[c] == least])

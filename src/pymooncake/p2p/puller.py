@@ -36,7 +36,7 @@ from pymooncake.p2p.manifest import (
     holders_prefix,
     manifest_key,
 )
-from pymooncake.p2p.policy import choose, holder_loads
+from pymooncake.p2p.policy import choose, fetchers, holder_loads
 from pymooncake.transfer import TransferOp, TransferRequest
 
 logger = init_logger(__name__)
@@ -44,7 +44,7 @@ logger = init_logger(__name__)
 
 @dataclass(slots=True)
 class PullOptions:
-    parallel: int = 4
+    parallel: int = 8
     """Shards pulled at once by this peer."""
     per_holder: int = 2
     """Most shards this peer pulls at once from one holder."""
@@ -60,6 +60,14 @@ class PullOptions:
     """Advertise each verified shard (False: a leecher that serves nobody)."""
     seed: int | None = None
     """Seed of the shard/holder tie-breaking RNG (None: random)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    shard: int
+    holder: Holder
+    start_at: float
+    """Monotonic time before which the pull may not start (``max_rate``)."""
 
 
 @dataclass(slots=True)
@@ -162,7 +170,8 @@ class Puller:
         excluded |= {s for s, n in self.own.items() if n >= self.opts.per_holder}
         todo = self.missing.difference(self.inflight)
         load = holder_loads(self.holders, self.own, self.segment)
-        return choose(todo, self.holders, load, excluded, self.bad, self.rng)
+        return choose(todo, self.holders, load, excluded, self.bad, self.rng,
+                      fetchers(self.holders))
 
     def _stalled_error(self) -> NoHolderError:
         todo = sorted(self.missing)
@@ -175,39 +184,54 @@ class Puller:
             f"{len(self.manifest.shards)} shards for {self.opts.stall_timeout_s:g} s "
             f"({why}; holders seen: {len(self.holders)})", todo)
 
-    def _worker(self) -> None:
+    def _next_locked(self, block: bool) -> _Job | None:
+        """Under ``self.cond``: the next pull, marked in flight; ``None`` when the pull is
+        over (or, with ``block=False``, when nothing can be pulled right now)."""
         while True:
-            with self.cond:
-                while True:
-                    if self.error is not None or not self.missing:
-                        return
-                    now = time.monotonic()
-                    pick = self._pick(now)
-                    if pick is not None:
-                        break
-                    if (not self.inflight
-                            and now - self.last_progress > self.opts.stall_timeout_s):
-                        self.error = self._stalled_error()
-                        self.cond.notify_all()
-                        return
-                    self.cond.wait(0.1)
-                shard, seg = pick
-                holder = self.holders[seg]
-                self.inflight[shard] = seg
-                self.own[seg] += 1
-                size = self.manifest.shards[shard].size
-                start_at = self.rate_next
-                if self.opts.max_rate:
-                    self.rate_next = max(now, self.rate_next) + size / self.opts.max_rate
-            if self.opts.max_rate and start_at > time.monotonic():
-                time.sleep(start_at - time.monotonic())
+            if self.error is not None or not self.missing:
+                return None
+            now = time.monotonic()
+            pick = self._pick(now)
+            if pick is not None:
+                break
+            if not block:
+                return None
+            if not self.inflight and now - self.last_progress > self.opts.stall_timeout_s:
+                self.error = self._stalled_error()
+                self.cond.notify_all()
+                return None
+            self.cond.wait(0.1)
+        shard, seg = pick
+        self.inflight[shard] = seg
+        self.own[seg] += 1
+        self.record.fetching = sorted(self.inflight)
+        self.record.pulling = dict(self.own)
+        start_at = self.rate_next
+        if self.opts.max_rate:
+            size = self.manifest.shards[shard].size
+            self.rate_next = max(now, self.rate_next) + size / self.opts.max_rate
+        return _Job(shard, self.holders[seg], start_at)
+
+    def _worker(self) -> None:
+        job: _Job | None = None
+        while True:
+            if job is None:
+                with self.cond:
+                    job = self._next_locked(block=True)
+                if job is None:
+                    return
+            if self.opts.max_rate and job.start_at > time.monotonic():
+                time.sleep(job.start_at - time.monotonic())
             try:
-                failure = self._pull_one(shard, holder)
+                failure = self._pull_one(job.shard, job.holder)
             except Exception as e:      # noqa: BLE001 - a bug must end the pull, not hang it
+                logger.error("p2p: pulling shard %d failed unexpectedly", job.shard,
+                             exc_info=True)
                 failure = ("error", repr(e))
                 with self.cond:
-                    self.error = P2PError(f"pulling shard {shard} from {seg}: {e!r}")
-            self._done(shard, seg, size, failure)
+                    self.error = P2PError(f"pulling shard {job.shard} from "
+                                          f"{job.holder.segment}: {e!r}")
+            job = self._done(job, failure)
 
     def _pull_one(self, shard: int, holder: Holder) -> tuple[str, str] | None:
         s = self.manifest.shards[shard]
@@ -221,7 +245,11 @@ class Puller:
             return "checksum", f"BLAKE3 {digest[:16]}… != {s.blake3[:16]}…"
         return None
 
-    def _done(self, shard: int, seg: str, size: int, failure: tuple[str, str] | None) -> None:
+    def _done(self, job: _Job, failure: tuple[str, str] | None) -> _Job | None:
+        """Record the outcome; after a success pick the next pull at once (so the record
+        advertising the new shard also says what this peer fetches now) and publish."""
+        shard, seg, size = job.shard, job.holder.segment, self.manifest.shards[job.shard].size
+        nxt = None
         with self.cond:
             del self.inflight[shard]
             self.own[seg] -= 1
@@ -231,10 +259,12 @@ class Puller:
                 self.missing.discard(shard)
                 self.record.have |= 1 << shard
                 self.record.pulling = dict(self.own)
+                self.record.fetching = sorted(self.inflight)
                 self.stats.bytes += size
                 self.stats.shards += 1
                 self.stats.bytes_from[seg] = self.stats.bytes_from.get(seg, 0) + size
                 self.last_progress = time.monotonic()
+                nxt = self._next_locked(block=False)
             elif failure[0] == "checksum":
                 self.stats.checksum_failures += 1
                 self.bad.add((shard, seg))
@@ -251,6 +281,7 @@ class Puller:
         if failure is None and self.opts.share:
             try:
                 self.publish()
-            except MetadataError as e:
+            except (MetadataError, TimeoutError) as e:
                 logger.warning("p2p: cannot advertise shard %d of %s: %s", shard,
                                self.manifest.name, e)
+        return nxt

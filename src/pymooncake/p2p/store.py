@@ -113,6 +113,8 @@ class P2PStore:
                                      config=transfer_config or _default_config(host))
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
+        self._dirty: set[str] = set()
+        self._publishing: set[str] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name=f"p2p-loop-{self.segment}")
@@ -146,6 +148,33 @@ class P2PStore:
                         await self._put_record(name)
             except (MetadataError, OSError) as e:
                 logger.warning("p2p: keep-alive of %s failed: %s", self.segment, e)
+
+    def _publish_soon(self, name: str) -> None:
+        """Advertise ``name``'s record without waiting: puts are coalesced, the last one
+        carries the newest state (a pulling worker never waits for the metadata service)."""
+        with self._lock:
+            self._dirty.add(name)
+            if name in self._publishing:
+                return
+            self._publishing.add(name)
+        asyncio.run_coroutine_threadsafe(self._publisher(name), self._loop)
+
+    async def _publisher(self, name: str) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if name not in self._dirty:
+                        self._publishing.discard(name)
+                        return
+                    self._dirty.discard(name)
+                try:
+                    await self._put_record(name)
+                except (MetadataError, OSError) as e:
+                    logger.warning("p2p: cannot advertise %s: %s", name, e)
+        except BaseException:
+            with self._lock:
+                self._publishing.discard(name)
+            raise
 
     async def _put_record(self, name: str) -> None:
         async with self._pub_lock:
@@ -281,15 +310,13 @@ class P2PStore:
             raise
         held.finals = finals
         held.root = Path(into) if manifest.kind == "files" else None  # type: ignore[arg-type]
-        def publish() -> None:
-            self._run(self._put_record(name))
-
         if opts.share:
-            publish()
+            self._run(self._put_record(name))
         puller = Puller(engine=self.engine, metadata=self.metadata, run=self._run,
                         segment=self.segment, manifest=manifest, record=held.record,
                         views=[payload.view(i) for i in range(len(manifest.entries))],
-                        addrs=held.addrs, publish=publish, opts=opts)
+                        addrs=held.addrs,
+                        publish=lambda: self._publish_soon(name), opts=opts)
         try:
             stats = puller.run_pull()
         except BaseException:
