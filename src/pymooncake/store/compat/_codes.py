@@ -27,10 +27,17 @@ def parse_size(value: Any, name: str) -> int:
         t = value.strip().upper()
         if t.endswith("%"):
             raise ValueError(f"{name}={value!r}: a percentage is not accepted")
-        for suffix, mult in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10), ("B", 1)):
+        for suffix, mult in (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20),
+                             ("KB", 1 << 10), ("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20),
+                             ("K", 1 << 10), ("B", 1)):
             if t.endswith(suffix):
-                return int(float(t[: -len(suffix)]) * mult)
-        return int(t)
+                num = t[: -len(suffix)].strip()
+                if not num:
+                    break
+                return int(float(num) * mult)
+        else:
+            return int(float(t))
+        raise ValueError(f"{name}={value!r}: no number before the unit")
     raise ValueError(f"{name}={value!r}: expected an int or a size string like '16MB'")
 
 
