@@ -235,13 +235,17 @@ class P2PStore:
             raise ValueError("give exactly one of files= or tensors=")
         if isinstance(files, (str, os.PathLike)):
             files = [files]
-        if name in self._held:
-            raise P2PExists(f"this peer already holds {name!r}")
         payload = pl.open_files(list(files)) if files is not None else pl.open_tensors(tensors
                                                                                        or {})
         manifest = build_manifest(name, "files" if files is not None else "tensors",
                                   payload.entries, [payload.view(i) for i in
                                                     range(len(payload.entries))], shard_bytes)
+        held = self._held.get(name)
+        if held is not None:
+            payload.close()
+            if held.manifest.manifest_id != manifest.manifest_id:
+                raise P2PExists(f"this peer already holds {name!r} with other content")
+            return held.manifest
         if not self._run(self.metadata.create(manifest_key(name), manifest.encode())):
             existing = self.manifest(name)
             if existing.manifest_id != manifest.manifest_id:

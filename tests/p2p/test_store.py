@@ -1,0 +1,143 @@
+"""P2PStore peers in one process (embedded metadata, tcp over loopback between engines)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pymooncake.p2p import (
+    NoHolderError,
+    P2PExists,
+    P2PNotFound,
+    P2PStore,
+    PullOptions,
+)
+
+SHARD = 64 * 1024
+FAST = PullOptions(parallel=4, stall_timeout_s=1.0, retry_backoff_s=0.2, refresh_s=0.05)
+
+
+@pytest.fixture()
+def peers() -> Iterator[list[P2PStore]]:
+    md = f"embedded://p2p-{uuid.uuid4().hex[:8]}"
+    made = [P2PStore(md, holder_ttl_s=2.0) for _ in range(3)]
+    try:
+        yield made
+    finally:
+        for p in made:
+            p.close()
+
+
+@pytest.fixture()
+def model_dir(tmp_path: Path) -> Path:
+    src = tmp_path / "model"
+    (src / "sub").mkdir(parents=True)
+    (src / "model.safetensors").write_bytes(os.urandom(5 * SHARD + 123))
+    (src / "sub" / "tokenizer.json").write_bytes(os.urandom(SHARD // 3))
+    (src / "empty.txt").write_bytes(b"")
+    return src
+
+
+def _same_tree(a: Path, b: Path) -> None:
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    for f in files:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+
+
+def test_register_get_replica_list_unregister(peers, model_dir, tmp_path) -> None:
+    seed, a, b = peers
+    m = seed.register("org/m", [model_dir], shard_bytes=SHARD)
+    assert len(m.shards) == 6 + 1 and m.total_bytes == 5 * SHARD + 123 + SHARD // 3
+    assert seed.register("org/m", [model_dir], shard_bytes=SHARD) == m   # idempotent
+    ra = a.get_replica("org/m", tmp_path / "a", FAST)
+    _same_tree(model_dir, tmp_path / "a")
+    assert ra.stats.bytes == m.total_bytes and ra.path == tmp_path / "a"
+    rb = b.get_replica("org/m", tmp_path / "b", FAST)
+    _same_tree(model_dir, tmp_path / "b")
+    assert not list((tmp_path / "b").rglob("*.p2p-part"))
+    # b could pull from the seed and from a, which became a holder
+    assert set(rb.stats.bytes_from) <= {seed.segment, a.segment}
+    [info] = seed.list()
+    assert (info.name, info.holders, info.complete_holders) == ("org/m", 3, 3)
+    assert seed.list("nope") == []
+    assert a.unregister("org/m")
+    assert seed.list() == [] and not a.unregister("org/m")
+    with pytest.raises(P2PNotFound):
+        b.get_replica("org/m", tmp_path / "c", FAST)
+
+
+def test_same_name_other_content_is_refused(peers, model_dir, tmp_path) -> None:
+    seed, a, _ = peers
+    seed.register("m", [model_dir], shard_bytes=SHARD)
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"different")
+    with pytest.raises(P2PExists, match="other content"):
+        a.register("m", [other])
+    with pytest.raises(ValueError, match="exactly one"):
+        a.register("x")
+    with pytest.raises(FileNotFoundError):
+        a.register("x", [tmp_path / "missing"])
+
+
+def test_unknown_name_and_bad_into(peers, model_dir, tmp_path) -> None:
+    seed, a, _ = peers
+    with pytest.raises(P2PNotFound, match="no payload named 'ghost'"):
+        a.get_replica("ghost", tmp_path / "x", FAST)
+    seed.register("m", [model_dir], shard_bytes=SHARD)
+    with pytest.raises(ValueError, match="give a directory"):
+        a.get_replica("m", None, FAST)
+
+
+def test_tensors_payload(peers) -> None:
+    torch = pytest.importorskip("torch")
+    seed, a, b = peers
+    t = {"w": torch.randn(300, 70), "ids": torch.arange(5000, dtype=torch.int64),
+         "h": torch.randn(1000).to(torch.bfloat16)}
+    seed.register("t", tensors=t, shard_bytes=SHARD)
+    got = a.get_replica("t", None, FAST).buffers
+    assert got is not None and all(torch.equal(got[k], t[k]) for k in t)
+    into = {k: torch.empty_like(v) for k, v in t.items()}
+    b.get_replica("t", into, FAST)
+    assert all(torch.equal(into[k], t[k]) for k in t)
+    assert b.delete_replica("t") and not b.delete_replica("t")
+    with pytest.raises(ValueError, match="has 12 bytes"):
+        b.get_replica("t", {**into, "w": torch.empty(3)}, FAST)
+
+
+def test_corrupt_holder_is_skipped_and_repulled_elsewhere(peers, model_dir, tmp_path) -> None:
+    seed, a, b = peers
+    seed.register("m", [model_dir], shard_bytes=SHARD)
+    a.get_replica("m", tmp_path / "a", FAST)
+    for buf in a._held["m"].payload.buffers:        # a's copy goes bad after it was verified
+        if buf is not None:
+            buf[0:len(buf):SHARD // 2] = b"\xff" * len(range(0, len(buf), SHARD // 2))
+    rb = b.get_replica("m", tmp_path / "b", PullOptions(parallel=4, per_holder=1,
+                                                        stall_timeout_s=2.0, seed=3))
+    assert rb.stats.checksum_failures >= 1
+    assert rb.stats.bytes_from.get(a.segment, 0) == 0      # nothing from a was kept
+    _same_tree(model_dir, tmp_path / "b")
+
+
+def test_only_holder_corrupt_is_an_error_not_data(peers, model_dir, tmp_path) -> None:
+    seed, a, _ = peers
+    seed.register("m", [model_dir], shard_bytes=SHARD)
+    seed._held["m"].payload.buffers[1][5] ^= 0xFF      # the seed's private (CoW) mapping
+    with pytest.raises(NoHolderError, match="checksum") as e:
+        a.get_replica("m", tmp_path / "a", FAST)
+    assert e.value.missing == [0]
+    assert not [p for p in (tmp_path / "a").rglob("*") if p.is_file()]
+    assert [h.segment for h in seed.holders("m")] == [seed.segment]   # a withdrew
+
+
+def test_no_holder_left_is_a_clean_error(peers, model_dir, tmp_path) -> None:
+    seed, a, _ = peers
+    seed.register("m", [model_dir], shard_bytes=SHARD)
+    seed.delete_replica("m")
+    with pytest.raises(NoHolderError, match="held by nobody"):
+        a.get_replica("m", tmp_path / "a", FAST)
+    assert not list((tmp_path / "a").rglob("*.p2p-part"))
