@@ -136,22 +136,34 @@ def test_bad_requests_are_rejected_clearly() -> None:
     assert len(o.output_token_ids) == 2
 
 
-def test_decode_workspace_equals_gathering_from_paged_cache() -> None:
+def _attention_path(engine, path: str):
+    """Force one decode/prefill attention path on ``engine``'s runner: ``kernel`` (the C
+    kernels read the paged cache in place), ``workspace`` (SDPA over the DecodeWorkspace)
+    or ``gather`` (SDPA over a per-step gather of the paged blocks)."""
+    from pymooncake.engine.runner import DecodeWorkspace
+    runner = engine.runner
+    runner.use_kernels = path == "kernel"
+    runner.workspace = DecodeWorkspace(runner.kv) if path == "workspace" else None
+    return engine
+
+
+def test_decode_attention_paths_agree() -> None:
+    """The C kernel (in place), the workspace and the per-step gather give the same tokens
+    and logits up to float32 rounding, while requests join and leave (refills, appends)."""
+    from pymooncake.engine import kernels
     prompts = random_prompts(6, 20, 70, seed=18)
     params = SamplingParams(max_tokens=20, return_logits=True)
-    with_ws = make_engine(max_num_batched_tokens=64, prefill_chunk_tokens=32)
-    assert with_ws.runner.workspace is not None
-    a = with_ws.generate(prompts, params)  # requests join and leave: refills and appends
-    without = make_engine(max_num_batched_tokens=64, prefill_chunk_tokens=32)
-    without.runner.workspace = None
-    b = without.generate(prompts, params)
-    for x, y in zip(a, b, strict=True):
-        assert x.output_token_ids == y.output_token_ids
-        lx, ly = torch.stack(list(x.logits)), torch.stack(list(y.logits))
-        # the two attention paths sum in different orders: fp32 rounding only, i.e. a few
-        # ulps of the largest logit (2e-6 relative = 16 ulps; measured 7.6e-6 absolute on
-        # logits of ~15 with MKL GEMMs, 1.2e-5 with oneDNN's), never a real difference
-        assert float((lx - ly).abs().max()) <= 2e-6 * float(ly.abs().max())
+    paths = ["workspace", "gather"] + (["kernel"] if kernels.available() else [])
+    runs = {p: _attention_path(make_engine(max_num_batched_tokens=64, prefill_chunk_tokens=32),
+                               p).generate(prompts, params) for p in paths}
+    for path in paths[1:]:
+        for x, y in zip(runs[path], runs["workspace"], strict=True):
+            assert x.output_token_ids == y.output_token_ids, path
+            lx, ly = torch.stack(list(x.logits)), torch.stack(list(y.logits))
+            # the paths sum in different orders: fp32 rounding only, i.e. a few ulps of the
+            # largest logit (2e-6 relative = 16 ulps; measured 7.6e-6 absolute on logits of
+            # ~15 with MKL GEMMs, 1.2e-5 with oneDNN's), never a real difference
+            assert float((lx - ly).abs().max()) <= 2e-6 * float(ly.abs().max()), path
 
 
 def test_shortest_waiting_order_runs_short_prompts_first_and_ages_long_ones() -> None:

@@ -99,6 +99,7 @@ class Engine:
         self.config = config
         use_input_major_weights(model)
         use_onednn_weights(model)
+        model.use_fused_path = model.fused_path_ready()
         self.model = model
         self.namespace = namespace
         self.tokenizer = tokenizer

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
+from pymooncake.engine import kernels
 from pymooncake.engine.hooks import LayerHooks, ScheduledSeq, StepContext
 from pymooncake.engine.kv.kv_cache_manager import KVCacheManager
 from pymooncake.engine.kv.kv_tensors import KVTensors
@@ -27,8 +28,12 @@ class ModelRunner:
         self.block_size = kv.block_size
         self.hooks = list(hooks)
         self.step_id = 0
+        self.use_kernels = kv.dtype == torch.float32 and kernels.available()
+        """Attention by the C kernels, reading the paged cache in place (float32: decode
+        rows and prefill chunks); otherwise PyTorch SDPA, decode over the
+        ``DecodeWorkspace`` (or a per-step gather)."""
         self.workspace: DecodeWorkspace | None = (
-            DecodeWorkspace(kv) if use_decode_workspace else None)
+            DecodeWorkspace(kv) if use_decode_workspace and not self.use_kernels else None)
         self.layer_compute_start_s: list[float] = []
         """``time.monotonic()`` at which each layer of the last step started computing
         (after its ``before_layer`` hooks returned): BUG-39's event timestamps."""
@@ -66,6 +71,10 @@ class ModelRunner:
                 decode_rows.append(t)
                 decode_tables.append(block_ids)
                 decode_ctx.append(start + 1)
+            elif self.use_kernels:  # the C kernel reads the context in place
+                ctx = start + n
+                prefills.append(PrefillSeq(t, n, ctx, None, None, torch.as_tensor(
+                    block_ids[:-(-ctx // bs)], dtype=torch.int64)))
             elif start == 0:
                 prefills.append(PrefillSeq(t, n, n, None, None))
             else:
@@ -83,7 +92,13 @@ class ModelRunner:
             meta.decode_index = torch.as_tensor(decode_rows, dtype=torch.int64)
             ctx_t = torch.as_tensor(decode_ctx, dtype=torch.int64)
             meta.decode_positions = ctx_t - 1
-            if self.workspace is not None:
+            if self.use_kernels:
+                width = max(map(len, decode_tables))
+                meta.decode_tables = torch.as_tensor(
+                    [bids + [0] * (width - len(bids)) for bids in decode_tables],
+                    dtype=torch.int64)
+                meta.decode_ctx_lens = ctx_t
+            elif self.workspace is not None:
                 ids_in_order = tuple(seqs[i].request_id for i in decode_seq_index)
                 meta.decode_groups = self.workspace.prepare(ids_in_order, decode_ctx,
                                                             decode_tables)

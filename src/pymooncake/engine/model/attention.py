@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from pymooncake.engine import kernels
 from pymooncake.engine.model.layers import EXACT_ALIGN, EXACT_CTX_CHUNK, exact_pointwise
 
 
@@ -34,6 +35,9 @@ class PrefillSeq:
     ctx_len: int
     ctx_blocks: torch.Tensor | None
     mask: torch.Tensor | None
+    kernel_blocks: torch.Tensor | None = None
+    """``[ceil(ctx_len / block_size)]`` int64 block ids when the C kernel attends in place
+    (``kernels.prefill_attention``, float32); ``None`` keeps the SDPA path."""
 
 
 @dataclass(slots=True)
@@ -57,6 +61,11 @@ class AttentionMetadata:
     the paged cache every step (``decode_block_table``/``decode_bias``)."""
     decode_positions: torch.Tensor | None = None
     """``[Bd]`` int64 position of each decode token (its context length - 1)."""
+    decode_tables: torch.Tensor | None = None
+    """``[Bd, W]`` int64 block tables (rows padded with 0) when the C kernel reads the
+    paged cache in place (``kernels.paged_decode``); then ``decode_ctx_lens`` is set too."""
+    decode_ctx_lens: torch.Tensor | None = None
+    """``[Bd]`` int64 context length of each decode row (incl. this step's token)."""
 
 
 @dataclass(slots=True)
@@ -116,6 +125,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out = torch.empty_like(q)
     for seq in meta.prefills:
         s, n = seq.q_start, seq.q_len
+        if seq.kernel_blocks is not None:
+            kernels.prefill_attention(q[s:s + n], kv_cache, seq.kernel_blocks, seq.ctx_len,
+                                      scale, out[s:s + n])
+            continue
         qs = q[s:s + n].transpose(0, 1).unsqueeze(0)
         if seq.ctx_blocks is None:
             ks = k[s:s + n].transpose(0, 1).unsqueeze(0)
@@ -224,6 +237,9 @@ def _exact_paged_attention(q: torch.Tensor, kv_cache: torch.Tensor,
 
 def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
             meta: AttentionMetadata, scale: float, layer: int) -> torch.Tensor:
+    if meta.decode_tables is not None and meta.decode_ctx_lens is not None:
+        return kernels.paged_decode(q, kv_cache, meta.decode_tables, meta.decode_ctx_lens,
+                                    scale)
     if meta.decode_groups is None:
         assert meta.decode_block_table is not None and meta.decode_bias is not None
         return _decode_attention(q, kv_cache, meta.decode_block_table, meta.decode_bias, scale)

@@ -175,11 +175,13 @@ def exact_linear(x: torch.Tensor, weight: torch.Tensor,
     return y + bias if bias is not None else y
 
 
-ONEDNN_MIN_ROWS = 2
-"""float32 GEMMs with at least this many rows run on oneDNN (``use_onednn_weights``). On
-the 2-core AMD EPYC box (1 thread) oneDNN's prepacked sgemm reaches 190-250 GFLOP/s for
-M >= 16 on every SmolLM2 layer shape where MKL's ``F.linear`` gets 85-110; at M = 1 MKL's
-GEMV is as fast or faster (except on the LM head), from M = 2 oneDNN wins."""
+ONEDNN_MIN_ROWS = 1
+"""float32 GEMMs with at least this many rows run on oneDNN (``use_onednn_weights``): all
+of them. On the 2-core AMD EPYC box (1 thread) oneDNN's prepacked sgemm reaches 190-250
+GFLOP/s for M >= 16 on every SmolLM2 layer shape where MKL's ``F.linear`` gets 85-110, and
+at M = 1 (batch-1 decode, memory-bound) it streams the weights at 32-37 GB/s where MKL's
+GEMV gets 16-24 (30 layers' distinct weights, cache-cold: ``/tmp``-free check in
+docs/benchmarks.md, "oneDNN at M = 1")."""
 
 
 def onednn_enabled() -> bool:
@@ -228,6 +230,21 @@ class Linear(nn.Linear):
                 x.contiguous(), packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
+    def packed(self) -> torch.Tensor | None:
+        """The oneDNN-packed weight while it matches the parameter, else ``None``."""
+        if self._onednn_key == (self.weight.data_ptr(), self.weight._version):
+            return self._onednn_weight
+        return None
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``linear(x) + residual`` in one oneDNN call (binary post-op; the same float32
+        sum as adding afterwards). ``x`` ``[T, in]``, ``residual`` ``[T, out]`` float32."""
+        packed = self.packed()
+        if packed is None:
+            return self.forward(x) + residual
+        return torch.ops.mkldnn._linear_pointwise.binary(
+            x.contiguous(), residual, packed, self.bias, "add")
+
 
 class SwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))`` with gate and up fused in one matmul."""
@@ -238,10 +255,40 @@ class SwiGLU(nn.Module):
         self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
+    _split_packed: tuple[torch.Tensor, torch.Tensor] | None = None
+    _split_key: tuple[int, int] | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj.forward(x).split(self.intermediate_size, dim=-1)
         act = exact_pointwise(F.silu, gate) if x.dtype == torch.float64 else F.silu(gate)
         return self.down_proj.forward(act * up)
+
+    def pack_split(self) -> bool:
+        """Prepack the gate and up halves of ``gate_up_proj`` as two oneDNN weights, for
+        ``forward_add``; ``False`` (nothing packed) when oneDNN is off or not float32."""
+        self._split_packed = self._split_key = None
+        w = self.gate_up_proj.weight.detach()
+        if w.dtype != torch.float32 or w.device.type != "cpu" or not onednn_enabled():
+            return False
+        i = self.intermediate_size
+        reorder = torch.ops.mkldnn._reorder_linear_weight
+        self._split_packed = (reorder(w[:i].contiguous()), reorder(w[i:].contiguous()))
+        self._split_key = (w.data_ptr(), self.gate_up_proj.weight._version)
+        return True
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``down(silu(gate(x)) * up(x)) + residual`` as three oneDNN calls: the gate GEMM
+        with a swish post-op (oneDNN's SiLU: within ~1 ulp of ``F.silu``), the up GEMM
+        with a multiply post-op, the down GEMM with an add post-op. ``x`` ``[T, hidden]``
+        and ``residual`` ``[T, hidden]`` float32; falls back to ``forward`` + add."""
+        w = self.gate_up_proj.weight
+        if self._split_packed is None or self._split_key != (w.data_ptr(), w._version):
+            return self.forward(x) + residual
+        gate_w, up_w = self._split_packed
+        lp = torch.ops.mkldnn._linear_pointwise
+        x = x.contiguous()
+        act = lp(x, gate_w, None, "swish", [], "")
+        return self.down_proj.forward_add(lp.binary(x, act, up_w, None, "mul"), residual)
 
 
 def use_input_major_weights(model: nn.Module) -> None:
@@ -264,4 +311,8 @@ def use_onednn_weights(model: nn.Module) -> int:
     """Prepack every float32 ``Linear`` weight for oneDNN (see ``Linear``); returns how
     many were packed (0 with ``PYMOONCAKE_ONEDNN=0``, without mkldnn, or for a float64 /
     bfloat16 model, which keep their own paths). Costs a second copy of those weights."""
-    return sum(m.pack_onednn() for m in model.modules() if isinstance(m, Linear))
+    packed = sum(m.pack_onednn() for m in model.modules() if isinstance(m, Linear))
+    for m in model.modules():
+        if isinstance(m, SwiGLU):
+            m.pack_split()
+    return packed

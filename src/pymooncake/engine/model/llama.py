@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pymooncake.engine import kernels
 from pymooncake.engine.model.attention import AttentionMetadata, paged_attention, write_kv
 from pymooncake.engine.model.layers import (
     Linear,
@@ -268,11 +269,26 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta,
                                                        cfg.rope_scaling_dict), persistent=False)
 
+    def fused_path_ready(self) -> bool:
+        """Whether ``forward`` can take the fused float32 path: C kernels built, every
+        linear weight packed for oneDNN (``layers.use_onednn_weights``), no q/k norm."""
+        if self.config.qk_norm or not kernels.available():
+            return False
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            if (attn.qkv_proj.packed() is None or attn.o_proj.packed() is None
+                    or mlp.down_proj.packed() is None or mlp._split_packed is None):
+                return False
+        return True
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[torch.Tensor], before_layer: LayerCallback | None = None,
                 after_layer: LayerCallback | None = None) -> torch.Tensor:
         x = self.model.embed_tokens.forward(input_ids)
+        if (x.dtype == torch.float32 and self.use_fused_path and kv_caches
+                and kv_caches[0].dtype == torch.float32):
+            return self._forward_fused(x, positions, meta, kv_caches, before_layer, after_layer)
         cos, sin = self._cos_sin(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
             if before_layer is not None:
@@ -281,6 +297,43 @@ class LlamaForCausalLM(nn.Module):
             if after_layer is not None:
                 after_layer(i)
         return self.model.norm.forward(x)
+
+    use_fused_path = False
+    """Set by the engine when ``fused_path_ready()``: float32 steps run ``_forward_fused``."""
+
+    def _forward_fused(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                       kv_caches: list[torch.Tensor], before_layer: LayerCallback | None,
+                       after_layer: LayerCallback | None) -> torch.Tensor:
+        """The float32 step in few calls per layer, same maths as the module path: RMSNorm
+        and RoPE + K/V write by C kernels (``engine.kernels``), the residual adds and SiLU
+        as oneDNN post-ops of the GEMMs, attention by ``paged_attention``."""
+        cfg = self.config
+        self._cos_sin(positions, x.dtype)  # grows the table to cover positions
+        cos_t, sin_t = (t.view(t.shape[0], -1) for t in self._rope_table)
+        layers = self.model.layers
+        eps = cfg.rms_norm_eps
+        t = x.shape[0]
+        h = kernels.rms_norm(x, layers[0].input_layernorm.weight, eps)
+        for i, layer in enumerate(layers):
+            if before_layer is not None:
+                before_layer(i)
+            attn = layer.self_attn
+            qkv = attn.qkv_proj.forward(h)
+            kernels.rope_write(qkv, positions, cos_t, sin_t, kv_caches[i], meta.slot_mapping,
+                               attn.num_heads, attn.num_kv_heads)
+            qs, ks = attn.q_size, attn.kv_size
+            o = paged_attention(qkv[:, :qs].view(t, attn.num_heads, attn.head_dim),
+                                qkv[:, qs:qs + ks].view(t, attn.num_kv_heads, attn.head_dim),
+                                qkv[:, qs + ks:].view(t, attn.num_kv_heads, attn.head_dim),
+                                kv_caches[i], meta, attn.scale, i)
+            x = attn.o_proj.forward_add(o.reshape(t, qs), x)
+            h = kernels.rms_norm(x, layer.post_attention_layernorm.weight, eps)
+            x = layer.mlp.forward_add(h, x)
+            if after_layer is not None:
+                after_layer(i)
+            norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+            h = kernels.rms_norm(x, norm.weight, eps)
+        return h
 
     def _cos_sin(self, positions: torch.Tensor,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,255 @@
+"""Small C kernels for the engine's hot loops, built at first use, with a PyTorch fallback.
+
+``kernels.c`` (plain C, no Python or PyTorch headers) is compiled once per machine with
+the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``: Debian's ``gcc`` package) as
+``-O3 -march=native -fopenmp-simd -ffp-contract=fast`` into a shared library cached under
+``$PYMOONCAKE_KERNEL_CACHE`` (default ``$XDG_CACHE_HOME/pymooncake/kernels`` or
+``~/.cache/pymooncake/kernels``), keyed by the source, the flags, the compiler and the CPU's
+feature flags; it is loaded with ``ctypes`` (which releases the GIL during each call). Build
+time is about a second. Without a compiler, on a failed build, or with
+``PYMOONCAKE_KERNELS=0``, ``available()`` is ``False`` and the engine keeps its PyTorch paths
+(same maths, other float32 rounding).
+
+Allowed by issue 15 ("a small C++/ISPC/numba kernel if it installs from the registries on a
+fresh machine and has a pure-torch fallback").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels.c")
+CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=fast", "-std=gnu11", "-fPIC",
+          "-shared")
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+_why_not = ""
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC")
+    if cc:
+        return shutil.which(cc) or cc
+    return next((p for p in map(shutil.which, ("cc", "gcc", "clang")) if p), None)
+
+
+def cache_dir() -> Path:
+    """Where built libraries are kept (created on demand)."""
+    explicit = os.environ.get("PYMOONCAKE_KERNEL_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "pymooncake" / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def _build(cc: str) -> Path:
+    src = SOURCE.read_bytes()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(b"\0".join([src, " ".join(CFLAGS).encode(), cc.encode(),
+                                     version.encode(), _cpu_flags().encode()])).hexdigest()[:16]
+    out_dir = cache_dir()
+    target = out_dir / f"pmk_kernels_{key}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        res = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True,
+                             text=True, timeout=120)
+        if res.returncode != 0:
+            raise RuntimeError(f"{cc} exited {res.returncode}: {res.stderr.strip()[:500]}")
+        os.replace(tmp, target)  # atomic: concurrent builders of one key all end with it
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    fn = lib.pmk_paged_decode_f32
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64, i64, f32, ptr]
+    fn = lib.pmk_prefill_attn_f32
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, i64, i64, f32, ptr, i64]
+    fn = lib.pmk_rms_norm_f32
+    fn.restype = None
+    fn.argtypes = [ptr, i64, i64, i64, ptr, f32, ptr]
+    fn = lib.pmk_rope_write_f32
+    fn.restype = None
+    fn.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64, ptr]
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel library, building it on first use; ``None`` when unavailable
+    (``why_unavailable()`` says why)."""
+    global _lib, _tried, _why_not
+    if _tried:
+        return _lib
+    with _lock:
+        if _tried:
+            return _lib
+        if os.environ.get("PYMOONCAKE_KERNELS", "1").strip().lower() in ("0", "false", "no",
+                                                                          "off"):
+            _why_not = "PYMOONCAKE_KERNELS=0"
+        elif (cc := _compiler()) is None:
+            _why_not = "no C compiler (cc, gcc or clang) on PATH"
+        else:
+            try:
+                lib = ctypes.CDLL(str(_build(cc)))
+                _declare(lib)
+                _lib = lib
+            except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
+                _why_not = f"kernel build failed: {e}"
+        if _lib is None:
+            log.info("C attention kernels unavailable (%s); using the PyTorch paths", _why_not)
+        _tried = True
+        return _lib
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def why_unavailable() -> str:
+    """Empty when ``available()``; otherwise the reason."""
+    library()
+    return _why_not
+
+
+def paged_decode(q: torch.Tensor, layer_cache: torch.Tensor, tables: torch.Tensor,
+                 ctx_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Decode attention read in place from the paged cache: one query per sequence.
+
+    ``q`` ``[B, heads, head_dim]`` float32 (heads and head_dim contiguous; any token
+    stride); ``layer_cache`` one layer's ``[2, kv_heads, num_blocks, block_size, head_dim]``
+    float32, contiguous; ``tables`` ``[B, W]`` int64 block ids (row ``b`` covers
+    ``ctx_lens[b]`` tokens); ``ctx_lens`` ``[B]`` int64 context lengths in tokens, each
+    >= 1, the new token's K/V already written. Returns ``[B, heads, head_dim]`` float32.
+
+    Raises ``ValueError`` on a dtype, layout or shape the kernel cannot read and
+    ``RuntimeError`` when the library is unavailable or the kernel fails (allocation).
+    """
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"C attention kernels unavailable: {_why_not}")
+    b, heads, d = q.shape
+    two, kv_heads, num_blocks, bs, d2 = layer_cache.shape
+    if (q.dtype != torch.float32 or layer_cache.dtype != torch.float32 or two != 2 or d2 != d
+            or q.stride(2) != 1 or q.stride(1) != d or not layer_cache.is_contiguous()):
+        raise ValueError("paged_decode: float32 q [B, heads, D] with contiguous heads and a "
+                         "contiguous float32 [2, kv_heads, blocks, block_size, D] cache needed")
+    if (tables.dtype != torch.int64 or ctx_lens.dtype != torch.int64 or tables.dim() != 2
+            or tables.shape[0] != b or ctx_lens.shape != (b,) or not tables.is_contiguous()
+            or not ctx_lens.is_contiguous()):
+        raise ValueError("paged_decode: int64 tables [B, W] and ctx_lens [B], contiguous")
+    out = torch.empty(b, heads, d, dtype=torch.float32)
+    rc = lib.pmk_paged_decode_f32(q.data_ptr(), q.stride(0), layer_cache.data_ptr(), kv_heads,
+                                  num_blocks, bs, d, tables.data_ptr(), tables.shape[1],
+                                  ctx_lens.data_ptr(), b, heads, scale, out.data_ptr())
+    if rc != 0:
+        raise RuntimeError("paged_decode: kernel failed (scratch allocation or heads > "
+                           "64 x kv_heads)")
+    return out
+
+
+def _need() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"C kernels unavailable: {_why_not}")
+    return lib
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x`` ``[rows, dim]`` float32 (rows at any stride, dim
+    contiguous): ``weight * x / sqrt(mean(x**2) + eps)`` as Hugging Face's ``LlamaRMSNorm``.
+    Returns a new contiguous ``[rows, dim]`` float32 tensor. Raises ``ValueError`` on
+    another dtype or layout."""
+    lib = _need()
+    rows, dim = x.shape
+    if (x.dtype != torch.float32 or weight.dtype != torch.float32 or x.stride(1) != 1
+            or weight.shape != (dim,) or not weight.is_contiguous()):
+        raise ValueError("rms_norm: float32 x [rows, dim] (dim contiguous) and weight [dim]")
+    out = torch.empty(rows, dim, dtype=torch.float32)
+    lib.pmk_rms_norm_f32(x.data_ptr(), rows, dim, x.stride(0), weight.data_ptr(), eps,
+                         out.data_ptr())
+    return out
+
+
+def rope_write(qkv: torch.Tensor, positions: torch.Tensor, cos_t: torch.Tensor,
+               sin_t: torch.Tensor, layer_cache: torch.Tensor, slots: torch.Tensor,
+               heads: int, kv_heads: int) -> None:
+    """Rotate the q and k heads of ``qkv`` ``[T, (heads + 2 kv_heads) * D]`` float32 (rows
+    contiguous) in place by RoPE at ``positions`` ``[T]`` int64 (tables ``cos_t``/``sin_t``
+    ``[P, D]`` float32, rotate-half form), then write each token's K and V into
+    ``layer_cache`` ``[2, kv_heads, blocks, block_size, D]`` at ``slots`` ``[T]`` int64.
+
+    The caller guarantees positions < P and slots < blocks * block_size (the scheduler's
+    own values); raises ``ValueError`` on a dtype, shape or layout mismatch."""
+    lib = _need()
+    t, width = qkv.shape
+    two, kvh, num_blocks, bs, d = layer_cache.shape
+    if (qkv.dtype != torch.float32 or qkv.stride(1) != 1 or width < (heads + 2 * kv_heads) * d
+            or kvh != kv_heads or two != 2 or not layer_cache.is_contiguous()
+            or layer_cache.dtype != torch.float32 or cos_t.shape[-1] != d
+            or not cos_t.is_contiguous() or not sin_t.is_contiguous()
+            or positions.dtype != torch.int64 or slots.dtype != torch.int64
+            or positions.shape != (t,) or slots.shape != (t,)
+            or not positions.is_contiguous() or not slots.is_contiguous()):
+        raise ValueError("rope_write: float32 qkv [T, width], contiguous float32 cache and "
+                         "tables, int64 positions/slots [T]")
+    lib.pmk_rope_write_f32(qkv.data_ptr(), t, qkv.stride(0), heads, kv_heads, d,
+                           positions.data_ptr(), cos_t.data_ptr(), sin_t.data_ptr(),
+                           layer_cache.data_ptr(), num_blocks, bs, slots.data_ptr())
+
+
+def prefill_attention(q: torch.Tensor, layer_cache: torch.Tensor, blocks: torch.Tensor,
+                      ctx_len: int, scale: float, out: torch.Tensor) -> None:
+    """Causal attention of one prefill chunk, K/V read in place from the paged cache.
+
+    ``q`` ``[n, heads, head_dim]`` float32 (heads and head_dim contiguous, any token
+    stride): the chunk's queries at positions ``ctx_len - n .. ctx_len - 1``, whose K/V are
+    already in the cache; ``blocks`` ``[>= ceil(ctx_len / block_size)]`` int64 block ids of
+    the sequence; writes ``[n, heads, head_dim]`` into ``out`` (same layout rules as ``q``).
+    Raises ``ValueError`` on a layout it cannot read, ``RuntimeError`` if the kernel fails.
+    """
+    lib = _need()
+    n, heads, d = q.shape
+    two, kv_heads, num_blocks, bs, d2 = layer_cache.shape
+    if (q.dtype != torch.float32 or out.dtype != torch.float32 or d2 != d or two != 2
+            or q.stride(2) != 1 or q.stride(1) != d or out.shape != q.shape
+            or out.stride(2) != 1 or out.stride(1) != d or not layer_cache.is_contiguous()
+            or layer_cache.dtype != torch.float32 or blocks.dtype != torch.int64
+            or not blocks.is_contiguous() or blocks.numel() * bs < ctx_len or n > ctx_len):
+        raise ValueError("prefill_attention: float32 q/out [n, heads, D] with contiguous "
+                         "heads, a contiguous float32 cache, int64 blocks covering ctx_len")
+    rc = lib.pmk_prefill_attn_f32(q.data_ptr(), q.stride(0), n, layer_cache.data_ptr(),
+                                  kv_heads, num_blocks, bs, d, blocks.data_ptr(), ctx_len,
+                                  heads, scale, out.data_ptr(), out.stride(0))
+    if rc != 0:
+        raise RuntimeError("prefill_attention: kernel failed (scratch allocation or heads > "
+                           "64 x kv_heads)")

@@ -1,0 +1,383 @@
+/* Attention kernels over pymooncake's paged KV cache (float32, one thread).
+ *
+ * Built at first use by pymooncake/engine/kernels/__init__.py with the system C compiler
+ * (-O3 -march=native -fopenmp-simd -ffp-contract=fast, no -ffast-math) and called through ctypes; the engine
+ * falls back to PyTorch when no compiler is found. No Python or PyTorch headers: plain C (GNU C11).
+ *
+ * Cache layout of one layer (engine/kv/kv_tensors.py, KV_LAYOUT "paged_l2hnbd"):
+ * K plane [kv_heads, num_blocks, block_size, head_dim], the V plane right after it. A
+ * sequence's token t lives in block table[t / block_size] at offset t % block_size. The
+ * kernels read K/V there in place: no gather, no copy into a padded buffer.
+ *
+ * Softmax: two passes over the scores (max, then exp and sum), exp by exp_neg below. Sums
+ * over head_dim use `omp simd` reductions (vectorised, so the order differs from PyTorch's
+ * SDPA by float32 rounding only).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <math.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+/* e^x for x <= 0 (softmax arguments after subtracting the row max), vectorisable.
+ * Cephes' expf: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial for e^r, 2^n by building
+ * the exponent bits. Max relative error ~2 ulp; x < -87 gives 0 (e^-87 ~ 1.6e-38). */
+static inline float exp_neg(float x) {
+    const float LOG2E = 1.44269504088896341f, C1 = 0.693359375f, C2 = -2.12194440e-4f;
+    const float MAGIC = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float under = x < -87.0f ? 0.0f : 1.0f;
+    x = x < -87.0f ? -87.0f : x;
+    float fn = (x * LOG2E + MAGIC) - MAGIC;
+    float r = (x - fn * C1) - fn * C2;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)fn + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return p * two_n * under;
+}
+
+/* Softmax weights in place over s[0..n): returns 1 / sum (the caller scales at the end). */
+static float softmax_unnormalised(float *s, int64_t n) {
+    float m = s[0];
+    for (int64_t t = 1; t < n; t++) m = s[t] > m ? s[t] : m;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < n; t++) {
+        float e = exp_neg(s[t] - m);
+        s[t] = e;
+        sum += e;
+    }
+    return 1.0f / sum;
+}
+
+/* One query group (the g_count query heads sharing KV head kh) of one sequence over its
+ * first n context tokens. q: g_count rows of d floats (row stride q_stride); scores: g_count
+ * rows of room for n floats (row stride s_stride); out: g_count rows of d (stride out_stride).
+ * Query i of the group sees tokens < limit[i]; limit NULL: all n. */
+static void attend_group(const float *q, int64_t q_stride, int64_t g_count,
+                         const float *kc, const float *vc, const int64_t *table,
+                         int64_t bs, int64_t d, int64_t n, const int64_t *limit, float scale,
+                         float *scores, int64_t s_stride, float *acc,
+                         float *out, int64_t out_stride) {
+    for (int64_t t0 = 0; t0 < n; t0 += bs) {
+        const int64_t blk = table[t0 / bs];
+        const int64_t m = n - t0 < bs ? n - t0 : bs;
+        const float *kb = kc + blk * bs * d;
+#ifdef __AVX512F__
+        if (d == 64 && g_count <= 8) {
+            for (int64_t o = 0; o < m; o++) {
+                const float *krow = kb + o * d;
+                __m512 k0 = _mm512_loadu_ps(krow), k1 = _mm512_loadu_ps(krow + 16),
+                       k2 = _mm512_loadu_ps(krow + 32), k3 = _mm512_loadu_ps(krow + 48);
+                for (int64_t g = 0; g < g_count; g++) {
+                    const float *qg = q + g * q_stride;
+                    __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qg), k0);
+                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16), k1, a);
+                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 32), k2, a);
+                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 48), k3, a);
+                    scores[g * s_stride + t0 + o] = _mm512_reduce_add_ps(a) * scale;
+                }
+            }
+            continue;
+        }
+#endif
+        for (int64_t o = 0; o < m; o++) {
+            const float *krow = kb + o * d;
+            for (int64_t g = 0; g < g_count; g++) {
+                const float *qg = q + g * q_stride;
+                float a = 0.0f;
+#pragma omp simd reduction(+ : a)
+                for (int64_t j = 0; j < d; j++) a += qg[j] * krow[j];
+                scores[g * s_stride + t0 + o] = a * scale;
+            }
+        }
+    }
+    float inv[64];
+    for (int64_t g = 0; g < g_count; g++) {
+        int64_t len = limit ? limit[g] : n;
+        inv[g] = softmax_unnormalised(scores + g * s_stride, len);
+        for (int64_t t = len; t < n; t++) scores[g * s_stride + t] = 0.0f;
+    }
+    memset(acc, 0, (size_t)(g_count * d) * sizeof(float));
+    for (int64_t t0 = 0; t0 < n; t0 += bs) {
+        const int64_t blk = table[t0 / bs];
+        const int64_t m = n - t0 < bs ? n - t0 : bs;
+        const float *vb = vc + blk * bs * d;
+        for (int64_t o = 0; o < m; o++) {
+            const float *vrow = vb + o * d;
+            for (int64_t g = 0; g < g_count; g++) {
+                const float p = scores[g * s_stride + t0 + o];
+                float *ag = acc + g * d;
+#pragma omp simd
+                for (int64_t j = 0; j < d; j++) ag[j] += p * vrow[j];
+            }
+        }
+    }
+    for (int64_t g = 0; g < g_count; g++) {
+        float *og = out + g * out_stride;
+        const float *ag = acc + g * d;
+        const float w = inv[g];
+#pragma omp simd
+        for (int64_t j = 0; j < d; j++) og[j] = ag[j] * w;
+    }
+}
+
+
+/* attend_group with head_dim a compile-time constant (the common 64 and 128): the compiler
+ * unrolls the head_dim loops into whole vector registers. */
+#define ATTEND_FIXED(D)                                                                    \
+    static void attend_group_d##D(const float *q, int64_t q_stride, int64_t g_count,      \
+                                  const float *kc, const float *vc, const int64_t *table, \
+                                  int64_t bs, int64_t n, const int64_t *limit,            \
+                                  float scale, float *scores, int64_t s_stride,           \
+                                  float *acc, float *out, int64_t out_stride) {           \
+        attend_group(q, q_stride, g_count, kc, vc, table, bs, D, n, limit, scale, scores, \
+                     s_stride, acc, out, out_stride);                                     \
+    }
+ATTEND_FIXED(64)
+ATTEND_FIXED(128)
+
+static void attend_group_any(const float *q, int64_t q_stride, int64_t g_count,
+                             const float *kc, const float *vc, const int64_t *table,
+                             int64_t bs, int64_t d, int64_t n, const int64_t *limit,
+                             float scale, float *scores, int64_t s_stride, float *acc,
+                             float *out, int64_t out_stride) {
+    if (d == 64)
+        attend_group_d64(q, q_stride, g_count, kc, vc, table, bs, n, limit, scale, scores,
+                         s_stride, acc, out, out_stride);
+    else if (d == 128)
+        attend_group_d128(q, q_stride, g_count, kc, vc, table, bs, n, limit, scale, scores,
+                          s_stride, acc, out, out_stride);
+    else
+        attend_group(q, q_stride, g_count, kc, vc, table, bs, d, n, limit, scale, scores,
+                     s_stride, acc, out, out_stride);
+}
+
+/* Decode attention: one query per sequence over its paged context.
+ * q       [num_seqs, heads, d] (token stride q_stride floats, heads contiguous)
+ * cache   one layer's K plane followed by its V plane (see the header)
+ * tables  [num_seqs, table_stride] int64 block ids; ctx_lens [num_seqs] tokens (incl. the
+ *         new one, already written to the cache)
+ * out     [num_seqs, heads, d] contiguous.
+ * Returns 0, or -1 when a scratch allocation fails or heads > 64 * kv_heads. */
+int pmk_paged_decode_f32(const float *q, int64_t q_stride, const float *cache,
+                         int64_t kv_heads, int64_t num_blocks, int64_t bs, int64_t d,
+                         const int64_t *tables, int64_t table_stride, const int64_t *ctx_lens,
+                         int64_t num_seqs, int64_t heads, float scale, float *out) {
+    const int64_t g_count = heads / kv_heads;
+    if (g_count > 64 || g_count * kv_heads != heads) return -1;
+    int64_t max_ctx = 1;
+    for (int64_t b = 0; b < num_seqs; b++) max_ctx = ctx_lens[b] > max_ctx ? ctx_lens[b] : max_ctx;
+    float *scores = malloc((size_t)(g_count * max_ctx) * sizeof(float));
+    float *acc = malloc((size_t)(g_count * d) * sizeof(float));
+    if (!scores || !acc) { free(scores); free(acc); return -1; }
+    const int64_t plane = kv_heads * num_blocks * bs * d, head_stride = num_blocks * bs * d;
+    for (int64_t b = 0; b < num_seqs; b++) {
+        const int64_t n = ctx_lens[b];
+        for (int64_t kh = 0; kh < kv_heads; kh++) {
+            attend_group_any(q + b * q_stride + kh * g_count * d, d, g_count,
+                         cache + kh * head_stride, cache + plane + kh * head_stride,
+                         tables + b * table_stride, bs, d, n, NULL, scale,
+                         scores, max_ctx, acc, out + (b * heads + kh * g_count) * d, d);
+        }
+    }
+    free(scores);
+    free(acc);
+    return 0;
+}
+
+/* RMSNorm of rows: out[r] = w * (x[r] / sqrt(mean(x[r]^2) + eps)), float32 throughout
+ * (as Hugging Face's LlamaRMSNorm for float32 inputs). x rows at x_stride floats; out
+ * contiguous [rows, dim]. */
+void pmk_rms_norm_f32(const float *x, int64_t rows, int64_t dim, int64_t x_stride,
+                      const float *w, float eps, float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * x_stride;
+        float *orow = out + r * dim;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t j = 0; j < dim; j++) ss += xr[j] * xr[j];
+        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma omp simd
+        for (int64_t j = 0; j < dim; j++) orow[j] = w[j] * (xr[j] * inv);
+    }
+}
+
+/* Rotary embedding (Hugging Face's rotate_half form) applied in place to the q and k heads
+ * of each token's fused qkv row, then the token's K (rotated) and V written to its slot of
+ * one layer's paged cache.
+ * qkv     [tokens, row_stride] float32: heads q heads, kv_heads k heads, kv_heads v heads,
+ *         each d floats, contiguous in that order from the row start
+ * cos_t, sin_t  [max_position, d] tables (the two halves equal); positions [tokens]
+ * cache   K plane [kv_heads, num_blocks, bs, d] then the V plane; slots [tokens] int64
+ *         (block * bs + offset). */
+void pmk_rope_write_f32(float *qkv, int64_t tokens, int64_t row_stride, int64_t heads,
+                        int64_t kv_heads, int64_t d, const int64_t *positions,
+                        const float *cos_t, const float *sin_t, float *cache,
+                        int64_t num_blocks, int64_t bs, const int64_t *slots) {
+    const int64_t half = d / 2, plane = kv_heads * num_blocks * bs * d;
+    for (int64_t t = 0; t < tokens; t++) {
+        float *row = qkv + t * row_stride;
+        const float *c = cos_t + positions[t] * d, *s = sin_t + positions[t] * d;
+        for (int64_t h = 0; h < heads + kv_heads; h++) {
+            float *x = row + h * d;
+#pragma omp simd
+            for (int64_t j = 0; j < half; j++) {
+                const float x1 = x[j], x2 = x[j + half];
+                x[j] = x1 * c[j] - x2 * s[j];
+                x[j + half] = x2 * c[j + half] + x1 * s[j + half];
+            }
+        }
+        const int64_t blk = slots[t] / bs, off = slots[t] % bs;
+        for (int64_t h = 0; h < kv_heads; h++) {
+            float *kdst = cache + ((h * num_blocks + blk) * bs + off) * d;
+            memcpy(kdst, row + (heads + h) * d, (size_t)d * sizeof(float));
+            memcpy(kdst + plane, row + (heads + kv_heads + h) * d, (size_t)d * sizeof(float));
+        }
+    }
+}
+
+#ifdef __AVX512F__
+#define PF_VECS 6 /* query vectors (query row x head) per register tile */
+
+/* Scores of PF_VECS query vectors against keys [0, nk) (nk rounded up to 16), reading the
+ * transposed keys kt [d][ld]: s[v][k] = scale * q_v . k. One zmm of 16 keys per FMA: no
+ * horizontal sums. */
+static void qk_tile_avx512(const float *const *qv, const float *kt, int64_t ld, int64_t d,
+                           int64_t nk, float scale, float *s, int64_t s_stride) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int64_t k0 = 0; k0 < nk; k0 += 16) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+        for (int64_t j = 0; j < d; j++) {
+            const __m512 k = _mm512_loadu_ps(kt + j * ld + k0);
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(qv[0][j]), k, a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(qv[1][j]), k, a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(qv[2][j]), k, a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(qv[3][j]), k, a3);
+            a4 = _mm512_fmadd_ps(_mm512_set1_ps(qv[4][j]), k, a4);
+            a5 = _mm512_fmadd_ps(_mm512_set1_ps(qv[5][j]), k, a5);
+        }
+        _mm512_storeu_ps(s + 0 * s_stride + k0, _mm512_mul_ps(a0, sc));
+        _mm512_storeu_ps(s + 1 * s_stride + k0, _mm512_mul_ps(a1, sc));
+        _mm512_storeu_ps(s + 2 * s_stride + k0, _mm512_mul_ps(a2, sc));
+        _mm512_storeu_ps(s + 3 * s_stride + k0, _mm512_mul_ps(a3, sc));
+        _mm512_storeu_ps(s + 4 * s_stride + k0, _mm512_mul_ps(a4, sc));
+        _mm512_storeu_ps(s + 5 * s_stride + k0, _mm512_mul_ps(a5, sc));
+    }
+}
+
+/* o_v = sum_k p[v][k] * V[k] for PF_VECS vectors, head_dim 64, keys [0, nk) read in place
+ * from the paged V plane (vc: this KV head's [num_blocks, bs, 64]); p rows are 0 past each
+ * vector's own length. Results scaled by inv[v] into ov[v]. */
+static void pv_tile64_avx512(const float *p, int64_t p_stride, const float *vc,
+                             const int64_t *table, int64_t bs, int64_t nk, const float *inv,
+                             float *const *ov) {
+    __m512 acc[PF_VECS][4];
+    for (int v = 0; v < PF_VECS; v++)
+        for (int c = 0; c < 4; c++) acc[v][c] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < nk; k++) {
+        const float *vrow = vc + (table[k / bs] * bs + k % bs) * 64;
+        const __m512 v0 = _mm512_loadu_ps(vrow), v1 = _mm512_loadu_ps(vrow + 16),
+                     v2 = _mm512_loadu_ps(vrow + 32), v3 = _mm512_loadu_ps(vrow + 48);
+        for (int v = 0; v < PF_VECS; v++) {
+            const __m512 w = _mm512_set1_ps(p[v * p_stride + k]);
+            acc[v][0] = _mm512_fmadd_ps(w, v0, acc[v][0]);
+            acc[v][1] = _mm512_fmadd_ps(w, v1, acc[v][1]);
+            acc[v][2] = _mm512_fmadd_ps(w, v2, acc[v][2]);
+            acc[v][3] = _mm512_fmadd_ps(w, v3, acc[v][3]);
+        }
+    }
+    for (int v = 0; v < PF_VECS; v++) {
+        if (!ov[v]) continue;
+        const __m512 w = _mm512_set1_ps(inv[v]);
+        for (int c = 0; c < 4; c++) _mm512_storeu_ps(ov[v] + 16 * c, _mm512_mul_ps(acc[v][c], w));
+    }
+}
+#endif
+
+/* Causal prefill attention of one sequence's chunk over its paged context, read in place.
+ * The chunk's n queries sit at positions ctx - n .. ctx - 1 (their K/V already written);
+ * query i attends to keys 0 .. ctx - n + i.
+ * q    [n, heads, d] at token stride q_stride (heads contiguous)
+ * out  [n, heads, d] at token stride out_stride
+ * Returns 0, or -1 when scratch memory cannot be allocated or heads > 64 * kv_heads. */
+int pmk_prefill_attn_f32(const float *q, int64_t q_stride, int64_t n, const float *cache,
+                         int64_t kv_heads, int64_t num_blocks, int64_t bs, int64_t d,
+                         const int64_t *table, int64_t ctx, int64_t heads, float scale,
+                         float *out, int64_t out_stride) {
+    const int64_t g_count = heads / kv_heads;
+    if (g_count > 64 || g_count * kv_heads != heads || n > ctx) return -1;
+    const int64_t plane = kv_heads * num_blocks * bs * d, head_stride = num_blocks * bs * d;
+    const int64_t ld = (ctx + 15) / 16 * 16;
+#ifdef __AVX512F__
+    if (d == 64) {
+        float *kt = aligned_alloc(64, (size_t)(d * ld) * sizeof(float));
+        float *s = aligned_alloc(64, (size_t)(PF_VECS * ld) * sizeof(float));
+        float *zero = calloc((size_t)d, sizeof(float));
+        if (!kt || !s || !zero) { free(kt); free(s); free(zero); return -1; }
+        const int64_t nvec = n * g_count;
+        for (int64_t kh = 0; kh < kv_heads; kh++) {
+            const float *kc = cache + kh * head_stride, *vc = cache + plane + kh * head_stride;
+            for (int64_t k = 0; k < ld; k++) { /* transpose K: kt[j][k] */
+                if (k < ctx) {
+                    const float *krow = kc + (table[k / bs] * bs + k % bs) * d;
+                    for (int64_t j = 0; j < d; j++) kt[j * ld + k] = krow[j];
+                } else {
+                    for (int64_t j = 0; j < d; j++) kt[j * ld + k] = 0.0f;
+                }
+            }
+            for (int64_t v0 = 0; v0 < nvec; v0 += PF_VECS) {
+                const float *qv[PF_VECS];
+                float *ov[PF_VECS];
+                int64_t len[PF_VECS];
+                float inv[PF_VECS];
+                int64_t nk = 0;
+                for (int v = 0; v < PF_VECS; v++) {
+                    const int64_t vi = v0 + v;
+                    if (vi < nvec) {
+                        const int64_t i = vi / g_count, g = vi % g_count;
+                        qv[v] = q + i * q_stride + (kh * g_count + g) * d;
+                        ov[v] = out + i * out_stride + (kh * g_count + g) * d;
+                        len[v] = ctx - n + i + 1;
+                        nk = len[v] > nk ? len[v] : nk;
+                    } else {
+                        qv[v] = zero; ov[v] = NULL; len[v] = 0;
+                    }
+                }
+                qk_tile_avx512(qv, kt, ld, d, nk, scale, s, ld);
+                for (int v = 0; v < PF_VECS; v++) {
+                    float *sv = s + v * ld;
+                    if (len[v] == 0) { memset(sv, 0, (size_t)nk * sizeof(float)); inv[v] = 0.0f; continue; }
+                    inv[v] = softmax_unnormalised(sv, len[v]);
+                    for (int64_t k = len[v]; k < nk; k++) sv[k] = 0.0f;
+                }
+                pv_tile64_avx512(s, ld, vc, table, bs, nk, inv, ov);
+            }
+        }
+        free(kt); free(s); free(zero);
+        return 0;
+    }
+#endif
+    float *scores = malloc((size_t)(g_count * ctx) * sizeof(float));
+    float *acc = malloc((size_t)(g_count * d) * sizeof(float));
+    if (!scores || !acc) { free(scores); free(acc); return -1; }
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t len = ctx - n + i + 1;
+        for (int64_t kh = 0; kh < kv_heads; kh++)
+            attend_group_any(q + i * q_stride + kh * g_count * d, d, g_count,
+                             cache + kh * head_stride, cache + plane + kh * head_stride, table,
+                             bs, d, len, NULL, scale, scores, ctx, acc,
+                             out + i * out_stride + kh * g_count * d, d);
+    }
+    free(scores);
+    free(acc);
+    return 0;
+}

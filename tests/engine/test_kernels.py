@@ -1,0 +1,153 @@
+"""The C kernels (``pymooncake.engine.kernels``) against PyTorch references computed here:
+decode and prefill attention read in place from a paged cache with shuffled block tables,
+RMSNorm, RoPE + K/V write; bad layouts refused; the fallback when disabled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from pymooncake.engine import SamplingParams, kernels
+from pymooncake.engine.model.layers import apply_rope, rope_cos_sin, rope_inv_freq
+
+from .conftest import make_engine, random_prompts
+
+pytestmark = pytest.mark.skipif(not kernels.available(),
+                                reason=f"C kernels unavailable: {kernels.why_unavailable()}")
+
+
+def _paged(kv_heads: int, d: int, bs: int, lens: list[int], seed: int):
+    """A cache ``[2, kv_heads, blocks, bs, d]`` with each sequence's blocks at shuffled ids,
+    and the sequences' contiguous K/V ``[2, kv_heads, len, d]`` for the reference."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-n // bs) for n in lens]
+    num_blocks = sum(need) + 3
+    cache = torch.randn(2, kv_heads, num_blocks, bs, d, generator=g)
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    tables, seqs, at = [], [], 0
+    for n, k in zip(lens, need, strict=True):
+        ids = perm[at:at + k]
+        at += k
+        tables.append(ids)
+        seqs.append(cache[:, :, ids].reshape(2, kv_heads, k * bs, d)[:, :, :n])
+    return cache, tables, seqs
+
+
+def _ref_attention(q: torch.Tensor, kv: torch.Tensor, scale: float,
+                   mask: torch.Tensor | None) -> torch.Tensor:
+    """``q`` ``[n, heads, d]`` over ``kv`` ``[2, kv_heads, ctx, d]`` in float64."""
+    qh = q.transpose(0, 1).unsqueeze(0).double()
+    o = F.scaled_dot_product_attention(qh, kv[0].unsqueeze(0).double(),
+                                       kv[1].unsqueeze(0).double(), attn_mask=mask,
+                                       scale=scale, enable_gqa=True)
+    return o[0].transpose(0, 1).float()
+
+
+@pytest.mark.parametrize("heads,kv_heads,d,bs", [(9, 3, 64, 16), (4, 4, 32, 8), (8, 2, 128, 16)])
+def test_paged_decode_matches_reference(heads: int, kv_heads: int, d: int, bs: int) -> None:
+    lens = [1, 17, 160, 33, 5]
+    cache, tables, seqs = _paged(kv_heads, d, bs, lens, seed=heads + d)
+    width = max(map(len, tables)) + 2  # padded rows, as the runner builds them
+    table_t = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    qkv = torch.randn(len(lens), (heads + 2 * kv_heads) * d)
+    q = qkv[:, :heads * d].view(len(lens), heads, d)  # token stride > heads * d
+    out = kernels.paged_decode(q, cache, table_t, torch.tensor(lens), 0.125)
+    for i, kv in enumerate(seqs):
+        ref = _ref_attention(q[i:i + 1], kv, 0.125, None)
+        torch.testing.assert_close(out[i:i + 1], ref, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("d", [64, 32])
+@pytest.mark.parametrize("ctx,n", [(512, 512), (300, 100), (7, 7), (50, 1)])
+def test_prefill_attention_is_causal_over_prefix_and_chunk(d: int, ctx: int, n: int) -> None:
+    heads, kv_heads, bs = 9, 3, 16
+    cache, (blocks,), (kv,) = _paged(kv_heads, d, bs, [ctx], seed=ctx + n)
+    q = torch.randn(n, heads, d)
+    out = torch.full((n, heads, d), float("nan"))
+    kernels.prefill_attention(q, cache, torch.tensor(blocks), ctx, 0.125, out)
+    mask = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
+    torch.testing.assert_close(out, _ref_attention(q, kv, 0.125, mask), rtol=1e-5, atol=2e-6)
+
+
+def test_rms_norm_matches_torch() -> None:
+    x = torch.randn(37, 2 * 576)[:, :576] * 3  # strided rows
+    w = torch.randn(576)
+    torch.testing.assert_close(kernels.rms_norm(x, w, 1e-5),
+                               F.rms_norm(x, (576,), w, 1e-5), rtol=2e-6, atol=2e-6)
+
+
+def test_rope_write_rotates_in_place_and_fills_the_slots() -> None:
+    heads, kv_heads, d, bs, t = 9, 3, 64, 16, 21
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * d)
+    positions = torch.arange(100, 100 + t)
+    cos, sin = rope_cos_sin(torch.arange(4096), rope_inv_freq(d, 10000.0, None), torch.float32)
+    cache = torch.zeros(2, kv_heads, 8, bs, d)
+    slots = torch.tensor([(5 - p // bs) * bs + p % bs for p in range(t)])  # blocks 5, 4
+    expect_q = apply_rope(qkv[:, :heads * d].view(t, heads, d), cos[positions], sin[positions])
+    expect_k = apply_rope(qkv[:, heads * d:(heads + kv_heads) * d].view(t, kv_heads, d),
+                          cos[positions], sin[positions])
+    v = qkv[:, (heads + kv_heads) * d:].view(t, kv_heads, d).clone()
+    kernels.rope_write(qkv, positions, cos.view(4096, d), sin.view(4096, d), cache, slots,
+                       heads, kv_heads)
+    torch.testing.assert_close(qkv[:, :heads * d].view(t, heads, d), expect_q)
+    for i, s in enumerate(slots.tolist()):
+        torch.testing.assert_close(cache[0, :, s // bs, s % bs], expect_k[i])
+        assert torch.equal(cache[1, :, s // bs, s % bs], v[i])
+    assert int((cache != 0).any(-1).sum()) == 2 * kv_heads * t  # nothing else written
+
+
+def test_bad_layouts_are_refused() -> None:
+    cache = torch.zeros(2, 3, 4, 16, 64)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.paged_decode(torch.zeros(1, 9, 64, dtype=torch.float64), cache,
+                             torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, dtype=torch.int64),
+                             0.1)
+    with pytest.raises(ValueError, match="int64"):
+        kernels.paged_decode(torch.zeros(1, 9, 64), cache, torch.zeros(1, 1, dtype=torch.int32),
+                             torch.ones(1, dtype=torch.int64), 0.1)
+    with pytest.raises(ValueError, match="covering"):
+        kernels.prefill_attention(torch.zeros(20, 9, 64), cache, torch.zeros(1, dtype=torch.int64),
+                                  20, 0.1, torch.zeros(20, 9, 64))
+    with pytest.raises(ValueError, match="weight"):
+        kernels.rms_norm(torch.zeros(2, 8), torch.zeros(7), 1e-6)
+
+
+def test_disabled_kernels_fall_back_with_a_reason() -> None:
+    code = ("from pymooncake.engine import kernels; "
+            "print(kernels.available(), '|', kernels.why_unavailable())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYMOONCAKE_KERNELS": "0"}, timeout=120, check=True)
+    assert out.stdout.strip() == "False | PYMOONCAKE_KERNELS=0"
+
+
+def test_a_failed_build_falls_back_with_the_compiler_error(tmp_path) -> None:
+    code = ("from pymooncake.engine import kernels; "
+            "print(kernels.available(), '|', kernels.why_unavailable())")
+    env = {**os.environ, "CC": "false", "PYMOONCAKE_KERNEL_CACHE": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120, check=True)
+    assert out.stdout.startswith("False | kernel build failed"), out.stdout
+
+
+def test_engine_fused_path_equals_module_path() -> None:
+    """The engine's float32 step through the fused path (C kernels, oneDNN post-ops) gives
+    the module path's tokens and logits up to float32 rounding (tiny model: head_dim 32,
+    the kernels' generic code), through chunked prefill, a cached prefix and decode."""
+    prompts = random_prompts(5, 10, 90, seed=4)
+    params = SamplingParams(max_tokens=12, return_logits=True)
+    fused = make_engine(max_num_batched_tokens=64, prefill_chunk_tokens=32)
+    assert fused.model.use_fused_path and fused.runner.use_kernels
+    plain = make_engine(max_num_batched_tokens=64, prefill_chunk_tokens=32)
+    plain.model.use_fused_path = False
+    plain.runner.use_kernels = False
+    for _ in range(2):  # the second round hits the prefix cache
+        a, b = fused.generate(prompts, params), plain.generate(prompts, params)
+        for x, y in zip(a, b, strict=True):
+            assert x.output_token_ids == y.output_token_ids
+            lx, ly = torch.stack(list(x.logits)), torch.stack(list(y.logits))
+            assert float((lx - ly).abs().max()) <= 2e-6 * float(ly.abs().max())
