@@ -13,6 +13,7 @@ dies stops being advertised within that time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import threading
@@ -401,8 +402,12 @@ class P2PStore:
         for held in self._held.values():
             held.payload.close()
         self._held.clear()
+        with contextlib.suppress(Exception):    # this loop's client (etcd: a grpc channel)
+            self._run(self.metadata.close(), timeout_s=5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def __enter__(self) -> P2PStore:
         return self
