@@ -308,6 +308,13 @@ def test_bug_15_every_read_path_checks_the_lease_after_the_copy(cluster_factory)
         return out
 
     c._copy_out = slow_local_copy
+    inner_into = c._copy_into
+
+    def slow_local_copy_into(copies):  # and for own-segment reads into registered memory
+        inner_into(copies)
+        clock.t += delay["s"]
+
+    c._copy_into = slow_local_copy_into
     buf = np.zeros(2 * 8192, dtype=np.uint8)
     base = c.register_buffer(buf)
     for d, expect in ((0.6, "LEASE_EXPIRED"), (0.4, "OK")):

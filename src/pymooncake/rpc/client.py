@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from pymooncake.rpc.codec import HEADER, MAX_FRAME_BYTES, pack_frame, to_wire, unpack_body
+from pymooncake.rpc.codec import HEADER, MAX_FRAME_BYTES, pack_frame, unpack_body
 from pymooncake.rpc.errors import ErrorCode, RpcConnectionError, RpcError, RpcTimeout
 
 
@@ -135,7 +135,7 @@ class RpcClient:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
-            writer.write(pack_frame({"i": rid, "m": method, "p": to_wire(params)}))
+            writer.write(pack_frame({"i": rid, "m": method, "p": params}))
             if writer.transport.get_write_buffer_size() > 4 * 2**20:
                 await writer.drain()
             msg = await asyncio.wait_for(fut, timeout)
@@ -149,7 +149,7 @@ class RpcClient:
     async def notify(self, method: str, params: Any = None) -> None:
         """Send a one-way notice (no response, no delivery guarantee)."""
         writer = await self._ensure_connected()
-        writer.write(pack_frame({"m": method, "p": to_wire(params)}))
+        writer.write(pack_frame({"m": method, "p": params}))
 
     async def close(self) -> None:
         """Close the connection; calls in flight fail with ``RpcConnectionError``."""
@@ -215,7 +215,7 @@ class SyncRpcClient:
             rid = next(self._ids)
             try:
                 sock.settimeout(timeout)
-                sock.sendall(pack_frame({"i": rid, "m": method, "p": to_wire(params)}))
+                sock.sendall(pack_frame({"i": rid, "m": method, "p": params}))
                 while True:
                     (length,) = HEADER.unpack(self._recv_exact(sock, HEADER.size))
                     if length > MAX_FRAME_BYTES:

@@ -28,7 +28,9 @@ HEADER = struct.Struct(">I")
 
 
 def pack_frame(obj: Any) -> bytes:
-    """msgpack ``obj`` and prefix its length. Raises ``ValueError`` if over the limit."""
+    """msgpack ``obj`` and prefix its length. Raises ``ValueError`` if over the limit.
+    Dataclasses anywhere in ``obj`` become maps of their fields, tuples and sets lists (as
+    ``to_wire`` does, but only where one occurs: plain data is not walked in Python)."""
     body = msgpack.packb(obj, use_bin_type=True, default=_default)
     if len(body) > MAX_FRAME_BYTES:
         raise ValueError(f"frame of {len(body)} bytes exceeds MAX_FRAME_BYTES={MAX_FRAME_BYTES}")

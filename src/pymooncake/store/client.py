@@ -126,6 +126,8 @@ class StoreClient(Background, GetOps, PutOps):
         self._staging_arr: np.ndarray | None = None
         self._staging_base = 0
         self._staging: OffsetAllocator | None = None
+        self._overflow: tuple[np.ndarray, int] | None = None  # (buffer, address)
+        self._overflow_busy = False
         self._registered: dict[int, tuple[int, Any]] = {}  # addr → (bytes, keepalive)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

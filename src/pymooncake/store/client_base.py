@@ -82,6 +82,8 @@ class ClientBase:
     _staging_arr: np.ndarray | None
     _staging_base: int
     _staging: OffsetAllocator | None
+    _overflow: tuple[np.ndarray, int] | None
+    _overflow_busy: bool
     _registered: dict[int, tuple[int, Any]]
     _loop: asyncio.AbstractEventLoop | None
     _stop: asyncio.Event | None

@@ -121,16 +121,18 @@ class GetOps(MasterOps, MemoryOps):
                     f"{plans[i].key!r}: buffer of {0 if d is None else d[1]} bytes < "
                     f"object of {plans[i].size}")
         pending = [i for i in pending if plans[i].error is None]
-        left = []
+        left, copies = [], []
         for i in pending:  # a replica in our own segment: one memmove, no engine round
             p = plans[i]
             rep = p.replicas[0]
             if rep.segment == self.segment_name and self._local_view(rep.addr, p.size) \
                     is not None:
-                ctypes.memmove(dests[i][0], rep.addr, p.size)  # type: ignore[index]
+                copies.append((dests[i][0], rep.addr, p.size))  # type: ignore[index]
                 p.replicas.pop(0)
             else:
                 left.append(i)
+        if copies:
+            self._copy_into(copies)
         pending = left
         while pending:
             moves = []
@@ -155,6 +157,12 @@ class GetOps(MasterOps, MemoryOps):
             pending = nxt
         for p in plans:
             self._finish_read(p)
+
+    @staticmethod
+    def _copy_into(copies: list[tuple[int, int, int]]) -> None:
+        """Own-segment reads into registered memory: ``(dest, src, length)`` memmoves."""
+        for dst, src, n in copies:
+            ctypes.memmove(dst, src, n)
 
     @staticmethod
     def _copy_out(views: list[np.ndarray]) -> list[bytes]:

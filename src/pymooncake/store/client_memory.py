@@ -11,6 +11,9 @@ import numpy as np
 from pymooncake.store.client_base import ClientBase
 from pymooncake.store.errors import ErrorCode, StoreError
 
+OVERFLOW_MAX_BYTES = 1 << 30
+"""Largest value staged through the kept overflow buffer; larger ones get a one-off."""
+
 
 class MemoryOps(ClientBase):
     """Registration, staging and local views of ``StoreClient``."""
@@ -76,10 +79,33 @@ class MemoryOps(ClientBase):
                         self._staging.free(off)
 
                 return (self._staging_base + off, self._staging_arr[off:off + size], release)
-        arr = np.empty(max(size, 1), dtype=np.uint8)  # oversize or busy: a one-off buffer
-        addr = self._dp.register(arr)
-        dp = self._dp
-        return addr, arr[:size], lambda: dp.unregister(addr)
+        # oversize or busy: the overflow buffer, registered once and kept at the largest
+        # size asked (registering publishes the segment: milliseconds, not per operation)
+        with self._lock:
+            ov = self._overflow
+            take = not self._overflow_busy and size <= OVERFLOW_MAX_BYTES
+            if take:
+                self._overflow_busy = True
+        if not take:  # another thread holds it: a one-off buffer
+            arr = np.empty(max(size, 1), dtype=np.uint8)
+            addr = self._dp.register(arr)
+            dp = self._dp
+            return addr, arr[:size], lambda: dp.unregister(addr)
+        try:
+            if ov is None or ov[0].nbytes < size:
+                if ov is not None:
+                    self._overflow = None
+                    self._dp.unregister(ov[1])
+                arr = np.empty(max(size, 1), dtype=np.uint8)
+                ov = self._overflow = (arr, self._dp.register(arr))
+        except BaseException:
+            self._overflow_busy = False
+            raise
+
+        def give_back() -> None:
+            self._overflow_busy = False
+
+        return ov[1], ov[0][:size], give_back
 
     def _in_registered(self, addr: int, size: int) -> bool:
         return any(base <= addr and addr + size <= base + n

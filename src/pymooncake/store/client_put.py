@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,6 +19,12 @@ from pymooncake.store.config import ReplicateConfig
 from pymooncake.store.datapath import Move
 from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.protocol import BatchPutEndRequest
+
+
+@functools.lru_cache(maxsize=256)
+def _config_wire(config: ReplicateConfig) -> dict[str, Any] | None:
+    """The wire map of a (frozen, hashable) config; ``None`` for the default one."""
+    return None if config == DEFAULT_CONFIG else to_wire(config)
 
 
 class PutOps(MasterOps, MemoryOps):
@@ -102,8 +109,10 @@ class PutOps(MasterOps, MemoryOps):
             return
         req: dict[str, Any] = {"client_id": self.client_id, "keys": [keys[i] for i in idx],
                                "sizes_bytes": [sizes[i] for i in idx]}
-        if config is not None and config != DEFAULT_CONFIG:
-            req["config"] = to_wire(config)
+        if config is not None and config is not DEFAULT_CONFIG:
+            wire = _config_wire(config)
+            if wire is not None:
+                req["config"] = wire
         res = self._master("batch_put_start", req)
         handles: dict[int, dict[str, Any]] = {}
         for i, item in zip(idx, res, strict=True):
