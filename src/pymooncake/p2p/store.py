@@ -404,6 +404,7 @@ class P2PStore:
         self._held.clear()
         with contextlib.suppress(Exception):    # this loop's client (etcd: a grpc channel)
             self._run(self.metadata.close(), timeout_s=5)
+            self._run(_cancel_pending(), timeout_s=5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
         if not self._thread.is_alive():
@@ -414,3 +415,12 @@ class P2PStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def _cancel_pending() -> None:
+    """Cancel and reap every other task of the loop (a client's leftovers), so none is
+    destroyed pending when the loop closes."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
