@@ -10,7 +10,8 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-KEYS = {"transport", "size_bytes", "batch", "paths", "throughput_bytes_per_s",
+KEYS = {"transport", "size_bytes", "batch", "paths", "throughput_bytes_per_s", "figures",
+        "ratios", "cpu_s_per_gib", "socket_connections", "repeats",
         "requests_per_s", "verified", "memcpy_bytes_per_s", "socket_bytes_per_s",
         "mooncake_bytes_per_s"}
 
@@ -63,3 +64,24 @@ def test_bench_names_the_offending_flag_and_value(flags: list[str], named: str,
     assert named in err
     others = {"--size", "--batch", "--paths", "--repeat", "--min-time-s"} - {flags[0]}
     assert not any(o in err for o in others)
+
+
+def test_verdicts_use_every_repeat_and_targets_follow_the_issue() -> None:
+    from pymooncake.bench.transfer import targets, verdict
+
+    assert verdict([1.1, 1.3, 1.05], 1.0) == "met"
+    assert verdict([0.7, 0.75, 0.79], 0.8) == "missed"
+    assert verdict([0.7, 0.9, 1.2], 0.8) == "not distinguishable"  # margin inside spread
+    # From 4 repeats on, the quartiles: one outlier does not decide.
+    assert verdict([0.5, 1.1, 1.2, 1.3, 1.4], 1.0) == "met"
+    assert verdict([0.9, 0.95, 1.05, 1.1], 1.0) == "not distinguishable"
+    assert targets("tcp", 4096) == {"mooncake": 1.0}
+    assert targets("tcp", 16 << 20) == {"mooncake": 1.2, "socket": 0.8}
+    assert targets("shm", 4 << 20) == {"memcpy": 0.8}
+
+
+def test_the_harness_lives_outside_the_library_package() -> None:
+    import importlib.util
+
+    assert importlib.util.find_spec("pymooncake.transfer.bench") is None
+    assert importlib.util.find_spec("pymooncake.bench.transfer") is not None
