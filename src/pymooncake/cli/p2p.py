@@ -3,7 +3,7 @@
 ``register NAME PATH...`` publishes and then serves until Ctrl-C/SIGTERM (one JSON
 ``ready`` line on stdout); ``get NAME DIR`` pulls a replica (``--hold``: and keeps serving
 it); ``list``; ``unregister NAME``. ``pymooncake bench p2p`` is the namespaced benchmark
-(``pymooncake.bench.p2p``). :func:`pull_model` is what ``serve --p2p-model`` calls.
+(``pymooncake.bench.p2p``). ``serve --p2p-model NAME`` uses :func:`apply_p2p_model`.
 """
 
 from __future__ import annotations
@@ -224,21 +224,54 @@ def _cmd_unregister(args: argparse.Namespace) -> int:
     return 0
 
 
-def pull_model(name: str, metadata: str, into: str, host: str = "127.0.0.1") -> Any:
-    """Pull the model directory ``name`` into ``into`` and return the open
-    :class:`~pymooncake.p2p.P2PStore` (keep it open to serve the replica to other hosts;
-    close it at exit). Raises ``CommandError`` (one line) when the pull fails."""
-    from pymooncake.cli.main import CommandError
+def add_p2p_model_flags(p: argparse.ArgumentParser) -> None:
+    """``--p2p-model NAME`` / ``--p2p-metadata`` / ``--p2p-dir`` / ``--p2p-host`` (serve)."""
+    p.add_argument("--p2p-model", default=None, metavar="NAME",
+                   help="start from a P2P-distributed checkpoint: pull the model directory "
+                        "registered as NAME (pymooncake p2p register) into --p2p-dir, load "
+                        "it as --model, and serve it to other hosts while running")
+    p.add_argument("--p2p-metadata", default=None,
+                   help=f"P2P metadata service (default: --metadata, else env {METADATA_ENV})")
+    p.add_argument("--p2p-dir", default=None,
+                   help="where the pulled model goes (default ~/.cache/pymooncake/p2p/NAME)")
+    p.add_argument("--p2p-host", default="127.0.0.1",
+                   help="address other hosts pull from this one at (default %(default)s)")
+
+
+def apply_p2p_model(args: argparse.Namespace) -> Any:
+    """With ``--p2p-model``: pull it, point ``args.model`` at the directory and return the
+    open :class:`~pymooncake.p2p.P2PStore` (it keeps serving the replica; closed at exit).
+    ``None`` without the flag. Bad flags → ``UsageError``; a failed pull → ``CommandError``
+    (one line), before anything else starts."""
+    if not getattr(args, "p2p_model", None):
+        return None
+    import atexit
+    from pathlib import Path
+    from urllib.parse import quote
+
+    from pymooncake.cli.main import CommandError, UsageError
     from pymooncake.p2p import P2PStore
+    name = args.p2p_model
+    md = args.p2p_metadata or getattr(args, "metadata", None) or os.environ.get(METADATA_ENV)
+    if not md:
+        raise UsageError(f"--p2p-model needs --p2p-metadata (or --metadata, or {METADATA_ENV})")
+    into = Path(args.p2p_dir or Path.home() / ".cache" / "pymooncake" / "p2p" /
+                quote(name, safe=""))
     try:
-        store = P2PStore(metadata, host=host)
+        store = P2PStore(md, host=args.p2p_host)
+    except ValueError as e:
+        raise UsageError(f"--p2p-metadata: {e}") from None
     except Exception as e:      # noqa: BLE001 - reported as one line
-        raise CommandError(f"--p2p-model {name}: cannot reach {metadata}: {e}") from None
+        raise CommandError(f"--p2p-model {name}: cannot reach {md}: {e}") from None
     try:
         store.get_replica(name, into)
     except _errors() as e:
         store.close()
         raise CommandError(f"--p2p-model {name}: {e}") from None
+    atexit.register(store.close)
+    sys.stderr.write(f"pymooncake: pulled {name} into {into} (P2P Store); serving it to "
+                     "other hosts while running\n")
+    args.model = str(into)
     return store
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from pymooncake.cli.cluster import ClusterSpec, LocalCluster
 from pymooncake.cli.common import add_json_flag
+from pymooncake.cli.p2p import add_p2p_model_flags, apply_p2p_model
 from pymooncake.cli.role_common import (
     POLICY_CHOICES,
     add_engine_flags,
@@ -61,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--demo", action="store_true",
                    help="send a few chat requests and a short trace replay, print, stop")
     add_engine_flags(s)
+    add_p2p_model_flags(s)
     add_otel_flag(s)
     add_json_flag(s)
     s.set_defaults(handler=_cmd_serve)
@@ -105,6 +107,7 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from pymooncake.cli.main import CommandError, require_extras
+    apply_p2p_model(args)       # --p2p-model: pull the checkpoint, args.model = its dir
     _check_serve_flags(args)
     require_extras("torch", "fastapi", "uvicorn")   # the children's, named here in one line
     spec = ClusterSpec(num_prefill=args.prefill, num_decode=0 if args.colocated else args.decode,

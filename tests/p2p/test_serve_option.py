@@ -1,0 +1,57 @@
+"""``serve --p2p-model NAME``: the checkpoint directory is pulled from the P2P Store and
+loaded as ``--model`` (the pull itself is ``cli.p2p.apply_p2p_model``)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pymooncake.cli.p2p import apply_p2p_model
+from pymooncake.p2p import P2PStore
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    base = {"p2p_model": None, "p2p_metadata": None, "p2p_dir": None,
+            "p2p_host": "127.0.0.1", "metadata": None, "model": "smollm2"}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_pulls_the_model_dir_and_points_model_at_it(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from pymooncake.engine import Engine
+    from pymooncake.engine.model.export import save_hf_dir
+    from pymooncake.engine.model.loader import load_model
+
+    src = tmp_path / "tiny-hf"
+    save_hf_dir(Engine.from_model_name("tiny").model, src)
+    md = f"embedded://serve-{uuid.uuid4().hex[:6]}"
+    with P2PStore(md) as seed:
+        seed.register("tiny-hf", [src], shard_bytes=64 * 1024)
+        args = _args(p2p_model="tiny-hf", p2p_metadata=md, p2p_dir=str(tmp_path / "pulled"))
+        store = apply_p2p_model(args)
+        try:
+            assert args.model == str(tmp_path / "pulled")
+            for f in src.iterdir():
+                assert (tmp_path / "pulled" / f.name).read_bytes() == f.read_bytes()
+            a = load_model(src).state_dict()
+            b = load_model(args.model).state_dict()
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+            assert [h.segment for h in seed.holders("tiny-hf")].count(store.segment) == 1
+        finally:
+            store.close()
+    assert apply_p2p_model(_args()) is None
+
+
+def test_serve_with_an_unknown_p2p_model_is_one_line_before_any_child(etcd_url) -> None:
+    r = subprocess.run([sys.executable, "-m", "pymooncake", "serve", "--p2p-model", "ghost",
+                        "--p2p-metadata", etcd_url, "--port", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stdout == ""
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("pymooncake: error:")]
+    assert lines == ["pymooncake: error: --p2p-model ghost: no payload named 'ghost' is "
+                     "registered"], r.stderr
