@@ -47,6 +47,7 @@ static inline float exp_neg(float x) {
 /* Softmax weights in place over s[0..n): returns 1 / sum (the caller scales at the end). */
 static float softmax_unnormalised(float *s, int64_t n) {
     float m = s[0];
+#pragma omp simd reduction(max : m)
     for (int64_t t = 1; t < n; t++) m = s[t] > m ? s[t] : m;
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -246,6 +247,35 @@ void pmk_rope_write_f32(float *qkv, int64_t tokens, int64_t row_stride, int64_t 
 }
 
 #ifdef __AVX512F__
+/* dst[i][c] = rows[c][col + i] for i, c < 16: a 16 x 16 block transposed in registers
+ * (32-bit, then 64-bit interleaves, then two 128-bit lane shuffles); dst rows ds apart. */
+static inline void transpose16_avx512(const float *const *rows, int64_t col, float *dst,
+                                      int64_t ds) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(rows[i] + col);
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        const __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]),
+                      c = _mm512_castps_pd(t[i + 2]), e = _mm512_castps_pd(t[i + 3]);
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int i = 0; i < 4; i++) {
+            t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+            t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+        }
+    for (int i = 0; i < 8; i++) {
+        _mm512_storeu_ps(dst + i * ds, _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88));
+        _mm512_storeu_ps(dst + (i + 8) * ds, _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd));
+    }
+}
+
 #define PF_VECS 6 /* query vectors (query row x head) per register tile */
 
 /* Scores of PF_VECS query vectors against keys [0, nk) (nk rounded up to 16), reading the
@@ -254,23 +284,34 @@ void pmk_rope_write_f32(float *qkv, int64_t tokens, int64_t row_stride, int64_t 
 static void qk_tile_avx512(const float *const *qv, const float *kt, int64_t ld, int64_t d,
                            int64_t nk, float scale, float *s, int64_t s_stride) {
     const __m512 sc = _mm512_set1_ps(scale);
-    for (int64_t k0 = 0; k0 < nk; k0 += 16) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    int64_t k0 = 0;
+    for (; k0 + 16 < nk; k0 += 32) { /* two tiles of 16 keys: 12 independent FMA chains */
+        __m512 a[PF_VECS], b[PF_VECS];
+        for (int v = 0; v < PF_VECS; v++) a[v] = b[v] = _mm512_setzero_ps();
         for (int64_t j = 0; j < d; j++) {
-            const __m512 k = _mm512_loadu_ps(kt + j * ld + k0);
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(qv[0][j]), k, a0);
-            a1 = _mm512_fmadd_ps(_mm512_set1_ps(qv[1][j]), k, a1);
-            a2 = _mm512_fmadd_ps(_mm512_set1_ps(qv[2][j]), k, a2);
-            a3 = _mm512_fmadd_ps(_mm512_set1_ps(qv[3][j]), k, a3);
-            a4 = _mm512_fmadd_ps(_mm512_set1_ps(qv[4][j]), k, a4);
-            a5 = _mm512_fmadd_ps(_mm512_set1_ps(qv[5][j]), k, a5);
+            const __m512 ka = _mm512_loadu_ps(kt + j * ld + k0);
+            const __m512 kb = _mm512_loadu_ps(kt + j * ld + k0 + 16);
+            for (int v = 0; v < PF_VECS; v++) {
+                const __m512 qj = _mm512_set1_ps(qv[v][j]);
+                a[v] = _mm512_fmadd_ps(qj, ka, a[v]);
+                b[v] = _mm512_fmadd_ps(qj, kb, b[v]);
+            }
         }
-        _mm512_storeu_ps(s + 0 * s_stride + k0, _mm512_mul_ps(a0, sc));
-        _mm512_storeu_ps(s + 1 * s_stride + k0, _mm512_mul_ps(a1, sc));
-        _mm512_storeu_ps(s + 2 * s_stride + k0, _mm512_mul_ps(a2, sc));
-        _mm512_storeu_ps(s + 3 * s_stride + k0, _mm512_mul_ps(a3, sc));
-        _mm512_storeu_ps(s + 4 * s_stride + k0, _mm512_mul_ps(a4, sc));
-        _mm512_storeu_ps(s + 5 * s_stride + k0, _mm512_mul_ps(a5, sc));
+        for (int v = 0; v < PF_VECS; v++) {
+            _mm512_storeu_ps(s + v * s_stride + k0, _mm512_mul_ps(a[v], sc));
+            _mm512_storeu_ps(s + v * s_stride + k0 + 16, _mm512_mul_ps(b[v], sc));
+        }
+    }
+    for (; k0 < nk; k0 += 16) {
+        __m512 a[PF_VECS];
+        for (int v = 0; v < PF_VECS; v++) a[v] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < d; j++) {
+            const __m512 ka = _mm512_loadu_ps(kt + j * ld + k0);
+            for (int v = 0; v < PF_VECS; v++)
+                a[v] = _mm512_fmadd_ps(_mm512_set1_ps(qv[v][j]), ka, a[v]);
+        }
+        for (int v = 0; v < PF_VECS; v++)
+            _mm512_storeu_ps(s + v * s_stride + k0, _mm512_mul_ps(a[v], sc));
     }
 }
 
@@ -283,16 +324,21 @@ static void pv_tile64_avx512(const float *p, int64_t p_stride, const float *vc,
     __m512 acc[PF_VECS][4];
     for (int v = 0; v < PF_VECS; v++)
         for (int c = 0; c < 4; c++) acc[v][c] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < nk; k++) {
-        const float *vrow = vc + (table[k / bs] * bs + k % bs) * 64;
-        const __m512 v0 = _mm512_loadu_ps(vrow), v1 = _mm512_loadu_ps(vrow + 16),
-                     v2 = _mm512_loadu_ps(vrow + 32), v3 = _mm512_loadu_ps(vrow + 48);
-        for (int v = 0; v < PF_VECS; v++) {
-            const __m512 w = _mm512_set1_ps(p[v * p_stride + k]);
-            acc[v][0] = _mm512_fmadd_ps(w, v0, acc[v][0]);
-            acc[v][1] = _mm512_fmadd_ps(w, v1, acc[v][1]);
-            acc[v][2] = _mm512_fmadd_ps(w, v2, acc[v][2]);
-            acc[v][3] = _mm512_fmadd_ps(w, v3, acc[v][3]);
+    for (int64_t k0 = 0; k0 < nk; k0 += bs) {
+        const float *vb = vc + table[k0 / bs] * bs * 64;
+        const int64_t m = nk - k0 < bs ? nk - k0 : bs;
+        for (int64_t o = 0; o < m; o++) {
+            const float *vrow = vb + o * 64;
+            const int64_t k = k0 + o;
+            const __m512 v0 = _mm512_loadu_ps(vrow), v1 = _mm512_loadu_ps(vrow + 16),
+                         v2 = _mm512_loadu_ps(vrow + 32), v3 = _mm512_loadu_ps(vrow + 48);
+            for (int v = 0; v < PF_VECS; v++) {
+                const __m512 w = _mm512_set1_ps(p[v * p_stride + k]);
+                acc[v][0] = _mm512_fmadd_ps(w, v0, acc[v][0]);
+                acc[v][1] = _mm512_fmadd_ps(w, v1, acc[v][1]);
+                acc[v][2] = _mm512_fmadd_ps(w, v2, acc[v][2]);
+                acc[v][3] = _mm512_fmadd_ps(w, v3, acc[v][3]);
+            }
         }
     }
     for (int v = 0; v < PF_VECS; v++) {
@@ -326,13 +372,14 @@ int pmk_prefill_attn_f32(const float *q, int64_t q_stride, int64_t n, const floa
         const int64_t nvec = n * g_count;
         for (int64_t kh = 0; kh < kv_heads; kh++) {
             const float *kc = cache + kh * head_stride, *vc = cache + plane + kh * head_stride;
-            for (int64_t k = 0; k < ld; k++) { /* transpose K: kt[j][k] */
-                if (k < ctx) {
-                    const float *krow = kc + (table[k / bs] * bs + k % bs) * d;
-                    for (int64_t j = 0; j < d; j++) kt[j * ld + k] = krow[j];
-                } else {
-                    for (int64_t j = 0; j < d; j++) kt[j * ld + k] = 0.0f;
+            for (int64_t k0 = 0; k0 < ld; k0 += 16) { /* transpose K: kt[j][k] */
+                const float *rows[16];
+                for (int i = 0; i < 16; i++) {
+                    const int64_t k = k0 + i;
+                    rows[i] = k < ctx ? kc + (table[k / bs] * bs + k % bs) * d : zero;
                 }
+                for (int64_t j0 = 0; j0 < d; j0 += 16)
+                    transpose16_avx512(rows, j0, kt + j0 * ld + k0, ld);
             }
             for (int64_t v0 = 0; v0 < nvec; v0 += PF_VECS) {
                 const float *qv[PF_VECS];
