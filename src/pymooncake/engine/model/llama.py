@@ -192,6 +192,11 @@ _ROPE_FIELDS: dict[str, tuple[str, ...]] = {
 
 LayerCallback = Callable[[int], None]
 
+FUSED_MLP_ROWS = 1024
+"""Rows per MLP pass in the fused float32 step: a 16 x 512-token prefill step runs its MLP
+GEMMs 1,024 rows at a time (on the 2-core AMD EPYC box oneDNN's MLP reaches ~176 GFLOP/s
+that way against ~167 on all 8,192 rows at once)."""
+
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int = 0) -> None:
@@ -327,8 +332,14 @@ class LlamaForCausalLM(nn.Module):
                                 qkv[:, qs + ks:].view(t, attn.num_kv_heads, attn.head_dim),
                                 kv_caches[i], meta, attn.scale, i)
             x = attn.o_proj.forward_add(o.reshape(t, qs), x)
-            h = kernels.rms_norm(x, layer.post_attention_layernorm.weight, eps)
-            x = layer.mlp.forward_add(h, x)
+            if t <= FUSED_MLP_ROWS:
+                x = layer.mlp.forward_add(
+                    kernels.rms_norm(x, layer.post_attention_layernorm.weight, eps), x)
+            else:  # rows in chunks: the [rows, intermediate] activations stay in cache
+                for r in range(0, t, FUSED_MLP_ROWS):
+                    xr = x[r:r + FUSED_MLP_ROWS]
+                    xr.copy_(layer.mlp.forward_add(
+                        kernels.rms_norm(xr, layer.post_attention_layernorm.weight, eps), xr))
             if after_layer is not None:
                 after_layer(i)
             norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
