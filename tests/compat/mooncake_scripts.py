@@ -1,6 +1,11 @@
 """Run Mooncake's own public Python test scripts, unchanged, on pymooncake through the
 ``mooncake`` alias (``python -m pymooncake.compat run``).
 
+The dummy-client scripts attach to a real client (``python -m pymooncake.compat
+real-client``) started on 127.0.0.1:50052, the address they hard-code; the multi-dummy
+script runs as two concurrent processes (``--client-id client1`` / ``client2``), as
+Mooncake's ``run_tests.sh`` runs it.
+
 The scripts are read from a Mooncake git repository at run time (``git show REF:PATH``
 into a temporary directory; nothing of Mooncake's is kept in this project)::
 
@@ -50,7 +55,10 @@ SCRIPTS = [
            "te-pair"),
     Script("buffer-pool", "mooncake-wheel/tests/test_buffer_pool_native.py", "pytest"),
     Script("http-metadata", "mooncake-wheel/tests/test_http_metadata_server.py", "unittest"),
+    Script("dummy-client", "mooncake-wheel/tests/test_dummy_client.py", "dummy"),
+    Script("multi-dummy", "mooncake-wheel/tests/test_multi_dummy_clients.py", "multi-dummy"),
 ]
+REAL_CLIENT_PORT = 50052  # the dummy-client scripts hard-code 127.0.0.1:50052
 TE_TARGET = "mooncake-wheel/tests/transfer_engine_target.py"
 
 
@@ -157,20 +165,38 @@ def run_one(s: Script, tmp: Path, md_url: str, log_dir: Path, timeout_s: float) 
             line = target.stdout.readline()
             if not line and target.poll() is not None:
                 break
+    if s.runner in ("dummy", "multi-dummy"):
+        target = subprocess.Popen(
+            ["nice", "-n", "19", sys.executable, "-m", "pymooncake.compat", "real-client",
+             "--master-server-address", f"127.0.0.1:{MASTER_PORT}", "--metadata-server",
+             md_url, "--port", str(REAL_CLIENT_PORT), "--global-segment-size", "1GB"],
+            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        if target.stdout is not None:
+            target.stdout.readline()  # {"event": "ready", ...}
+    cmds = [cmd] if s.runner != "multi-dummy" else [
+        cmd + ["--client-id", f"client{i}"] for i in (1, 2)]
+    outs, rc = [], 0
     try:
-        p = subprocess.run(cmd, env=env, cwd=script.parent, capture_output=True,
-                           timeout=timeout_s)
-        out, rc = p.stdout.decode(errors="replace") + p.stderr.decode(errors="replace"), \
-            p.returncode
-    except subprocess.TimeoutExpired as e:
-        out = ((e.stdout or b"") + (e.stderr or b"")).decode(errors="replace")
-        rc = 124
+        procs = [subprocess.Popen(c, env=env, cwd=script.parent, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT) for c in cmds]
+        for p in procs:
+            try:
+                out_b, _ = p.communicate(timeout=timeout_s)
+                rc = rc or p.returncode
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out_b, _ = p.communicate()
+                rc = 124
+            outs.append(out_b.decode(errors="replace"))
     finally:
         if target is not None:
             os.killpg(target.pid, signal.SIGKILL)
             target.wait(10)
+    out = "\n".join(outs)
     (log_dir / f"{s.name}.log").write_text(out)
-    ran, failed, errors, skipped = parse(out)
+    counts = [parse(o) for o in outs]
+    ran, failed, errors, skipped = (sum(c[i] for c in counts) for i in range(4))
     note = "" if ran or rc == 0 else "no test summary (see log)"
     return Result(s.name, ran, max(0, ran - failed - errors - skipped), failed, errors, skipped, rc,
                   note)
@@ -185,10 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logs", default=None, help="keep each script's output here")
     ap.add_argument("--timeout", type=float, default=900.0, help="per script (s)")
     a = ap.parse_args(argv)
-    if _port_busy(MASTER_PORT):
-        print(f"port {MASTER_PORT} is in use; the buffer-pool test needs it for the master",
-              file=sys.stderr)
-        return 2
+    for port, why in ((MASTER_PORT, "the master (the buffer-pool script hard-codes it)"),
+                      (REAL_CLIENT_PORT, "the real client of the dummy-client scripts")):
+        if _port_busy(port):
+            print(f"port {port} is in use; it is needed for {why}", file=sys.stderr)
+            return 2
     results = []
     with tempfile.TemporaryDirectory(prefix="mooncake-scripts-") as td:
         tmp = Path(td)

@@ -269,3 +269,36 @@ def test_registered_check_needs_setup() -> None:
     s = MooncakeDistributedStore()
     assert s._registered(ctypes.addressof(ctypes.c_char()), 1) is False
     assert s.create_copy_task("k", ["a"])[1] != 0
+
+
+def test_full_object_parallelism_forms_and_pool(env) -> None:
+    _, make = env
+    s = make()
+    arr = np.arange(24, dtype=np.float32).reshape(4, 6)
+    assert s.put_tensor_with_parallelism("fp", arr) == 0  # no parallelism: a full object
+    assert np.array_equal(np.asarray(s.get_tensor("fp")), arr)
+    assert np.array_equal(np.asarray(s.get_tensor_with_parallelism("fp")), arr)
+    assert s.batch_upsert_tensor_with_parallelism(["fp", "fq"], [arr + 1, arr]) == [0, 0]
+    assert np.array_equal(np.asarray(s.batch_get_tensor_with_parallelism(["fp"])[0]), arr + 1)
+    # axes / writer partitions are not provided: NOT_SUPPORTED (-1012), reads None
+    assert s.put_tensor_with_parallelism("ax", arr, object()) == -1012
+    assert s.put_tensor_with_parallelism("ax", arr, writer_partition=object()) == -1012
+    assert s.get_tensor_with_parallelism("fp", object()) is None
+    # Mooncake's memory pool: registered already, register/unregister of it answer 0
+    n = 304 + arr.nbytes
+    ptr = s.alloc_from_mem_pool(n)
+    assert ptr and s.register_buffer(ptr, n) == 0
+    got = s.get_tensor_with_parallelism_into("fq", ptr, n)
+    assert np.array_equal(np.asarray(got), arr)
+    assert s.put_tensor_with_parallelism_from("fr", ptr, n) == 0
+    assert s.batch_put_tensor_with_parallelism_from(["fs"], [ptr], [n], [object()]) == [-1012]
+    assert s.unregister_buffer(ptr) == 0 and s.put_tensor_from("ft", ptr, n) == 0
+    assert s.alloc_from_mem_pool(0) == 0
+    # lists that disagree in length: -600 for every key (as Mooncake's batch_get_tensor_into)
+    assert s.batch_get_tensor_into(["fp", "x"], [ptr], [n]) == [INVALID_PARAMS] * 2
+    # get_into_ranges: a key whose range lists disagree answers -600 for it alone
+    assert s.put("gr", b"0123456789") == 0
+    res = s.get_into_ranges([ptr], [["gr", "gr"]], [[[0], [8]]], [[[0, 1], [2]]],
+                            [[[4, 4], [3]]])
+    assert res == [[[INVALID_PARAMS, INVALID_PARAMS], [3]]]
+    assert ctypes.string_at(ptr + 8, 3) == b"234"

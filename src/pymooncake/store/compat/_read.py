@@ -33,6 +33,7 @@ class ReadMethods:
     client: Any
     _local_buffer_size: int
     _registered: Any
+    _in_pool: Any
 
     # -- get ---------------------------------------------------------------------------
 
@@ -114,21 +115,31 @@ class ReadMethods:
         (-704 missing, -600 out of the object or of registered memory)."""
         uniq = list(dict.fromkeys(k for ks in all_keys for k in ks))
         got = dict(zip(uniq, self._values(uniq), strict=True)) if uniq else {}
+        n_buf = len(buffer_ptrs)
+        if not n_buf == len(all_keys) == len(all_dst_offsets) == len(all_src_offsets) == len(
+                all_sizes):  # every buffer's every key answers -600
+            return [[[_INVALID_PARAMS] for _ in ks] for ks in all_keys]
         out: list[list[list[int]]] = []
         for base, keys, dsts, srcs, sizes in zip(buffer_ptrs, all_keys, all_dst_offsets,
                                                  all_src_offsets, all_sizes, strict=True):
+            if not len(keys) == len(dsts) == len(srcs) == len(sizes):
+                out.append([[_INVALID_PARAMS] for _ in keys])
+                continue
             per_key = []
             for k, d_l, s_l, n_l in zip(keys, dsts, srcs, sizes, strict=True):
                 v = got[k]
+                if not len(d_l) == len(s_l) == len(n_l):  # a key's ranges disagree: -600
+                    per_key.append([_INVALID_PARAMS] * max(len(d_l), len(s_l), len(n_l)))
+                    continue
                 codes = []
-                for d, s, n in zip(d_l, s_l, n_l, strict=True):
+                for d, s_, n in zip(d_l, s_l, n_l, strict=True):
                     if not isinstance(v, bytes):
                         codes.append(v)
-                    elif (n < 0 or s < 0 or d < 0 or s + n > len(v)
+                    elif (n < 0 or s_ < 0 or d < 0 or s_ + n > len(v)
                           or not self._registered(base + d, max(n, 1))):
                         codes.append(_INVALID_PARAMS)
                     else:
-                        ctypes.memmove(base + d, v[s:s + n], n)
+                        ctypes.memmove(base + d, v[s_:s_ + n], n)
                         codes.append(n)
                 per_key.append(codes)
             out.append(per_key)
@@ -137,6 +148,9 @@ class ReadMethods:
     # -- memory ------------------------------------------------------------------------
 
     def register_buffer(self, buffer_ptr: int, size: int) -> int:
+        """0 on success; memory from ``alloc_from_mem_pool`` is registered already (0)."""
+        if self._in_pool(int(buffer_ptr), int(size)):
+            return _OK
         try:
             self.client.register_memory(int(buffer_ptr), int(size))
         except Exception as e:  # noqa: BLE001
@@ -144,6 +158,8 @@ class ReadMethods:
         return _OK
 
     def unregister_buffer(self, buffer_ptr: int) -> int:
+        if self._in_pool(int(buffer_ptr), 1):
+            return _OK  # pool memory stays registered until close
         try:
             self.client.unregister_buffer(int(buffer_ptr))
         except Exception as e:  # noqa: BLE001

@@ -1,6 +1,7 @@
 """``MooncakeDistributedStore`` on pymooncake: lifecycle (``setup``, ``setup_dummy``,
 ``init_all``, ``close``, ``health_check``, ``get_hostname``); the method groups are mixed in
-from ``_write``, ``_read``, ``_tensor_api``, ``_tensor_tp`` and ``_tasks``."""
+from ``_write``, ``_read``, ``_tensor_api``, ``_tensor_tp``, ``_tensor_parallel`` and
+``_tasks``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pymooncake.store.compat._codes import INVALID_PARAMS, OK, code, free_port, 
 from pymooncake.store.compat._read import ReadMethods
 from pymooncake.store.compat._tasks import TaskMethods
 from pymooncake.store.compat._tensor_api import TensorMethods
+from pymooncake.store.compat._tensor_parallel import TensorParallelMethods
 from pymooncake.store.compat._tensor_tp import TensorTpMethods
 from pymooncake.store.compat._write import WriteMethods
 from pymooncake.store.errors import ErrorCode, StoreError
@@ -31,7 +33,7 @@ def _p2p_metadata(master: str) -> str:
 
 
 class MooncakeDistributedStore(WriteMethods, ReadMethods, TensorMethods, TensorTpMethods,
-                               TaskMethods):
+                               TensorParallelMethods, TaskMethods):
     """Mooncake's store class. Call ``setup(...)`` (or ``init_all``) first; store errors are
     returned as Mooncake's codes, never raised (a value of the wrong Python type raises
     ``TypeError``, as pybind11 does)."""
@@ -40,6 +42,9 @@ class MooncakeDistributedStore(WriteMethods, ReadMethods, TensorMethods, TensorT
         self._client: StoreClient | None = None
         self._hostname = ""
         self._local_buffer_size = 0
+        self._prefer_segment = ""
+        self._mem_pool: list[Any] = []
+        self._mem_pool_left = 1 << 62  # a real client's pool: bounded by memory only
         TaskMethods.__init__(self)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -127,7 +132,24 @@ class MooncakeDistributedStore(WriteMethods, ReadMethods, TensorMethods, TensorT
                         info["master"])
         if rc == OK:
             self._prefer_segment = info["segment"]
+            self._mem_pool_left = int(mem_pool_size)
         return rc
+
+    def alloc_from_mem_pool(self, size: int) -> int:
+        """Address of ``size`` bytes of registered memory for ``put_from``/``get_into``
+        (Mooncake: from the shared memory pool of ``setup_dummy``'s ``mem_pool_size``); 0
+        when the pool is used up or the store is not set up. Kept until ``close``."""
+        if self._client is None or size <= 0 or size > self._mem_pool_left:
+            return 0
+        import numpy as np
+
+        raw = np.zeros(size + 4096, dtype=np.uint8)
+        ptr = int(raw.ctypes.data) + (-int(raw.ctypes.data) % 4096)
+        if self.register_buffer(ptr, size) != OK:
+            return 0
+        self._mem_pool.append((ptr, size, raw))
+        self._mem_pool_left -= size
+        return ptr
 
     def init_all(self, protocol: str, device_name: str, mount_segment_size: int = 16 << 20
                  ) -> int:
@@ -146,6 +168,7 @@ class MooncakeDistributedStore(WriteMethods, ReadMethods, TensorMethods, TensorT
         if self._client is not None:
             self._client.close()
             self._client = None
+        self._mem_pool.clear()
         return OK
 
     def health_check(self) -> int:
@@ -164,6 +187,9 @@ class MooncakeDistributedStore(WriteMethods, ReadMethods, TensorMethods, TensorT
         if self._client is None:
             raise StoreError(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS, "call setup() first")
         return self._client
+
+    def _in_pool(self, ptr: int, size: int) -> bool:
+        return any(p <= ptr and ptr + size <= p + n for p, n, _ in self._mem_pool)
 
     def _registered(self, ptr: int, size: int) -> bool:
         """Whether ``[ptr, ptr+size)`` lies in memory registered with this client."""

@@ -73,7 +73,7 @@ class TensorMethods:
     # -- zero-copy forms: [TensorMetadata][data] in registered memory ------------------
 
     def _tensor_from(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int],
-                     upsert: bool) -> list[int]:
+                     upsert: bool, config: ReplicateConfig | None = None) -> list[int]:
         """-600 for a range outside registered memory or one that does not hold a valid
         tensor object of exactly ``size`` bytes (as Mooncake checks it)."""
         if not len(keys) == len(ptrs) == len(sizes):
@@ -84,7 +84,7 @@ class TensorMethods:
         out = [_INVALID_PARAMS] * len(keys)
         write = self.batch_upsert_from if upsert else self.batch_put_from
         codes = write([keys[i] for i in ok], [ptrs[i] for i in ok],
-                      [sizes[i] for i in ok]) if ok else []
+                      [sizes[i] for i in ok], config) if ok else []
         for i, c in zip(ok, codes, strict=True):
             out[i] = c
         return out
@@ -120,8 +120,10 @@ class TensorMethods:
 
     def batch_get_tensor_into(self, keys: Sequence[str], buffer_ptrs: Sequence[int],
                               sizes: Sequence[int]) -> list[Any]:
-        if not len(keys) == len(buffer_ptrs) == len(sizes):
-            return [None] * len(keys)
+        """A tensor viewing each buffer (None for a miss); -600 for every key when the
+        lists differ in length or a pointer is 0."""
+        if not len(keys) == len(buffer_ptrs) == len(sizes) or not all(buffer_ptrs):
+            return [_INVALID_PARAMS] * len(keys)  # as Mooncake: codes, not tensors
         got = self.batch_get_into(keys, buffer_ptrs, sizes)
         return [_tensor.tensor_at(p, n) if n > 0 else None
                 for p, n in zip(buffer_ptrs, got, strict=True)]

@@ -185,11 +185,16 @@ class _Journal:
             fut.set_exception(self.failed)
             fut.exception()  # nobody may await it: no "never retrieved" warning
             return fut
-        for i in range(0, len(ops), OPS_PER_ITEM):
-            part = ops[i:i + OPS_PER_ITEM]
-            last = i + OPS_PER_ITEM >= len(ops)
-            self._items.append((part, len(msgpack.packb(part, use_bin_type=True)),
-                                fut if last else None))
+        part: list[Any] = []
+        size = 0
+        for op in ops:  # items of at most OPS_PER_ITEM ops and about ENTRY_BYTES
+            n = len(msgpack.packb(op, use_bin_type=True))
+            if part and (len(part) >= OPS_PER_ITEM or size + n > ENTRY_BYTES):
+                self._items.append((part, size, None))
+                part, size = [], 0
+            part.append(op)
+            size += n
+        self._items.append((part, size, fut))
         self._last = fut
         self._wake.set()
         return fut
