@@ -258,6 +258,7 @@ def _one_run(hosts: Hosts, md: str, kind: str, args: argparse.Namespace, src: Pa
             "per_receiver_s": sorted(round(d["finished_at"] - t0, 2) for d in docs.values()),
             "bytes_from_seed_fraction": round(from_seed / total, 3) if total else 0.0,
             "transfer_failures": sum(d["transfer_failures"] for d in docs.values()),
+            "receivers_cpu_s": round(sum(d["cpu_s"] for d in docs.values()), 1),
             "checksum_failures": sum(d["checksum_failures"] for d in docs.values())}
 
 
@@ -318,7 +319,8 @@ def format_human(doc: dict[str, Any]) -> str:
     for kind, r in doc["runs"].items():
         lines.append(f"  {kind:9s} {r['seconds']:7.2f} s  receivers done {r['receivers_done']}"
                      f"  from seed {r['bytes_from_seed_fraction']:.0%}  transfer failures "
-                     f"{r['transfer_failures']}  all bytes verified")
+                     f"{r['transfer_failures']}  receivers' CPU {r['receivers_cpu_s']} s  "
+                     "all bytes verified")
     if "p2p_over_baseline" in doc:
         lines.append(f"  p2p / baseline = {doc['p2p_over_baseline']:.3f}x")
     return "\n".join(lines)

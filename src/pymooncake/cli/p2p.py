@@ -176,7 +176,8 @@ def _cmd_get(args: argparse.Namespace) -> int:
                "bytes": s.bytes, "shards": s.shards, "seconds": round(s.seconds, 4),
                "started_at": s.started_at, "finished_at": s.finished_at,
                "bytes_from": s.bytes_from, "checksum_failures": s.checksum_failures,
-               "transfer_failures": s.transfer_failures}
+               "transfer_failures": s.transfer_failures,
+               "cpu_s": round(sum(os.times()[:2]), 3)}
         if args.hold:
             _ready(doc)
             return _serve_forever(store)
