@@ -53,6 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--prefill-concurrency-limit", type=int, default=None,
                    help="requests per prefill instance before sheddable ones are refused")
     c.add_argument("--profile", default=None, help="prefill profile JSON (pymooncake profile)")
+    c.add_argument("--store-master", default=None, metavar="URL",
+                   help="etcd://host:port[/cluster_id] of the Store's HA masters: the "
+                   "store-tier view is rebuilt on each change of their leader")
     add_model_flag(c)
     c.add_argument("--context-length", type=int, default=8192)
     c.add_argument("--max-concurrency", type=int, default=64)
@@ -104,7 +107,8 @@ def _cmd_conductor(args: argparse.Namespace) -> int:
                               early_rejection=not args.no_early_rejection,
                               global_store=args.global_store,
                               context_length=args.context_length,
-                              prefill_concurrency_limit=args.prefill_concurrency_limit)
+                              prefill_concurrency_limit=args.prefill_concurrency_limit,
+                              store_master=args.store_master)
         aliases = (args.model,) if args.model != source.served_name else ()
         api_cfg = ApiConfig(model_name=source.served_name, model_aliases=aliases,
                             context_length=args.context_length,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pymooncake.conductor.config import ConductorConfig
-from pymooncake.conductor.kv_events import apply_kv_events
+from pymooncake.conductor.kv_events import STORE_HOLDER, apply_kv_events
 from pymooncake.conductor.policy import (
     ClusterView,
     DecodeInstanceState,
@@ -79,6 +79,16 @@ class ClusterState:
         else:
             return  # an unregistered worker's events would never be dropped again
         apply_kv_events(self.index, ev)
+
+    def reset_store_view(self) -> int:
+        """The Store's master leader changed: forget every block the Store was known to
+        hold (the new leader may hold fewer); KV events that follow rebuild the view.
+        Returns how many keys were dropped."""
+        n = len(self.store_keys)
+        if n:
+            self.index.evict(STORE_HOLDER, self.store_keys)
+        self.store_keys = set()
+        return n
 
     def expire(self, now_s: float) -> list[WorkerEntry]:
         """Drop workers silent for ``worker_timeout_s``; returns them."""

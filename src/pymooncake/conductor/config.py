@@ -60,6 +60,10 @@ class ConductorConfig:
     """Cross-instance reuse through the global Store (prefill workers load missing prefix
     blocks from it and put new ones). ``None`` = on for ``global-cache`` only, as in the
     paper's Figure 5 (the other policies run with each instance's local cache)."""
+    store_master: str | None = None
+    """``etcd://host:port[/cluster_id]`` of the Store's HA masters: on each change of
+    leader the store-tier view is dropped and rebuilt from the KV events that follow
+    (BUG-58). ``None`` = a single master (nothing to follow)."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -74,6 +78,10 @@ class ConductorConfig:
             raise ValueError("online_profile_every must be >= 1 and online_profile_window >= 3")
         if self.worker_timeout_s <= 0 or self.rpc_timeout_s <= 0:
             raise ValueError("timeouts must be > 0 seconds")
+        if self.store_master is not None:
+            from pymooncake.conductor.store_leader import parse_store_master
+
+            parse_store_master(self.store_master)
 
     @property
     def use_store(self) -> bool:

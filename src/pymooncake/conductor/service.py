@@ -175,6 +175,16 @@ class Conductor:
         self.server.register("tokens", self._on_tokens, TokenFrames)
         await self.server.start()
         self._tasks.append(asyncio.ensure_future(self._expire_loop()))
+        if self.config.store_master is not None:  # HA Store: follow its leader (BUG-58)
+            from pymooncake.conductor.store_leader import follow_store_leader
+
+            self._tasks.append(asyncio.ensure_future(follow_store_leader(
+                self.config.store_master, self._store_leader_changed)))
+
+    def _store_leader_changed(self) -> None:
+        n = self.state.reset_store_view()
+        logger.warning("the Store's master leader changed: dropped %d store-tier entries; "
+                       "the KV events that follow rebuild them", n)
 
     @property
     def port(self) -> int:
