@@ -1,10 +1,11 @@
 """``pymooncake bench store``: put/get throughput and latency, master metadata ops/s, and
 Mooncake's own store side by side when its wheel is importable.
 
-Modes: ``embedded`` — one client whose own segment holds the data (bytes move through the
-Transfer Engine's local path); ``remote`` — the data lives in a separate ``store-server``
+Modes: ``embedded`` — one client whose own segment holds the data (one memcpy each way, as
+in Mooncake's local path); ``remote`` — the data lives in a separate ``store-server``
 process and every byte crosses the Transfer Engine over TCP. Every value read back is
-compared with what was written (``verified``). ``run`` returns (and ``--json`` prints) a
+compared with what was written (``verified``); one untimed put/get per size comes first
+on both sides (connection set-up is not in the figures). ``run`` returns (and ``--json`` prints) a
 JSON list of rows, every row with the keys ``ROW_KEYS`` (``None``/null where a key does not
 apply): ``put``/``get`` rows with ``op``, ``size_bytes``, ``mode``, ``count``,
 ``throughput_bytes_per_s``, ``p50_s``, ``p99_s``, ``verified``,
@@ -90,11 +91,36 @@ def _pymooncake_cluster(segment_bytes: int) -> Iterator[tuple[str, str, subproce
         server, _ = _spawn([*exe, "store-server", "--master", addr, "--metadata", md,
                             "--global-segment-size", str(segment_bytes),
                             "--transports", "local,tcp"], _ready_json)
+        _HELPERS[:] = [master.pid, server.pid]
         yield addr, md, server
     finally:
+        _HELPERS.clear()
         if server is not None:
             _stop(server)
         _stop(master)
+
+
+_HELPERS: list[int] = []
+"""Pids of the running cluster's other processes (master, storage process): their CPU time
+is counted with the bench process's in ``cpu_s_per_op``."""
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds so far of this process (all threads) and of ``pids`` (the sum over their
+    threads of Linux's ``/proc/<pid>/task/<tid>/schedstat``, nanoseconds on a CPU)."""
+    total = time.process_time()
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0]) / 1e9
+            except (OSError, IndexError, ValueError):
+                pass
+    return total
 
 
 def _stats(lat: list[float], total_bytes: int) -> dict[str, float]:
@@ -114,20 +140,32 @@ def _run_ops(put: Callable[[str, bytes], Any], get: Callable[[str], bytes],
              ) -> tuple[dict, dict]:
     vals = _values(size, count)
     keys = [f"bench-{tag}-{size}-{i}" for i in range(count)]
-    put_lat, get_lat, ok = [], [], True
+    # one untimed put/get first: connections to the data's segment are set up on first
+    # use on both sides, and the figures are the steady state
+    warm = f"bench-{tag}-{size}-warm"
+    put(warm, vals[0])
+    ok = get(warm) == vals[0]
+    remove(warm)
+    put_lat, get_lat = [], []
+    pids = list(_HELPERS)
+    c0 = _cpu_s(pids)
     for k, v in zip(keys, vals, strict=True):
         t0 = time.perf_counter()
         put(k, v)
         put_lat.append(time.perf_counter() - t0)
+    c1 = _cpu_s(pids)
     for k, v in zip(keys, vals, strict=True):
         t0 = time.perf_counter()
         got = get(k)
         get_lat.append(time.perf_counter() - t0)
         ok = ok and got == v
+    c2 = _cpu_s(pids)
     for k in keys:
         remove(k)
-    return ({**_stats(put_lat, size * count), "verified": ok, "count": count},
-            {**_stats(get_lat, size * count), "verified": ok, "count": count})
+    return ({**_stats(put_lat, size * count), "verified": ok, "count": count,
+             "cpu_s_per_op": (c1 - c0) / count},
+            {**_stats(get_lat, size * count), "verified": ok, "count": count,
+             "cpu_s_per_op": (c2 - c1) / count})
 
 
 def _segment_for(sizes: list[int], count: int) -> int:
@@ -200,8 +238,10 @@ def _mooncake_cluster() -> Iterator[tuple[str, str]]:
                 break
             time.sleep(0.1)
         time.sleep(0.3)
+        _HELPERS[:] = [master.pid]
         yield f"127.0.0.1:{mport}", f"http://127.0.0.1:{hport}/metadata"
     finally:
+        _HELPERS.clear()
         _stop(master)
 
 
@@ -218,6 +258,7 @@ def _bench_mooncake(sizes: list[int], count: int, mode: str) -> dict[int, tuple[
             site = os.path.dirname(os.path.dirname(os.path.abspath(mooncake.__file__)))
             holder, _ = _spawn([sys.executable, "-c", _MC_HOLDER, md, addr, str(seg), site],
                                lambda line: {} if line.startswith(b"ready") else None)
+            _HELPERS.append(holder.pid)
         try:
             store = MooncakeDistributedStore()
             rc = store.setup("localhost", md, seg if mode == "embedded" else 0,
@@ -350,7 +391,8 @@ ROW_KEYS = ("op", "size_bytes", "mode", "count", "throughput_bytes_per_s", "p50_
             "verified", "mooncake_throughput_bytes_per_s", "mooncake_p50_s", "ratio",
             "ops_per_s", "mooncake_ops_per_s", "num_clients", "batch_keys", "ops",
             "mooncake_available", "machine", "repeats", "throughput_min", "throughput_max",
-            "mooncake_throughput_min", "mooncake_throughput_max", "ratio_min", "ratio_max")
+            "mooncake_throughput_min", "mooncake_throughput_max", "ratio_min", "ratio_max",
+            "cpu_s_per_op", "mooncake_cpu_s_per_op")
 """Every row of ``run`` has exactly these keys; a key that does not apply is ``None``."""
 
 
@@ -391,7 +433,11 @@ def run(sizes: list[int], count: int, modes: list[str], metadata_ops: int = 20_0
     ``repeat`` > 1 interleaves the two stores (ours, Mooncake, ours, ... with the order
     swapped every round) and reports medians over the rounds: throughput, p50 and the
     per-round ratio, with the spread (min/max) in ``throughput_min``/``throughput_max``,
-    ``mooncake_throughput_min``/``_max`` and ``ratio_min``/``ratio_max``."""
+    ``mooncake_throughput_min``/``_max`` and ``ratio_min``/``ratio_max``.
+    ``cpu_s_per_op`` / ``mooncake_cpu_s_per_op``: CPU seconds (user + system) per operation
+    of all the processes of a run — the bench process with its client, the master and
+    the storage process (``remote``) — medians over the rounds: the cost of an operation
+    that a loaded machine does not blur as it does latency."""
     mc = with_mooncake and mooncake_available()
     machine = f"{os.cpu_count()} CPUs, loopback"
     rows = []
@@ -416,7 +462,9 @@ def run(sizes: list[int], count: int, modes: list[str], metadata_ops: int = 20_0
                     ratios = [a["throughput_bytes_per_s"] / b["throughput_bytes_per_s"]
                               for a, b in zip(ours, theirs, strict=True)]
                     ratio, r_lo, r_hi = _spread(ratios)
-                    extra = {"mooncake_throughput_bytes_per_s": mt,
+                    extra = {"mooncake_cpu_s_per_op": _spread(
+                                 [x["cpu_s_per_op"] for x in theirs])[0],
+                             "mooncake_throughput_bytes_per_s": mt,
                              "mooncake_throughput_min": mt_lo, "mooncake_throughput_max": mt_hi,
                              "mooncake_p50_s": _spread([x["p50_s"] for x in theirs])[0],
                              "ratio": ratio, "ratio_min": r_lo, "ratio_max": r_hi}
@@ -426,6 +474,7 @@ def run(sizes: list[int], count: int, modes: list[str], metadata_ops: int = 20_0
                                  p50_s=_spread([x["p50_s"] for x in ours])[0],
                                  p99_s=_spread([x["p99_s"] for x in ours])[0],
                                  verified=all(x["verified"] for x in ours + theirs),
+                                 cpu_s_per_op=_spread([x["cpu_s_per_op"] for x in ours])[0],
                                  repeats=len(ours), mooncake_available=mc, machine=machine,
                                  **extra))
     if metadata_ops > 0:
@@ -435,9 +484,13 @@ def run(sizes: list[int], count: int, modes: list[str], metadata_ops: int = 20_0
     return rows
 
 
+def _us(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e6:.0f}"
+
+
 def human(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'op':4} {'mode':8} {'size':>9} {'MiB/s':>9} {'p50 µs':>9} {'p99 µs':>9} "
-             f"{'ok':>3} {'mooncake MiB/s':>15} {'ratio':>6}"]
+             f"{'ok':>3} {'mooncake MiB/s':>15} {'ratio':>6} {'cpu µs/op':>10} {'mooncake':>9}"]
     for r in rows:
         if r["mode"] == "master":
             theirs = r["mooncake_ops_per_s"]
@@ -455,5 +508,5 @@ def human(rows: list[dict[str, Any]]) -> str:
             f"{r['throughput_bytes_per_s'] / MiB:>9.1f} {r['p50_s'] * 1e6:>9.0f} "
             f"{r['p99_s'] * 1e6:>9.0f} {'yes' if r['verified'] else 'NO':>3} "
             f"{'-' if mt is None else f'{mt / MiB:.1f}':>15} "
-            f"{ratio:>6}")
+            f"{ratio:>6} {_us(r['cpu_s_per_op']):>10} {_us(r['mooncake_cpu_s_per_op']):>9}")
     return "\n".join(lines)

@@ -99,9 +99,10 @@ class GetOps(MasterOps, MemoryOps):
                               else float("inf"))
             reps = [x for x in rl.replicas if x.tier == TIER_DRAM
                     and (not self._bad or self._bad.get(x.segment, 0.0) <= now)]
-            self._rng.shuffle(reps)
-            if prefer_local:
-                reps.sort(key=lambda x: x.segment != self.segment_name)
+            if len(reps) > 1:
+                self._rng.shuffle(reps)
+                if prefer_local:
+                    reps.sort(key=lambda x: x.segment != self.segment_name)
             p.replicas = reps
             if not reps:
                 p.error = StoreError(ErrorCode.OBJECT_NOT_FOUND,
