@@ -80,6 +80,8 @@ ENTRY_BYTES = 512 << 10
 """Most operation bytes one journal entry carries (etcd takes requests up to 1.5 MiB)."""
 OPS_PER_ITEM = 1000
 """A change set larger than this (an unmount dropping many objects) spans entries."""
+LOOKUP_TIMEOUT_S = 0.5
+"""Longest a refusal waits for etcd to name the leader (else it names none)."""
 TXN_DELETES = 100
 """Keys deleted per transaction when trimming the log after a snapshot."""
 
@@ -335,10 +337,10 @@ class HaController:
             return self.advertise
         at, addr = self._leader_cache
         if time.monotonic() - at > 0.25:
-            try:
-                kv = await self.md.get(self.keys.leader)
+            try:  # bounded: a master cut off from etcd still refuses at once
+                kv = await asyncio.wait_for(self.md.get(self.keys.leader), LOOKUP_TIMEOUT_S)
                 addr = leader_address(kv.value if kv is not None else None)
-            except MetadataError:
+            except (MetadataError, TimeoutError):
                 addr = None
             if addr == self.advertise:
                 addr = None  # our own stale key: we are not serving
