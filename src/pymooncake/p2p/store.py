@@ -12,18 +12,15 @@ dies stops being advertised within that time.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import socket
-import threading
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pymooncake.metadata import LeaseId, LeaseNotFound, MetadataError, MetadataStore, open_metadata
+from pymooncake.metadata import MetadataStore, open_metadata
 from pymooncake.obs.logging import init_logger
 from pymooncake.p2p import payload as pl
 from pymooncake.p2p.manifest import (
@@ -36,12 +33,12 @@ from pymooncake.p2p.manifest import (
     P2PNotFound,
     build_manifest,
     check_name,
-    holder_key,
     holders_prefix,
     manifest_key,
     name_from_manifest_key,
 )
 from pymooncake.p2p.puller import Puller, PullOptions, PullStats
+from pymooncake.p2p.records import HolderRecords
 from pymooncake.transfer import TransferConfig, TransferEngine
 
 logger = init_logger(__name__)
@@ -113,84 +110,22 @@ class P2PStore:
         self.engine = TransferEngine(self.segment, self.metadata,
                                      config=transfer_config or _default_config(host))
         self._held: dict[str, _Held] = {}
-        self._lock = threading.Lock()
-        self._dirty: set[str] = set()
-        self._publishing: set[str] = set()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name=f"p2p-loop-{self.segment}")
-        self._thread.start()
-        self._lease: LeaseId | None = None
-        self._pub_lock = asyncio.Lock()
+        self._records = HolderRecords(self.metadata, self.segment, holder_ttl_s,
+                                      self._record_value, lambda: list(self._held))
         self._closed = False
         try:
             self.engine.start()
-            self._lease = self._run(self.metadata.grant_lease(holder_ttl_s))
+            self._records.start()
         except BaseException:
             self.close()
             raise
-        self._keepalive = asyncio.run_coroutine_threadsafe(self._keep_alive(), self._loop)
 
-    # ------------------------------------------------------------------ plumbing
     def _run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 15.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+        return self._records.run(coro, timeout_s)
 
-    async def _keep_alive(self) -> None:
-        while True:
-            await asyncio.sleep(self.holder_ttl_s / 3)
-            try:
-                assert self._lease is not None
-                await self.metadata.keep_alive(self._lease)
-            except LeaseNotFound:       # expired while we were stalled: re-advertise
-                logger.warning("p2p: holder lease of %s lapsed; publishing again", self.segment)
-                self._lease = await self.metadata.grant_lease(self.holder_ttl_s)
-                for name in list(self._held):
-                    if await self.metadata.get(manifest_key(name)) is not None:
-                        await self._put_record(name)
-            except (MetadataError, OSError) as e:
-                logger.warning("p2p: keep-alive of %s failed: %s", self.segment, e)
-
-    def _publish_soon(self, name: str) -> None:
-        """Advertise ``name``'s record without waiting: puts are coalesced, the last one
-        carries the newest state (a pulling worker never waits for the metadata service)."""
-        with self._lock:
-            self._dirty.add(name)
-            if name in self._publishing:
-                return
-            self._publishing.add(name)
-        asyncio.run_coroutine_threadsafe(self._publisher(name), self._loop)
-
-    async def _publisher(self, name: str) -> None:
-        try:
-            while True:
-                with self._lock:
-                    if name not in self._dirty:
-                        self._publishing.discard(name)
-                        return
-                    self._dirty.discard(name)
-                try:
-                    await self._put_record(name)
-                except (MetadataError, OSError) as e:
-                    logger.warning("p2p: cannot advertise %s: %s", name, e)
-        except BaseException:
-            with self._lock:
-                self._publishing.discard(name)
-            raise
-
-    async def _put_record(self, name: str) -> None:
-        async with self._pub_lock:
-            held = self._held.get(name)
-            if held is None:
-                return
-            with self._lock:
-                value = held.record.encode()
-            try:
-                await self.metadata.put(holder_key(name, self.segment), value,
-                                        lease_id=self._lease)
-            except LeaseNotFound:
-                self._lease = await self.metadata.grant_lease(self.holder_ttl_s)
-                await self.metadata.put(holder_key(name, self.segment), value,
-                                        lease_id=self._lease)
+    def _record_value(self, name: str) -> bytes | None:
+        held = self._held.get(name)
+        return None if held is None else held.record.encode()
 
     def _hold(self, manifest: Manifest, payload: pl.Payload, have: int) -> _Held:
         addrs = []
@@ -208,15 +143,6 @@ class P2PStore:
                      len(manifest.shards))
         self._held[manifest.name] = held
         return held
-
-    def _release(self, name: str) -> None:
-        held = self._held.pop(name, None)
-        if held is None:
-            return
-        for a in held.addrs:
-            if a:
-                self.engine.unregister_memory(a)
-        # The maps are unmapped when garbage-collected (a view may still be exported).
 
     # ------------------------------------------------------------------ API
     def register(self, name: str, files: Sequence[str | os.PathLike[str]] | None = None,
@@ -254,7 +180,7 @@ class P2PStore:
                 raise P2PExists(f"{name!r} is already registered with other content "
                                 f"(manifest {existing.manifest_id}); unregister it first")
         self._hold(manifest, payload, (1 << len(manifest.shards)) - 1)
-        self._run(self._put_record(name))
+        self._records.publish(name)
         return manifest
 
     def manifest(self, name: str) -> Manifest:
@@ -316,12 +242,12 @@ class P2PStore:
         held.finals = finals
         held.root = Path(into) if manifest.kind == "files" else None  # type: ignore[arg-type]
         if opts.share:
-            self._run(self._put_record(name))
+            self._records.publish(name)
         puller = Puller(engine=self.engine, metadata=self.metadata, run=self._run,
                         segment=self.segment, manifest=manifest, record=held.record,
                         views=[payload.view(i) for i in range(len(manifest.entries))],
                         addrs=held.addrs,
-                        publish=lambda: self._publish_soon(name), opts=opts)
+                        publish=lambda: self._records.publish_soon(name), opts=opts)
         try:
             stats = puller.run_pull()
         except BaseException:
@@ -331,7 +257,7 @@ class P2PStore:
         pl.finish_files(finals)
         held.complete = True
         if not opts.share:
-            self._release(name)
+            self._withdraw(name)
         return self._replica(held, stats)
 
     @staticmethod
@@ -343,13 +269,16 @@ class P2PStore:
                                           zip(m.entries, held.payload.buffers, strict=True)})
 
     def _withdraw(self, name: str) -> None:
-        if name not in self._held:
+        """Forget ``name`` (no record is put any more), delete the record, then unregister
+        the memory: peers stop being sent here before the memory goes."""
+        held = self._held.pop(name, None)
+        if held is None:
             return
-        try:
-            self._run(self.metadata.delete(holder_key(name, self.segment)))
-        except (MetadataError, TimeoutError) as e:
-            logger.warning("p2p: cannot withdraw holder record of %s: %s", name, e)
-        self._release(name)
+        self._records.withdraw(name)
+        for a in held.addrs:
+            if a:
+                self.engine.unregister_memory(a)
+        # The maps are unmapped when garbage-collected (a view may still be exported).
 
     def delete_replica(self, name: str) -> bool:
         """Stop holding ``name`` here (withdraw the record, unregister the memory; files
@@ -391,24 +320,12 @@ class P2PStore:
         if self._closed:
             return
         self._closed = True
-        if getattr(self, "_keepalive", None) is not None:
-            self._keepalive.cancel()
-        if self._lease is not None:
-            try:
-                self._run(self.metadata.revoke_lease(self._lease), timeout_s=5)
-            except Exception as e:      # noqa: BLE001 - closing: the lease lapses anyway
-                logger.warning("p2p: cannot revoke lease of %s: %s", self.segment, e)
+        self._records.revoke()
         self.engine.close()
         for held in self._held.values():
             held.payload.close()
         self._held.clear()
-        with contextlib.suppress(Exception):    # this loop's client (etcd: a grpc channel)
-            self._run(self.metadata.close(), timeout_s=5)
-            self._run(_cancel_pending(), timeout_s=5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-        if not self._thread.is_alive():
-            self._loop.close()
+        self._records.close()
 
     def __enter__(self) -> P2PStore:
         return self
@@ -416,11 +333,3 @@ class P2PStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-async def _cancel_pending() -> None:
-    """Cancel and reap every other task of the loop (a client's leftovers), so none is
-    destroyed pending when the loop closes."""
-    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,146 @@
+"""This peer's holder records in the metadata service: one lease, coalesced puts.
+
+Every record of a peer is put under one lease of ``ttl_s`` that is kept alive every
+``ttl_s / 3`` on this module's own event-loop thread (metadata clients are per loop). If
+the lease lapses while the peer lives (a stalled process, a restarted metadata server),
+a new one is granted and every record whose payload still exists is put again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from pymooncake.metadata import LeaseId, LeaseNotFound, MetadataError, MetadataStore
+from pymooncake.obs.logging import init_logger
+from pymooncake.p2p.manifest import holder_key, manifest_key
+
+logger = init_logger(__name__)
+T = TypeVar("T")
+
+
+class HolderRecords:
+    """Publishes ``value_of(name)`` under ``holder_key(name, segment)`` for the names
+    ``names()`` returns; ``value_of`` returns ``None`` for a name no longer held."""
+
+    def __init__(self, metadata: MetadataStore, segment: str, ttl_s: float,
+                 value_of: Callable[[str], bytes | None],
+                 names: Callable[[], list[str]]) -> None:
+        self.metadata, self.segment, self.ttl_s = metadata, segment, ttl_s
+        self.value_of, self.names = value_of, names
+        self._lock = threading.Lock()
+        self._dirty: set[str] = set()
+        self._publishing: set[str] = set()
+        self._lease: LeaseId | None = None
+        self._keepalive: Any = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name=f"p2p-loop-{segment}")
+        self._thread.start()
+        self._put_lock = asyncio.Lock()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 15.0) -> T:
+        """Run ``coro`` on the records' loop and wait (``TimeoutError`` after ``timeout_s``)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    def start(self) -> None:
+        """Grant the lease and start keeping it alive (``MetadataError`` if unreachable)."""
+        self._lease = self.run(self.metadata.grant_lease(self.ttl_s))
+        self._keepalive = asyncio.run_coroutine_threadsafe(self._keep_alive(), self._loop)
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_s / 3)
+            try:
+                assert self._lease is not None
+                await self.metadata.keep_alive(self._lease)
+            except LeaseNotFound:       # expired while we were stalled: advertise again
+                logger.warning("p2p: holder lease of %s lapsed; publishing again", self.segment)
+                self._lease = await self.metadata.grant_lease(self.ttl_s)
+                for name in self.names():
+                    if await self.metadata.get(manifest_key(name)) is not None:
+                        await self._put(name)
+            except (MetadataError, OSError) as e:
+                logger.warning("p2p: keep-alive of %s failed: %s", self.segment, e)
+
+    async def _put(self, name: str) -> None:
+        async with self._put_lock:       # the value is read here: the last put is the newest
+            value = self.value_of(name)
+            if value is None:
+                return
+            key = holder_key(name, self.segment)
+            try:
+                await self.metadata.put(key, value, lease_id=self._lease)
+            except LeaseNotFound:
+                self._lease = await self.metadata.grant_lease(self.ttl_s)
+                await self.metadata.put(key, value, lease_id=self._lease)
+
+    def publish(self, name: str) -> None:
+        """Put ``name``'s record now and wait (``MetadataError``/``TimeoutError``)."""
+        self.run(self._put(name))
+
+    def publish_soon(self, name: str) -> None:
+        """Put ``name``'s record without waiting: puts are coalesced and the last one carries
+        the newest state (a pulling worker never waits for the metadata service)."""
+        with self._lock:
+            self._dirty.add(name)
+            if name in self._publishing:
+                return
+            self._publishing.add(name)
+        asyncio.run_coroutine_threadsafe(self._publisher(name), self._loop)
+
+    async def _publisher(self, name: str) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if name not in self._dirty:
+                        self._publishing.discard(name)
+                        return
+                    self._dirty.discard(name)
+                try:
+                    await self._put(name)
+                except (MetadataError, OSError) as e:
+                    logger.warning("p2p: cannot advertise %s: %s", name, e)
+        except BaseException:
+            with self._lock:
+                self._publishing.discard(name)
+            raise
+
+    def withdraw(self, name: str) -> None:
+        """Delete ``name``'s record (logged, not raised, when the service is unreachable)."""
+        try:
+            self.run(self.metadata.delete(holder_key(name, self.segment)))
+        except (MetadataError, TimeoutError) as e:
+            logger.warning("p2p: cannot withdraw holder record of %s: %s", name, e)
+
+    def revoke(self) -> None:
+        """Stop the keep-alive and revoke the lease: every record of this peer goes."""
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            try:
+                self.run(self.metadata.revoke_lease(lease), timeout_s=5)
+            except Exception as e:      # noqa: BLE001 - closing: the lease lapses anyway
+                logger.warning("p2p: cannot revoke lease of %s: %s", self.segment, e)
+
+    def close(self) -> None:
+        """Close this loop's metadata client, reap its leftover tasks, stop the loop."""
+        with contextlib.suppress(Exception):    # this loop's client (etcd: a grpc channel)
+            self.run(self.metadata.close(), timeout_s=5)
+            self.run(_cancel_pending(), timeout_s=5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+
+async def _cancel_pending() -> None:
+    """Cancel and reap every other task of the loop, so none is destroyed pending."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
