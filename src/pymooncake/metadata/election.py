@@ -26,6 +26,14 @@ from pymooncake.obs.logging import init_logger
 logger = init_logger(__name__)
 
 
+def lease_clock() -> float:
+    """Seconds on the clock a leader measures its lease with: ``CLOCK_BOOTTIME`` where
+    there is one (it keeps counting while the host is suspended, as the metadata service's
+    clock does), else ``time.monotonic``."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
+
+
 class LeaderElection:
     """One candidate for the leadership recorded at ``key``."""
 
@@ -52,9 +60,9 @@ class LeaderElection:
     """Seconds of its lease a leader gives up, against clock-rate differences."""
 
     def valid(self, now_s: float | None = None) -> bool:
-        """Leader, and the lease cannot have expired yet at monotonic ``now_s`` (see the
-        module docstring)."""
-        now = time.monotonic() if now_s is None else now_s
+        """Leader, and the lease cannot have expired yet at ``now_s`` (``lease_clock()``
+        seconds; see the module docstring)."""
+        now = lease_clock() if now_s is None else now_s
         return self.is_leader and now < self._valid_until - self.VALIDITY_MARGIN_S
 
     async def leader(self) -> bytes | None:
@@ -69,7 +77,7 @@ class LeaderElection:
         watch = await self.metadata.watch_prefix(self.key)
         try:
             while True:
-                sent = time.monotonic()
+                sent = lease_clock()
                 lease = await self.metadata.grant_lease(self.ttl_s)
                 if await self.metadata.create(self.key, self.candidate_id, lease_id=lease):
                     kv = await self.metadata.get(self.key)
@@ -98,7 +106,7 @@ class LeaderElection:
         try:
             while True:
                 await asyncio.sleep(self.ttl_s / 3)
-                sent = time.monotonic()
+                sent = lease_clock()
                 await self.metadata.keep_alive(lease)
                 self._valid_until = sent + self.ttl_s
         except LeaseNotFound:
