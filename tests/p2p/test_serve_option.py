@@ -21,7 +21,7 @@ def _args(**kw: object) -> argparse.Namespace:
     return argparse.Namespace(**{**base, **kw})
 
 
-def test_pulls_the_model_dir_and_points_model_at_it(tmp_path: Path) -> None:
+def test_pulls_the_model_dir_and_points_model_at_it(etcd_url: str, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     from pymooncake.engine import Engine
     from pymooncake.engine.model.export import save_hf_dir
@@ -29,11 +29,11 @@ def test_pulls_the_model_dir_and_points_model_at_it(tmp_path: Path) -> None:
 
     src = tmp_path / "tiny-hf"
     save_hf_dir(Engine.from_model_name("tiny").model, src)
-    md = f"embedded://serve-{uuid.uuid4().hex[:6]}"
-    with P2PStore(md) as seed:
-        seed.register("tiny-hf", [src], shard_bytes=64 * 1024)
-        args = _args(p2p_model="tiny-hf", p2p_metadata=md, p2p_dir=str(tmp_path / "pulled"))
-        store = apply_p2p_model(args)
+    name = f"tiny-hf-{uuid.uuid4().hex[:6]}"
+    with P2PStore(etcd_url) as seed:
+        seed.register(name, [src], shard_bytes=64 * 1024)
+        args = _args(p2p_model=name, p2p_metadata=etcd_url, p2p_dir=str(tmp_path / "pulled"))
+        holder = apply_p2p_model(args)
         try:
             assert args.model == str(tmp_path / "pulled")
             for f in src.iterdir():
@@ -41,9 +41,11 @@ def test_pulls_the_model_dir_and_points_model_at_it(tmp_path: Path) -> None:
             a = load_model(src).state_dict()
             b = load_model(args.model).state_dict()
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-            assert [h.segment for h in seed.holders("tiny-hf")].count(store.segment) == 1
+            full = (1 << len(seed.manifest(name).shards)) - 1
+            assert sorted(h.have == full for h in seed.holders(name)) == [True, True]
         finally:
-            store.close()
+            holder.terminate()
+            assert holder.wait(timeout=15) == 0
     assert apply_p2p_model(_args()) is None
 
 

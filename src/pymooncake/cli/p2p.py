@@ -59,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--hold", action="store_true",
                    help="keep serving the replica after the pull, until Ctrl-C/SIGTERM")
     p.add_argument("--start-at", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--while-pid", type=int, default=None, help=argparse.SUPPRESS)
     _common(p)
     add_json_flag(p)
     p.set_defaults(handler=_cmd_get)
@@ -115,7 +116,8 @@ def _errors() -> tuple[type[BaseException], ...]:
             TimeoutError)
 
 
-def _serve_forever(store: Any) -> int:
+def _serve_forever(store: Any, while_pid: int | None = None) -> int:
+    """Serve until SIGINT/SIGTERM (or until process ``while_pid`` is gone)."""
     def _stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
@@ -123,7 +125,12 @@ def _serve_forever(store: Any) -> int:
     signal.signal(signal.SIGINT, _stop)
     try:
         while True:
-            time.sleep(3600)
+            time.sleep(1.0 if while_pid else 3600)
+            if while_pid:
+                try:
+                    os.kill(while_pid, 0)
+                except ProcessLookupError:
+                    return 0
     except KeyboardInterrupt:
         return 0
 
@@ -180,7 +187,7 @@ def _cmd_get(args: argparse.Namespace) -> int:
                "cpu_s": round(sum(os.times()[:2]), 3)}
         if args.hold:
             _ready(doc)
-            return _serve_forever(store)
+            return _serve_forever(store, args.while_pid)
         emit(doc, args.json, lambda d: (
             f"pulled {d['name']} into {d['dir']}: {d['bytes'] / (1 << 20):.1f} MiB in "
             f"{d['shards']} shards, {d['seconds']:.2f} s, from {len(d['bytes_from'])} "
@@ -241,39 +248,56 @@ def add_p2p_model_flags(p: argparse.ArgumentParser) -> None:
 
 def apply_p2p_model(args: argparse.Namespace) -> Any:
     """With ``--p2p-model``: pull it, point ``args.model`` at the directory and return the
-    open :class:`~pymooncake.p2p.P2PStore` (it keeps serving the replica; closed at exit).
-    ``None`` without the flag. Bad flags → ``UsageError``; a failed pull → ``CommandError``
-    (one line), before anything else starts."""
+    holder process (``pymooncake p2p get --hold``: it keeps serving the replica to other
+    hosts and is stopped at exit). ``None`` without the flag. Bad flags → ``UsageError``;
+    a failed pull → ``CommandError`` (the child's one line), before anything else starts.
+
+    The pull runs in a child so that the caller, which forks the cluster's processes next,
+    holds no metadata-client (gRPC) threads of its own."""
     if not getattr(args, "p2p_model", None):
         return None
     import atexit
+    import subprocess
     from pathlib import Path
     from urllib.parse import quote
 
     from pymooncake.cli.main import CommandError, UsageError
-    from pymooncake.p2p import P2PStore
     name = args.p2p_model
     md = args.p2p_metadata or getattr(args, "metadata", None) or os.environ.get(METADATA_ENV)
     if not md:
         raise UsageError(f"--p2p-model needs --p2p-metadata (or --metadata, or {METADATA_ENV})")
     into = Path(args.p2p_dir or Path.home() / ".cache" / "pymooncake" / "p2p" /
                 quote(name, safe=""))
-    try:
-        store = P2PStore(md, host=args.p2p_host)
-    except ValueError as e:
-        raise UsageError(f"--p2p-metadata: {e}") from None
-    except Exception as e:      # noqa: BLE001 - reported as one line
-        raise CommandError(f"--p2p-model {name}: cannot reach {md}: {e}") from None
-    try:
-        store.get_replica(name, into)
-    except _errors() as e:
-        store.close()
-        raise CommandError(f"--p2p-model {name}: {e}") from None
-    atexit.register(store.close)
-    sys.stderr.write(f"pymooncake: pulled {name} into {into} (P2P Store); serving it to "
-                     "other hosts while running\n")
+    import tempfile
+    errf = tempfile.TemporaryFile("w+")   # noqa: SIM115 - the child writes it while we live
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pymooncake", "p2p", "get", name, str(into), "--hold",
+         "--metadata", md, "--host", args.p2p_host, "--while-pid", str(os.getpid())],
+        stdout=subprocess.PIPE, stderr=errf, text=True)
+    assert child.stdout is not None
+    line = child.stdout.readline()        # the ready line, or EOF when the pull failed
+    if not line.startswith('{"event": "ready"'):
+        child.wait()
+        errf.seek(0)
+        err = errf.read()
+        why = next((ln.removeprefix("pymooncake: error: ") for ln in err.splitlines()
+                    if ln.startswith("pymooncake: error: ")), f"exit status {child.returncode}")
+        raise (UsageError if child.returncode == 2 else CommandError)(
+            f"--p2p-model {name}: {why}")
+
+    def _stop() -> None:
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+    atexit.register(_stop)
+    sys.stderr.write(f"pymooncake: pulled {name} into {into} (P2P Store); pid {child.pid} "
+                     "serves it to other hosts while this runs\n")
     args.model = str(into)
-    return store
+    return child
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
