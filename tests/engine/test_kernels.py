@@ -101,6 +101,24 @@ def test_rope_write_rotates_in_place_and_fills_the_slots() -> None:
     assert int((cache != 0).any(-1).sum()) == 2 * kv_heads * t  # nothing else written
 
 
+@pytest.mark.parametrize("k,n", [(576, 960), (1536, 576), (37, 5), (64, 3)])
+def test_gemv_matches_float64_reference(k: int, n: int) -> None:
+    g = torch.Generator().manual_seed(k + n)
+    w, x = torch.randn(n, k, generator=g), torch.randn(1, k, generator=g)
+    b, r = torch.randn(n, generator=g), torch.randn(1, n, generator=g)
+    ref = F.linear(x.double(), w.double(), b.double()) + r.double()
+    torch.testing.assert_close(kernels.gemv(x, w, b, r).double(), ref, rtol=1e-5,
+                               atol=1e-6 * k ** 0.5)
+    torch.testing.assert_close(kernels.gemv(x, w).double(), F.linear(x.double(), w.double()),
+                               rtol=1e-5, atol=1e-6 * k ** 0.5)
+
+
+def test_silu_mul_matches_torch() -> None:
+    gu = torch.randn(3, 2 * 300) * 8  # both tails of the sigmoid
+    ref = F.silu(gu[:, :300]) * gu[:, 300:]
+    torch.testing.assert_close(kernels.silu_mul(gu), ref, rtol=2e-6, atol=1e-6)
+
+
 def test_bad_layouts_are_refused() -> None:
     cache = torch.zeros(2, 3, 4, 16, 64)
     with pytest.raises(ValueError, match="float32"):
@@ -115,6 +133,10 @@ def test_bad_layouts_are_refused() -> None:
                                   20, 0.1, torch.zeros(20, 9, 64))
     with pytest.raises(ValueError, match="weight"):
         kernels.rms_norm(torch.zeros(2, 8), torch.zeros(7), 1e-6)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.gemv(torch.zeros(1, 8), torch.zeros(8, 4).t())
+    with pytest.raises(ValueError, match="2n"):
+        kernels.silu_mul(torch.zeros(2, 7))
 
 
 def test_disabled_kernels_fall_back_with_a_reason() -> None:
@@ -149,8 +171,10 @@ def test_engine_fused_path_equals_module_path(mlp_rows: int, monkeypatch) -> Non
     plain = make_engine(max_num_batched_tokens=64, prefill_chunk_tokens=32)
     plain.model.use_fused_path = False
     plain.runner.use_kernels = False
-    for _ in range(2):  # the second round hits the prefix cache
-        a, b = fused.generate(prompts, params), plain.generate(prompts, params)
+    # one prompt alone: its decode steps are one row (kernels.gemv, silu_mul)
+    rounds = [prompts, prompts, prompts[:1]]  # the second round hits the prefix cache
+    for batch in rounds:
+        a, b = fused.generate(batch, params), plain.generate(batch, params)
         for x, y in zip(a, b, strict=True):
             assert x.output_token_ids == y.output_token_ids
             lx, ly = torch.stack(list(x.logits)), torch.stack(list(y.logits))

@@ -16,11 +16,16 @@ from pathlib import Path
 import torch
 
 from pymooncake.engine.config import EngineConfig
+from pymooncake.engine import kernels
 from pymooncake.engine.hooks import KVLoadError, KVLoadSource, LayerHooks
 from pymooncake.engine.kv.block_pool import BlockPool
 from pymooncake.engine.kv.kv_cache_manager import KVCacheManager
 from pymooncake.engine.kv.kv_tensors import KV_LAYOUT, KVTensors, torch_dtype
-from pymooncake.engine.model.layers import use_input_major_weights, use_onednn_weights
+from pymooncake.engine.model.layers import (
+    onednn_enabled,
+    use_input_major_weights,
+    use_onednn_weights,
+)
 from pymooncake.engine.model.llama import LlamaForCausalLM
 from pymooncake.engine.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from pymooncake.engine.request import FinishReason, Request, RequestId, RequestOutput
@@ -97,9 +102,11 @@ class Engine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.config = config
-        use_input_major_weights(model)
+        fused = config.dtype == "float32" and onednn_enabled() and kernels.available()
+        if not fused:  # MKL's F.linear paths: ~2x faster at M = 16 on input-major weights
+            use_input_major_weights(model)
         use_onednn_weights(model)
-        model.use_fused_path = model.fused_path_ready()
+        model.use_fused_path = fused and model.fused_path_ready()
         self.model = model
         self.namespace = namespace
         self.tokenizer = tokenizer

@@ -96,6 +96,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn = lib.pmk_prefill_attn_f32
     fn.restype = ctypes.c_int
     fn.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, i64, i64, f32, ptr, i64]
+    fn = lib.pmk_gemv_f32
+    fn.restype = None
+    fn.argtypes = [ptr, ptr, i64, i64, ptr, ptr, ptr]
+    fn = lib.pmk_silu_mul_f32
+    fn.restype = None
+    fn.argtypes = [ptr, i64, i64, ptr]
     fn = lib.pmk_rms_norm_f32
     fn.restype = None
     fn.argtypes = [ptr, i64, i64, i64, ptr, f32, ptr]
@@ -253,3 +259,36 @@ def prefill_attention(q: torch.Tensor, layer_cache: torch.Tensor, blocks: torch.
     if rc != 0:
         raise RuntimeError("prefill_attention: kernel failed (scratch allocation or heads > "
                            "64 x kv_heads)")
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         residual: torch.Tensor | None = None) -> torch.Tensor:
+    """One-row linear layer, memory-bound (batch-1 decode): ``x`` ``[1, in]`` float32
+    contiguous, ``weight`` ``[out, in]`` float32 contiguous (row-major, as ``nn.Linear``
+    stores it), optional ``bias`` and ``residual`` (``[out]`` / ``[1, out]``, contiguous,
+    added). Returns ``[1, out]`` float32. Raises ``ValueError`` on another layout."""
+    lib = _need()
+    n_out, k = weight.shape
+    if (x.dtype != torch.float32 or weight.dtype != torch.float32 or x.shape != (1, k)
+            or not x.is_contiguous() or not weight.is_contiguous()
+            or (bias is not None and (bias.numel() != n_out or not bias.is_contiguous()))
+            or (residual is not None and (residual.numel() != n_out
+                                          or not residual.is_contiguous()))):
+        raise ValueError("gemv: float32 x [1, in] and weight [out, in], contiguous")
+    y = torch.empty(1, n_out, dtype=torch.float32)
+    lib.pmk_gemv_f32(weight.data_ptr(), x.data_ptr(), n_out, k,
+                     None if bias is None else bias.data_ptr(),
+                     None if residual is None else residual.data_ptr(), y.data_ptr())
+    return y
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up`` ``[rows, 2 n]`` float32 contiguous (gate then up,
+    as ``SwiGLU.gate_up_proj`` outputs); returns ``[rows, n]``."""
+    lib = _need()
+    rows, width = gate_up.shape
+    if gate_up.dtype != torch.float32 or not gate_up.is_contiguous() or width % 2:
+        raise ValueError("silu_mul: float32 gate_up [rows, 2n], contiguous")
+    out = torch.empty(rows, width // 2, dtype=torch.float32)
+    lib.pmk_silu_mul_f32(gate_up.data_ptr(), rows, width // 2, out.data_ptr())
+    return out

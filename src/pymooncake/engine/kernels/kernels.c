@@ -428,3 +428,64 @@ int pmk_prefill_attn_f32(const float *q, int64_t q_stride, int64_t n, const floa
     free(acc);
     return 0;
 }
+
+/* One-row GEMM (batch-1 decode), memory-bound: y[o] = W[o, :] . x (+ bias[o])
+ * (+ residual[o]) for W [n_out, k] row-major float32, streamed once, four rows at a time.
+ * bias and residual may be NULL. */
+void pmk_gemv_f32(const float *w, const float *x, int64_t n_out, int64_t k,
+                  const float *bias, const float *residual, float *y) {
+    int64_t o = 0;
+#ifdef __AVX512F__
+    const int64_t kv = k / 16 * 16;
+    const __mmask16 tail = (__mmask16)((1u << (k - kv)) - 1u);
+    for (; o + 4 <= n_out; o += 4) {
+        const float *w0 = w + o * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t j = 0; j < kv; j += 16) {
+            const __m512 xv = _mm512_loadu_ps(x + j);
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + j), xv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + j), xv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + j), xv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + j), xv, a3);
+        }
+        if (tail) {
+            const __m512 xv = _mm512_maskz_loadu_ps(tail, x + kv);
+            a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w0 + kv), xv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w1 + kv), xv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w2 + kv), xv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w3 + kv), xv, a3);
+        }
+        y[o] = _mm512_reduce_add_ps(a0);
+        y[o + 1] = _mm512_reduce_add_ps(a1);
+        y[o + 2] = _mm512_reduce_add_ps(a2);
+        y[o + 3] = _mm512_reduce_add_ps(a3);
+    }
+#endif
+    for (; o < n_out; o++) {
+        const float *wr = w + o * k;
+        float a = 0.0f;
+#pragma omp simd reduction(+ : a)
+        for (int64_t j = 0; j < k; j++) a += wr[j] * x[j];
+        y[o] = a;
+    }
+    if (bias)
+        for (int64_t i = 0; i < n_out; i++) y[i] += bias[i];
+    if (residual)
+        for (int64_t i = 0; i < n_out; i++) y[i] += residual[i];
+}
+
+/* SwiGLU's activation: out[i] = silu(gu[i]) * gu[n + i] for the fused gate|up row(s)
+ * gu [rows, 2n] -> out [rows, n]; silu(g) = g / (1 + e^-g) with exp_neg on -|g|. */
+void pmk_silu_mul_f32(const float *gu, int64_t rows, int64_t n, float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = gu + r * 2 * n, *u = g + n;
+        float *o = out + r * n;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) {
+            const float x = g[i];
+            const float e = exp_neg(x > 0.0f ? -x : x); /* e^-|x| */
+            const float sig = x > 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+            o[i] = x * sig * u[i];
+        }
+    }
+}

@@ -286,6 +286,15 @@ class LlamaForCausalLM(nn.Module):
                 return False
         return True
 
+    def _gemv_ready(self) -> bool:
+        """Every weight a one-row step reads is ``[out, in]`` contiguous float32, the
+        layout ``kernels.gemv`` streams (not ``use_input_major_weights``'s)."""
+        linears = [self.lm_head] + [m for layer in self.model.layers
+                                    for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                              layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+        return all(m.weight.is_contiguous() and m.weight.dtype == torch.float32
+                   for m in linears)
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[torch.Tensor], before_layer: LayerCallback | None = None,
@@ -318,6 +327,9 @@ class LlamaForCausalLM(nn.Module):
         layers = self.model.layers
         eps = cfg.rms_norm_eps
         t = x.shape[0]
+        if t == 1 and self._gemv_ready():
+            return self._forward_one_row(x, positions, meta, kv_caches, before_layer,
+                                         after_layer, cos_t, sin_t)
         h = kernels.rms_norm(x, layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(layers):
             if before_layer is not None:
@@ -346,6 +358,39 @@ class LlamaForCausalLM(nn.Module):
             h = kernels.rms_norm(x, norm.weight, eps)
         return h
 
+    def _forward_one_row(self, x: torch.Tensor, positions: torch.Tensor,
+                         meta: AttentionMetadata, kv_caches: list[torch.Tensor],
+                         before_layer: LayerCallback | None, after_layer: LayerCallback | None,
+                         cos_t: torch.Tensor, sin_t: torch.Tensor) -> torch.Tensor:
+        """``_forward_fused`` for a one-token step (batch-1 decode): every linear layer a
+        ``kernels.gemv`` streaming the ``[out, in]`` weight once (memory-bound: oneDNN's
+        one-row GEMM streams it slower on the 2-core AMD EPYC box), the SiLU-multiply by
+        ``kernels.silu_mul``, residual adds folded into the GEMVs."""
+        layers = self.model.layers
+        eps = self.config.rms_norm_eps
+        h = kernels.rms_norm(x, layers[0].input_layernorm.weight, eps)
+        for i, layer in enumerate(layers):
+            if before_layer is not None:
+                before_layer(i)
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = kernels.gemv(h, attn.qkv_proj.weight, attn.qkv_proj.bias)
+            kernels.rope_write(qkv, positions, cos_t, sin_t, kv_caches[i], meta.slot_mapping,
+                               attn.num_heads, attn.num_kv_heads)
+            qs, ks = attn.q_size, attn.kv_size
+            o = paged_attention(qkv[:, :qs].view(1, attn.num_heads, attn.head_dim),
+                                qkv[:, qs:qs + ks].view(1, attn.num_kv_heads, attn.head_dim),
+                                qkv[:, qs + ks:].view(1, attn.num_kv_heads, attn.head_dim),
+                                kv_caches[i], meta, attn.scale, i)
+            x = kernels.gemv(o.reshape(1, qs), attn.o_proj.weight, None, x)
+            h = kernels.rms_norm(x, layer.post_attention_layernorm.weight, eps)
+            act = kernels.silu_mul(kernels.gemv(h, mlp.gate_up_proj.weight))
+            x = kernels.gemv(act, mlp.down_proj.weight, None, x)
+            if after_layer is not None:
+                after_layer(i)
+            norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+            h = kernels.rms_norm(x, norm.weight, eps)
+        return h
+
     def _cos_sin(self, positions: torch.Tensor,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE ``cos, sin`` rows for ``positions`` from a table computed once per 4096
@@ -361,5 +406,9 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        w = self.lm_head.weight
+        if (self.use_fused_path and hidden.shape[0] == 1 and hidden.dtype == torch.float32
+                and w.is_contiguous() and self.lm_head.bias is None):
+            return kernels.gemv(hidden.contiguous(), w)
         logits = self.lm_head.forward(hidden)
         return logits if logits.dtype == torch.float64 else logits.float()
