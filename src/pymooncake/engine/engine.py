@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from pymooncake.engine.config import EngineConfig
 from pymooncake.engine import kernels
+from pymooncake.engine.config import EngineConfig
 from pymooncake.engine.hooks import KVLoadError, KVLoadSource, LayerHooks
 from pymooncake.engine.kv.block_pool import BlockPool
 from pymooncake.engine.kv.kv_cache_manager import KVCacheManager
