@@ -94,7 +94,10 @@ class P2PStore:
     ``metadata`` is a URL for :func:`~pymooncake.metadata.open_metadata` or a store;
     ``host`` the address peers reach this process's Transfer Engine at. Use as a context
     manager or call :meth:`close`; everything this peer holds is served until then.
-    Raises :class:`~pymooncake.metadata.MetadataError` when the service is unreachable.
+    ``holder_ttl_s``: seconds a dead peer stays advertised. Every method (the constructor
+    too) raises :class:`~pymooncake.metadata.MetadataError` or ``TimeoutError`` when the
+    metadata service cannot be reached; the constructor raises ``OSError`` when the
+    Transfer Engine's port cannot be bound.
     """
 
     def __init__(self, metadata: MetadataStore | str = "embedded://", *,
@@ -191,7 +194,8 @@ class P2PStore:
         return Manifest.decode(kv.value)
 
     def holders(self, name: str) -> list[Holder]:
-        """Live holder records of ``name`` (this peer's included), for its current manifest."""
+        """Live holder records of ``name`` (this peer's included), for its current manifest;
+        raises :class:`P2PNotFound`."""
         mid = self.manifest(name).manifest_id
         out = []
         for kv in self._run(self.metadata.get_prefix(holders_prefix(name))):
