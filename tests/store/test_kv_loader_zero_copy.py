@@ -45,6 +45,13 @@ def test_kv_loader_reads_blocks_into_registered_staging(cluster_factory) -> None
 
     small = StoreKVLoader(cl.client(), eng.kv, ns, staging_blocks=2)
     assert small.get_num_matched_tokens(req, 0) == 3 * eng.kv.block_size
-    assert "r" not in small._slots  # no room for 3: read as bytes
+    assert len(small._slots["r"]) == 2  # room for 2: the third is read as bytes
     for j in range(3):
         assert torch.equal(small._fetched["r"][1][j], vals[j])
+    other = Request("o", prompt, SamplingParams(max_tokens=1), eng.namespace)
+    assert small.get_num_matched_tokens(other, 0) == 3 * eng.kv.block_size
+    assert "o" not in small._slots  # no free slot left: all three as bytes
+    assert all(torch.equal(a, b) for a, b in zip(small._fetched["o"][1], vals, strict=True))
+    small.forget("r")
+    small.forget("o")
+    assert len(small._free_slots) == 2

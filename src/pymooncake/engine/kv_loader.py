@@ -84,24 +84,21 @@ class StoreKVLoader(NullHooks):
         self._release(request_id)
 
     # -- zero-copy staging ----------------------------------------------------------------
-    def _take_slots(self, n: int) -> list[int] | None:
-        """``n`` free block slots of the registered staging buffer (registered on first
-        use), or ``None`` (no room, or a store that cannot register memory)."""
+    def _take_slots(self, n: int) -> list[int]:
+        """Up to ``n`` free block slots of the registered staging buffer (registered on
+        first use); ``[]`` when none is free or the store cannot register memory."""
         with self._lock:
-            if self._staging is None and self._staging_blocks > 0:
-                register = getattr(self.store, "register_buffer", None)
+            register = getattr(self.store, "register_buffer", None)
+            if self._staging is None and self._staging_blocks > 0 and register is not None:
                 buf = torch.empty(self._staging_blocks * self.kv.block_nbytes,
                                   dtype=torch.uint8)
-                try:
-                    self._staging_addr = register(buf) if register is not None else 0
+                try:  # once: registering publishes the segment (a metadata round trip)
+                    self._staging_addr = register(buf)
+                    self._staging = buf
+                    self._free_slots = list(range(self._staging_blocks))
                 except Exception as e:  # noqa: BLE001 - no staging: bytes reads instead
                     logger.warning("store staging buffer not registered: %s", e)
-                    self._staging_addr = 0
-                self._staging_blocks = self._staging_blocks if self._staging_addr else 0
-                self._staging = buf
-                self._free_slots = list(range(self._staging_blocks))
-            if not self._staging_addr or n > len(self._free_slots):
-                return None
+                    self._staging_blocks = 0
             taken, self._free_slots = self._free_slots[:n], self._free_slots[n:]
             return taken
 
@@ -123,35 +120,38 @@ class StoreKVLoader(NullHooks):
 
     def _read_blocks(self, request_id: str, skeys: list[str]) -> list[torch.Tensor]:
         """The leading run of ``skeys`` the Store returns whole, as block tensors: read
-        into staging slots (zero copy) when there is room, else as ``bytes``."""
+        into free staging slots (zero copy), the blocks beyond them as ``bytes``."""
         nb = self.kv.block_nbytes
         slots = self._take_slots(len(skeys))
         have: list[torch.Tensor] = []
-        if slots is None:
-            for v in self.store.batch_get(skeys):
-                if not isinstance(v, bytes | bytearray):
+        if slots:
+            try:
+                res = self.store.batch_get_into(skeys[:len(slots)],
+                                                [self._staging_addr + s * nb for s in slots],
+                                                [nb] * len(slots))
+            except BaseException:
+                self._give_slots(slots)
+                raise
+            for s, r in zip(slots, res, strict=True):
+                if r != nb:  # a miss, an error, or a block of the wrong size ends the run
+                    if isinstance(r, int):
+                        logger.warning("store block for %s unusable: %d B, expected %d",
+                                       request_id, r, nb)
                     break
-                try:
-                    have.append(self._as_tensor(v))
-                except ValueError as e:
-                    logger.warning("store block for %s unusable: %s", request_id, e)
-                    break
-            return have
-        try:
-            res = self.store.batch_get_into(
-                skeys, [self._staging_addr + s * nb for s in slots], [nb] * len(skeys))
-        except BaseException:
-            self._give_slots(slots)
-            raise
-        for s, r in zip(slots, res, strict=True):
-            if r != nb:  # a miss, an error, or a block of the wrong size ends the run
-                if isinstance(r, int):
-                    logger.warning("store block for %s unusable: %d B, expected %d",
-                                   request_id, r, nb)
+                have.append(self._slot_view(s))
+            self._give_slots(slots[len(have):])
+            self._slots.setdefault(request_id, []).extend(slots[:len(have)])
+            if len(have) < len(slots):
+                return have
+        rest = skeys[len(have):]
+        for v in self.store.batch_get(rest) if rest else []:
+            if not isinstance(v, bytes | bytearray):
                 break
-            have.append(self._slot_view(s))
-        self._give_slots(slots[len(have):])
-        self._slots.setdefault(request_id, []).extend(slots[:len(have)])
+            try:
+                have.append(self._as_tensor(v))
+            except ValueError as e:
+                logger.warning("store block for %s unusable: %s", request_id, e)
+                break
         return have
 
     def _as_tensor(self, data: bytes) -> torch.Tensor:
