@@ -75,6 +75,7 @@ def test_verdicts_use_every_repeat_and_targets_follow_the_issue() -> None:
     # From 4 repeats on, the quartiles: one outlier does not decide.
     assert verdict([0.5, 1.1, 1.2, 1.3, 1.4], 1.0) == "met"
     assert verdict([0.9, 0.95, 1.05, 1.1], 1.0) == "not distinguishable"
+    assert verdict([2.0], 1.0) == "no spread (1 repeat)"
     assert targets("tcp", 4096) == {"mooncake": 1.0}
     assert targets("tcp", 16 << 20) == {"mooncake": 1.2, "socket": 0.8}
     assert targets("shm", 4 << 20) == {"memcpy": 0.8}

@@ -96,7 +96,10 @@ def spread(values: Sequence[float]) -> dict[str, Any]:
 def verdict(ratios: Sequence[float], target: float) -> str:
     """``met`` when the lower quartile of the per-repeat ratios reaches ``target``,
     ``missed`` when the upper quartile stays below it, else ``not distinguishable``
-    (the margin is inside the spread). With fewer than 4 repeats: min and max."""
+    (the margin is inside the spread). With fewer than 4 repeats: min and max; with one,
+    there is no spread to judge by."""
+    if len(ratios) < 2:
+        return "no spread (1 repeat)"
     s = spread(ratios)
     if s["q1"] >= target:
         return "met"
