@@ -363,3 +363,21 @@ def test_bug_61_unfinished_put_is_journaled_unpublished_and_retryable_after_fail
     c.put("pending", pattern(6, 4 * KiB))  # the retry succeeds with the new leader
     assert c.get("pending") == pattern(6, 4 * KiB)
     assert [r["complete"] for r in records("pending")][-2:] == [False, True]
+
+
+# -- command line --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("args", "code", "words"), [
+    (["--ha"], 2, "--ha needs --etcd-endpoints"),
+    (["--etcd-endpoints", "etcd://127.0.0.1:1"], 2, "without --ha"),
+    (["--ha", "--etcd-endpoints", "http://127.0.0.1:1"], 2, "expected etcd://host:port"),
+    (["--ha", "--etcd-endpoints", "etcd://127.0.0.1:x"], 2, "bad port"),
+    (["--ha", "--etcd-endpoints", "127.0.0.1:1", "--ha-lease-ttl", "0.5"], 2, "lease_ttl_s"),
+    (["--ha", "--etcd-endpoints", f"127.0.0.1:{free_port()}"], 1, "unreachable"),
+])
+def test_master_ha_flags_fail_with_one_line(args: list[str], code: int, words: str) -> None:
+    from tests.store.test_cli_errors import _one_line, _run
+
+    rc, err, took = _run("master", "--port", "0", *args)
+    assert rc == code and words in _one_line(err), err
+    assert took < 20

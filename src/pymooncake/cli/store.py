@@ -205,7 +205,8 @@ def _etcd_reachable(args: argparse.Namespace):
     try:
         yield
     except MetadataError as e:
-        raise CommandError(f"--etcd-endpoints {args.etcd_endpoints}: {e}") from None
+        raise CommandError(f"--etcd-endpoints {args.etcd_endpoints}: etcd unreachable "
+                           f"({e})") from None
 
 
 @contextlib.contextmanager
