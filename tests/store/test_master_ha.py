@@ -136,6 +136,7 @@ def test_kill9_leader_under_puts_fails_over_in_under_5s_and_keeps_every_ok_put(
     assert r["failover_s"] is not None and r["failover_s"] < 5.0, r
     assert r["ok_puts"] > 40 and r["lost"] == 0, r
     assert r["new_leader"] != r["old_leader"]
+    assert r["segments_after"] == 1  # the store-server followed the new leader
 
 
 # -- item 1: a frozen leader resumes and never accepts a write ---------------------------

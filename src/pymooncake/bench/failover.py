@@ -187,8 +187,12 @@ def transfer_config() -> Any:
 
 def run_once(etcd_url: str, *, masters: int = 3, lease_ttl_s: float = 2.0,
              value_bytes: int = 4096, warm_puts: int = 30, after_s: float = 1.0,
-             md_url: str | None = None) -> dict[str, Any]:
-    """One fail-over under puts (see the module docstring); returns the run's numbers."""
+             md_url: str | None = None, client_ttl_s: float = 3.0) -> dict[str, Any]:
+    """One fail-over under puts (see the module docstring); returns the run's numbers.
+
+    The masters drop a client silent for ``client_ttl_s``; the objects are read back
+    that long after the writer stopped, so the store-server holding them must have
+    followed the new leader with its heartbeats (``segments_after`` counts its segment)."""
     from pymooncake.metadata.http import MetadataHttpServer
     from pymooncake.store.client import StoreClient
     from pymooncake.store.errors import StoreError
@@ -202,7 +206,8 @@ def run_once(etcd_url: str, *, masters: int = 3, lease_ttl_s: float = 2.0,
     procs: list[Child] = []
     client = None
     try:
-        ms = [ha_master(etcd_url, cluster, lease_ttl_s) for _ in range(masters)]
+        ms = [ha_master(etcd_url, cluster, lease_ttl_s, "--client-ttl", str(client_ttl_s))
+              for _ in range(masters)]
         procs += ms
         leader = wait_leader(ms)
         procs.append(Child(["store-server", "--master", master_url, "--metadata", md_url,
@@ -245,6 +250,8 @@ def run_once(etcd_url: str, *, masters: int = 3, lease_ttl_s: float = 2.0,
         stop.set()
         t.join(10)
         new_leader = wait_leader([m for m in ms if m is not leader])
+        time.sleep(client_ttl_s + 0.5)  # a store-server that did not follow is dropped now
+        segments_after = int(client.stats()["num_segments"])
         lost = [i for i, _ in ok
                 if _get_or_none(client, f"obj-{i}") != pattern(i, value_bytes)]
         return {"failover_s": None if first_after is None else first_after - t_kill,
@@ -252,6 +259,7 @@ def run_once(etcd_url: str, *, masters: int = 3, lease_ttl_s: float = 2.0,
                 "failed_codes": sorted({c for _, c, ts in errors if ts > t_kill}),
                 "lost": len(lost), "lost_keys": [f"obj-{i}" for i in lost[:10]],
                 "old_leader": leader.port, "new_leader": new_leader.port,
+                "segments_after": segments_after,
                 "masters": masters, "lease_ttl_s": lease_ttl_s}
     finally:
         if client is not None:
