@@ -365,15 +365,17 @@ class HaController:
         if j is None or self.role != "leader":
             return None
         ops = take_changes(self.service.core)
-        if ops:
-            j.append(ops)
+        if ops:  # (already failed when the journal is: the caller is refused)
+            return j.append(ops)
         return j.pending()
 
     async def durable(self, fut: asyncio.Future[int]) -> None:
         """Wait for ``fut``; a failed journal write is the retryable refusal."""
         try:
             await asyncio.shield(fut)
-        except (Fenced, MetadataError, LogGap) as e:
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failed journal write: not durable
             raise RpcError(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS.name,
                            f"this master lost the leadership before the change was durable "
                            f"({e}); retry with the new leader",
