@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,3 +143,24 @@ def test_no_holder_left_is_a_clean_error(peers, model_dir, tmp_path) -> None:
     with pytest.raises(NoHolderError, match="held by nobody"):
         a.get_replica("m", tmp_path / "a", FAST)
     assert not list((tmp_path / "a").rglob("*.p2p-part"))
+
+
+def test_unregister_during_a_pull_ends_it(peers, model_dir, tmp_path) -> None:
+    seed, a, _ = peers
+    seed.register("m", [model_dir], shard_bytes=SHARD)
+    got: list[BaseException] = []
+    slow = PullOptions(parallel=1, max_rate=SHARD, refresh_s=0.05, stall_timeout_s=5.0)
+
+    def pull() -> None:
+        try:
+            a.get_replica("m", tmp_path / "a", slow)        # ~7 s at one shard a second
+        except BaseException as e:      # noqa: BLE001
+            got.append(e)
+
+    t = threading.Thread(target=pull)
+    t.start()
+    time.sleep(1.0)
+    assert seed.unregister("m")
+    t.join(10)
+    assert not t.is_alive() and isinstance(got[0], P2PNotFound), got
+    assert not [p for p in (tmp_path / "a").rglob("*") if p.is_file()]
