@@ -282,7 +282,7 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             if (attn.qkv_proj.packed() is None or attn.o_proj.packed() is None
-                    or mlp.down_proj.packed() is None or mlp._split_packed is None):
+                    or mlp.down_proj.packed() is None or mlp.gate_up_proj.packed() is None):
                 return False
         return True
 
