@@ -123,6 +123,11 @@ def _ours(spec: dict[str, Any], info: dict[str, Any]) -> Generate:
                              "num_kv_blocks": blocks, "enable_prefix_caching": False}
     info["versions"] |= {"pymooncake": _version("pymooncake"), "torch": torch.__version__}
     info["torch_threads"] = torch.get_num_threads()
+    from pymooncake.engine import kernels
+    from pymooncake.engine.model.layers import onednn_enabled
+    info["engine_paths"] = {"onednn": onednn_enabled(), "c_kernels": kernels.available(),
+                            "c_kernels_unavailable_because": kernels.why_unavailable(),
+                            "fused_step": bool(engine.model.use_fused_path)}
     model = engine.model
     info["weight_bytes_per_token"] = _weight_bytes_per_token(model)
     info["copy_bandwidth"] = copy_bandwidth(spec.get("copy_bytes", 1 << 29))
