@@ -164,3 +164,25 @@ def test_unregister_during_a_pull_ends_it(peers, model_dir, tmp_path) -> None:
     t.join(10)
     assert not t.is_alive() and isinstance(got[0], P2PNotFound), got
     assert not [p for p in (tmp_path / "a").rglob("*") if p.is_file()]
+
+
+def test_a_receiver_serves_shards_before_it_has_finished(peers, model_dir, tmp_path) -> None:
+    seed, a, b = peers
+    m = seed.register("m", [model_dir], shard_bytes=SHARD)
+    slow = PullOptions(parallel=1, max_rate=2 * SHARD, refresh_s=0.05)   # ~3.5 s for 7
+    t = threading.Thread(target=a.get_replica, args=("m", tmp_path / "a", slow))
+    t.start()
+    deadline = time.monotonic() + 10
+    while True:                 # a advertises each verified shard at once
+        rec = {h.segment: h for h in seed.holders("m")}.get(a.segment)
+        if rec is not None and rec.count() >= 3:
+            break
+        assert time.monotonic() < deadline, "a never advertised 3 shards"
+        time.sleep(0.05)
+    assert rec.count() < len(m.shards)
+    rb = b.get_replica("m", tmp_path / "b", FAST)
+    assert t.is_alive()                           # a is still pulling...
+    assert rb.stats.bytes_from.get(a.segment, 0) > 0    # ...and b pulled from it
+    _same_tree(model_dir, tmp_path / "b")
+    t.join(15)
+    _same_tree(model_dir, tmp_path / "a")
