@@ -109,10 +109,16 @@ class HolderRecords:
                 self._publishing.discard(name)
             raise
 
+    async def _delete(self, name: str) -> None:
+        async with self._put_lock:      # after any put in flight, never before it
+            await self.metadata.delete(holder_key(name, self.segment))
+
     def withdraw(self, name: str) -> None:
-        """Delete ``name``'s record (logged, not raised, when the service is unreachable)."""
+        """Delete ``name``'s record (logged, not raised, when the service is unreachable).
+        The caller makes ``value_of(name)`` return ``None`` first, so no later put brings
+        the record back."""
         try:
-            self.run(self.metadata.delete(holder_key(name, self.segment)))
+            self.run(self._delete(name))
         except (MetadataError, TimeoutError) as e:
             logger.warning("p2p: cannot withdraw holder record of %s: %s", name, e)
 
