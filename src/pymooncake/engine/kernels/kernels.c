@@ -484,7 +484,7 @@ void pmk_silu_mul_f32(const float *gu, int64_t rows, int64_t n, float *out) {
         for (int64_t i = 0; i < n; i++) {
             const float x = g[i];
             const float e = exp_neg(x > 0.0f ? -x : x); /* e^-|x| */
-            const float sig = x > 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+            const float sig = (x > 0.0f ? 1.0f : e) / (1.0f + e); /* one division */
             o[i] = x * sig * u[i];
         }
     }
