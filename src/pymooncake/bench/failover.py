@@ -9,9 +9,9 @@ Each run starts, on loopback: etcd (random free ports, a temporary data director
 puts 4 KiB objects (distinct bytes each) one after another; once ``warm_puts`` returned
 OK the leader is killed with SIGKILL. Reported per run:
 
-* ``failover_s`` — from the kill to the first put that returns OK afterwards (what a
-  client sees: lease expiry + election + catch-up + restore + the client finding the
-  new leader);
+* ``failover_s`` — from the kill to the return of the first put *started* after it that
+  returns OK (what a client sees: lease expiry + election + catch-up + restore + the
+  client finding the new leader);
 * ``ok_puts``, ``failed_puts`` (puts answered with an error: retryable ones were in
   flight at the kill), ``lost`` — OK puts whose ``get`` through the new leader does not
   return identical bytes (must be 0).
@@ -215,16 +215,17 @@ def run_once(etcd_url: str, *, masters: int = 3, lease_ttl_s: float = 2.0,
                             "--heartbeat-interval", "0.2"]))
         client = StoreClient(master_url, md_url, transfer_config=transfer_config(),
                              heartbeat_interval_s=0.2).start()
-        ok: list[tuple[int, float]] = []
+        ok: list[tuple[int, float, float]] = []  # (i, started, returned)
         errors: list[tuple[int, str, float]] = []
         stop = threading.Event()
 
         def writer() -> None:
             i = 0
             while not stop.is_set():
+                t0 = time.monotonic()
                 try:
                     client.put(f"obj-{i}", pattern(i, value_bytes))
-                    ok.append((i, time.monotonic()))
+                    ok.append((i, t0, time.monotonic()))
                 except StoreError as e:
                     errors.append((i, e.code.name, time.monotonic()))
                     time.sleep(0.01)
@@ -241,7 +242,7 @@ def run_once(etcd_url: str, *, masters: int = 3, lease_ttl_s: float = 2.0,
         leader.kill()
         first_after = None
         while time.monotonic() < t_kill + 30:
-            after = [ts for _, ts in ok if ts > t_kill]
+            after = [done for _, started, done in ok if started > t_kill]
             if after:
                 first_after = after[0]
                 break
@@ -252,7 +253,7 @@ def run_once(etcd_url: str, *, masters: int = 3, lease_ttl_s: float = 2.0,
         new_leader = wait_leader([m for m in ms if m is not leader])
         time.sleep(client_ttl_s + 0.5)  # a store-server that did not follow is dropped now
         segments_after = int(client.stats()["num_segments"])
-        lost = [i for i, _ in ok
+        lost = [i for i, _, _ in ok
                 if _get_or_none(client, f"obj-{i}") != pattern(i, value_bytes)]
         return {"failover_s": None if first_after is None else first_after - t_kill,
                 "ok_puts": len(ok), "failed_puts": len(errors),

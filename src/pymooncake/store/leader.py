@@ -21,7 +21,6 @@ the first one), else they raise as before.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 import time
 from typing import Any
@@ -75,6 +74,7 @@ class MasterLocator:
         self.ha = self.etcd_url is not None or len(self.addrs) > 1
         self._current: tuple[str, int] | None = self.addrs[0] if self.addrs else None
         self._lock = threading.Lock()
+        self._md: Any = None  # the etcd client, used on the lookup thread's loop only
 
     def first(self) -> tuple[str, int]:
         """The address to show before any lookup (``("", 0)`` with etcd)."""
@@ -124,25 +124,38 @@ class MasterLocator:
         from pymooncake.store.master.ha import leader_address
 
         async def look() -> str | None:
-            md = open_metadata(self.etcd_url or "")
-            try:
-                kv = await md.get(self.leader_key)
-                return leader_address(kv.value if kv is not None else None)
-            finally:
-                await md.close()
+            if self._md is None:
+                self._md = open_metadata(self.etcd_url or "")
+            kv = await asyncio.wait_for(self._md.get(self.leader_key), 4.0)
+            return leader_address(kv.value if kv is not None else None)
 
-        # a fresh loop in a worker thread: callers may be inside an event loop
-        with concurrent.futures.ThreadPoolExecutor(1) as ex:
-            try:
-                found = ex.submit(asyncio.run, look()).result(timeout=5.0)
-            except Exception as e:  # noqa: BLE001 - etcd unreachable: keep what we have
-                logger.debug("leader lookup in %s failed: %r", self.etcd_url, e)
-                return None
+        try:  # on the lookup thread's loop: callers may be inside an event loop
+            found = asyncio.run_coroutine_threadsafe(look(), _lookup_loop()).result(5.0)
+        except Exception as e:  # noqa: BLE001 - etcd unreachable: keep what we have
+            logger.debug("leader lookup in %s failed: %r", self.etcd_url, e)
+            return None
         return _addr(found) if found else None
 
 
 AMBIGUOUS = "?"
 """Retry hint: the call may have run; repeat it only on another master."""
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _lookup_loop() -> asyncio.AbstractEventLoop:
+    """One event loop thread for every locator's etcd lookups in this process (the gRPC
+    client behind etcd wants one long-lived loop, not a fresh one per lookup)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None or _LOOP.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="store-leader-lookup",
+                             daemon=True).start()
+            _LOOP = loop
+        return _LOOP
 
 
 def _retry_hint(method: str, e: RpcError) -> str | None:
