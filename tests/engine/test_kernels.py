@@ -161,9 +161,9 @@ def test_engine_fused_path_equals_module_path(mlp_rows: int, monkeypatch) -> Non
     """The engine's float32 step through the fused path (C kernels, oneDNN post-ops) gives
     the module path's tokens and logits up to float32 rounding (tiny model: head_dim 32,
     the kernels' generic code), through chunked prefill, a cached prefix and decode; also
-    with the MLP run in row chunks (``FUSED_MLP_ROWS``) smaller than a step."""
-    from pymooncake.engine.model import llama
-    monkeypatch.setattr(llama, "FUSED_MLP_ROWS", mlp_rows)
+    with the MLP run in row chunks (``fused.MLP_ROWS``) smaller than a step."""
+    from pymooncake.engine.model import fused as fused_step
+    monkeypatch.setattr(fused_step, "MLP_ROWS", mlp_rows)
     prompts = random_prompts(5, 10, 90, seed=4)
     params = SamplingParams(max_tokens=12, return_logits=True)
     fused = make_engine(max_num_batched_tokens=64, prefill_chunk_tokens=32)

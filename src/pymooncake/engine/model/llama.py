@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from pymooncake.engine import kernels
+from pymooncake.engine.model import fused
 from pymooncake.engine.model.attention import AttentionMetadata, paged_attention, write_kv
 from pymooncake.engine.model.layers import (
     Linear,
@@ -192,12 +193,6 @@ _ROPE_FIELDS: dict[str, tuple[str, ...]] = {
 
 LayerCallback = Callable[[int], None]
 
-FUSED_MLP_ROWS = 1024
-"""Rows per MLP pass in the fused float32 step: a 16 x 512-token prefill step runs its MLP
-GEMMs 1,024 rows at a time (on the 2-core AMD EPYC box oneDNN's MLP reaches ~176 GFLOP/s
-that way against ~167 on all 8,192 rows at once)."""
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int = 0) -> None:
         super().__init__()
@@ -286,15 +281,6 @@ class LlamaForCausalLM(nn.Module):
                 return False
         return True
 
-    def _gemv_ready(self) -> bool:
-        """Every weight a one-row step reads is ``[out, in]`` contiguous float32, the
-        layout ``kernels.gemv`` streams (not ``use_input_major_weights``'s)."""
-        linears = [self.lm_head] + [m for layer in self.model.layers
-                                    for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                              layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-        return all(m.weight.is_contiguous() and m.weight.dtype == torch.float32
-                   for m in linears)
-
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[torch.Tensor], before_layer: LayerCallback | None = None,
@@ -302,7 +288,7 @@ class LlamaForCausalLM(nn.Module):
         x = self.model.embed_tokens.forward(input_ids)
         if (x.dtype == torch.float32 and self.use_fused_path and kv_caches
                 and kv_caches[0].dtype == torch.float32):
-            return self._forward_fused(x, positions, meta, kv_caches, before_layer, after_layer)
+            return fused.forward(self, x, positions, meta, kv_caches, before_layer, after_layer)
         cos, sin = self._cos_sin(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
             if before_layer is not None:
@@ -313,83 +299,7 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm.forward(x)
 
     use_fused_path = False
-    """Set by the engine when ``fused_path_ready()``: float32 steps run ``_forward_fused``."""
-
-    def _forward_fused(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                       kv_caches: list[torch.Tensor], before_layer: LayerCallback | None,
-                       after_layer: LayerCallback | None) -> torch.Tensor:
-        """The float32 step in few calls per layer, same maths as the module path: RMSNorm
-        and RoPE + K/V write by C kernels (``engine.kernels``), the residual adds and SiLU
-        as oneDNN post-ops of the GEMMs, attention by ``paged_attention``."""
-        cfg = self.config
-        self._cos_sin(positions, x.dtype)  # grows the table to cover positions
-        cos_t, sin_t = (t.view(t.shape[0], -1) for t in self._rope_table)
-        layers = self.model.layers
-        eps = cfg.rms_norm_eps
-        t = x.shape[0]
-        if t == 1 and self._gemv_ready():
-            return self._forward_one_row(x, positions, meta, kv_caches, before_layer,
-                                         after_layer, cos_t, sin_t)
-        h = kernels.rms_norm(x, layers[0].input_layernorm.weight, eps)
-        for i, layer in enumerate(layers):
-            if before_layer is not None:
-                before_layer(i)
-            attn = layer.self_attn
-            qkv = attn.qkv_proj.forward(h)
-            kernels.rope_write(qkv, positions, cos_t, sin_t, kv_caches[i], meta.slot_mapping,
-                               attn.num_heads, attn.num_kv_heads)
-            qs, ks = attn.q_size, attn.kv_size
-            o = paged_attention(qkv[:, :qs].view(t, attn.num_heads, attn.head_dim),
-                                qkv[:, qs:qs + ks].view(t, attn.num_kv_heads, attn.head_dim),
-                                qkv[:, qs + ks:].view(t, attn.num_kv_heads, attn.head_dim),
-                                kv_caches[i], meta, attn.scale, i)
-            x = attn.o_proj.forward_add(o.reshape(t, qs), x)
-            if t <= FUSED_MLP_ROWS:
-                x = layer.mlp.forward_add(
-                    kernels.rms_norm(x, layer.post_attention_layernorm.weight, eps), x)
-            else:  # rows in chunks: the [rows, intermediate] activations stay in cache
-                for r in range(0, t, FUSED_MLP_ROWS):
-                    xr = x[r:r + FUSED_MLP_ROWS]
-                    xr.copy_(layer.mlp.forward_add(
-                        kernels.rms_norm(xr, layer.post_attention_layernorm.weight, eps), xr))
-            if after_layer is not None:
-                after_layer(i)
-            norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
-            h = kernels.rms_norm(x, norm.weight, eps)
-        return h
-
-    def _forward_one_row(self, x: torch.Tensor, positions: torch.Tensor,
-                         meta: AttentionMetadata, kv_caches: list[torch.Tensor],
-                         before_layer: LayerCallback | None, after_layer: LayerCallback | None,
-                         cos_t: torch.Tensor, sin_t: torch.Tensor) -> torch.Tensor:
-        """``_forward_fused`` for a one-token step (batch-1 decode): every linear layer a
-        ``kernels.gemv`` streaming the ``[out, in]`` weight once (memory-bound: oneDNN's
-        one-row GEMM streams it slower on the 2-core AMD EPYC box), the SiLU-multiply by
-        ``kernels.silu_mul``, residual adds folded into the GEMVs."""
-        layers = self.model.layers
-        eps = self.config.rms_norm_eps
-        h = kernels.rms_norm(x, layers[0].input_layernorm.weight, eps)
-        for i, layer in enumerate(layers):
-            if before_layer is not None:
-                before_layer(i)
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv = kernels.gemv(h, attn.qkv_proj.weight, attn.qkv_proj.bias)
-            kernels.rope_write(qkv, positions, cos_t, sin_t, kv_caches[i], meta.slot_mapping,
-                               attn.num_heads, attn.num_kv_heads)
-            qs, ks = attn.q_size, attn.kv_size
-            o = paged_attention(qkv[:, :qs].view(1, attn.num_heads, attn.head_dim),
-                                qkv[:, qs:qs + ks].view(1, attn.num_kv_heads, attn.head_dim),
-                                qkv[:, qs + ks:].view(1, attn.num_kv_heads, attn.head_dim),
-                                kv_caches[i], meta, attn.scale, i)
-            x = kernels.gemv(o.reshape(1, qs), attn.o_proj.weight, None, x)
-            h = kernels.rms_norm(x, layer.post_attention_layernorm.weight, eps)
-            act = kernels.silu_mul(kernels.gemv(h, mlp.gate_up_proj.weight))
-            x = kernels.gemv(act, mlp.down_proj.weight, None, x)
-            if after_layer is not None:
-                after_layer(i)
-            norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
-            h = kernels.rms_norm(x, norm.weight, eps)
-        return h
+    """Set by the engine when ``fused_path_ready()``: float32 steps run ``fused.forward``."""
 
     def _cos_sin(self, positions: torch.Tensor,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
