@@ -382,3 +382,42 @@ def test_master_ha_flags_fail_with_one_line(args: list[str], code: int, words: s
     rc, err, took = _run("master", "--port", "0", *args)
     assert rc == code and words in _one_line(err), err
     assert took < 20
+
+
+def test_objects_spilled_to_ssd_survive_a_failover(etcd_url: str, md_url: str, procs: list,
+                                                   tmp_path) -> None:  # noqa: ANN001
+    from pymooncake.store.client import StoreClient
+
+    cluster = _cluster()
+    ms = [ha_master(etcd_url, cluster, 2.0, "--eviction-high-watermark-ratio", "0.7",
+                    "--default-kv-lease-ttl", "1000") for _ in range(2)]
+    procs += ms
+    m1 = wait_leader(ms)
+    m2 = next(m for m in ms if m is not m1)
+    c = StoreClient(f"{etcd_url}/{cluster}", md_url, global_segment_size=4 * MiB,
+                    ssd_path=str(tmp_path / "ssd"), ssd_capacity=64 * MiB,
+                    transfer_config=transfer_config(), heartbeat_interval_s=0.2).start()
+    procs.append(c)
+    size = 256 * KiB
+    for i in range(40):  # 10 MiB into a 4 MiB segment: most of it goes to SSD
+        c.put(f"s-{i}", pattern(i, size))
+    deadline = time.monotonic() + 15
+    while c.stats()["ssd_used_bytes"] < 20 * size:
+        assert time.monotonic() < deadline, c.stats()
+        time.sleep(0.1)
+    assert sorted(c.list_keys()) == sorted(f"s-{i}" for i in range(40))
+    _wait_applied(m2, m1)
+    m1.kill()
+    assert wait_leader([m2], timeout_s=10.0) is m2
+    assert c.stats()["ssd_used_bytes"] >= 20 * size  # SSD replicas restored
+    # loaded back from SSD by the new leader where needed; DRAM is full of restored
+    # objects that keep their fresh lease one TTL (1 s here): loads may answer the
+    # retryable NO_AVAILABLE_HANDLE until then
+    for i in range(40):
+        deadline = time.monotonic() + 5
+        while True:
+            got = _get(c, f"s-{i}")
+            if got != ErrorCode.NO_AVAILABLE_HANDLE or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert got == pattern(i, size), (i, got)

@@ -188,8 +188,8 @@ class MasterService:
 
     def install_core(self, core: MasterCore) -> None:
         """Serve ``core`` from now on (HA promotion and step-down)."""
-        for t in list(self._promotions.values()):
-            t.cancel()
+        for t in [*self._promotions.values(), *self._spills]:
+            t.cancel()  # SSD work ordered by the previous core is not this one's
         self._promotions.clear()
         self.core = core
 
@@ -291,8 +291,7 @@ class MasterService:
 
     def _after(self) -> None:
         """Carry out the core's pending effects (spills, SSD deletes, metrics)."""
-        if self.ha is not None:
-            self.ha.record()
+        durable = self.ha.record() if self.ha is not None else None
         e = self.core.effects
         if not (e.spills or e.ssd_deletes or e.evicted or e.dropped_clients
                 or e.stalled_passes):
@@ -319,7 +318,21 @@ class MasterService:
         for seg, key in eff.ssd_deletes:
             by_seg.setdefault(seg, []).append(key)
         for seg, keys in by_seg.items():
-            self._spawn(self._ssd_call(seg, "ssd_delete", {"keys": keys}))
+            self._spawn(self._when_durable(durable, self._ssd_call(
+                seg, "ssd_delete", {"keys": keys})))
+
+    @staticmethod
+    async def _when_durable(fut: Any, coro: Any) -> Any:
+        """Run ``coro`` once the journal holds the change that asked for it (HA: an SSD
+        file is deleted only after its object's removal is durable); never when that
+        journal write failed."""
+        if fut is not None:
+            try:
+                await asyncio.shield(fut)
+            except Exception:  # noqa: BLE001 - not durable: the successor may need it
+                coro.close()
+                return None
+        return await coro
 
     def _spawn(self, coro: Any) -> None:
         t = asyncio.ensure_future(coro)
