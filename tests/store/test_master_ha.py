@@ -421,3 +421,23 @@ def test_objects_spilled_to_ssd_survive_a_failover(etcd_url: str, md_url: str, p
                 break
             time.sleep(0.1)
         assert got == pattern(i, size), (i, got)
+
+
+def test_compat_store_with_an_etcd_master_address_follows_the_leader(
+        etcd_url: str, md_url: str, procs: list) -> None:
+    from pymooncake.store.compat import MooncakeDistributedStore
+
+    cluster = _cluster()
+    ms = [ha_master(etcd_url, cluster, 2.0) for _ in range(2)]
+    procs += ms
+    m1 = wait_leader(ms)
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", md_url, 16 * MiB, 16 * MiB, "tcp", "",
+                   f"{etcd_url}/{cluster}") == 0
+    try:
+        assert s.put("a", b"hello") == 0 and s.get("a") == b"hello"
+        m1.kill()
+        assert s.put("b", b"world") == 0  # through the new leader, no new setup
+        assert s.get("a") == b"hello" and s.get("b") == b"world"
+    finally:
+        s.close()
