@@ -1,0 +1,185 @@
+"""``CppGroup``: start N stage processes, prefill long prompts through them, collect KV.
+
+The group is the prefill side of one CPP instance (docs/cpp.md): stage ``i`` holds layers
+``split_layers(L, N)[i]``, pinned to ``cores[i]`` with one torch thread. ``prefill`` sends
+the prompt to stage 0, which cuts it into chunks; the result (first token, greedy) comes
+from the last stage. ``export_kv`` reads every stage's layers of a request back and
+``exported_blocks`` turns the full blocks into ``ExportedBlock`` s that a decode ``Engine``
+imports (``Engine.import_blocks``) to continue the request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from pymooncake.engine.cpp.stage import READY_PREFIX
+from pymooncake.engine.engine import ExportedBlock
+from pymooncake.identity import CacheNamespace, block_keys
+from pymooncake.rpc import SyncRpcClient
+
+
+class CppError(RuntimeError):
+    """A stage failed to start, or a prefill failed in a stage (message says which)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CppPrefillResult:
+    request_id: str
+    first_token: int
+    ttft_s: float
+    """From the ``cpp.prefill`` call to the last stage's answer (coordinator's clock)."""
+
+
+class CppGroup:
+    """A running group of ``num_stages`` stage processes (use as a context manager)."""
+
+    def __init__(self, model: str = "tiny", num_stages: int = 2,
+                 cores: Sequence[int] | None = None, num_blocks: int = 1024,
+                 block_size: int = 16, chunk_tokens: int = 512, dtype: str = "float32",
+                 startup_timeout_s: float = 300.0,
+                 nice: int = 0) -> None:
+        if chunk_tokens <= 0:
+            raise ValueError(f"chunk_tokens must be > 0, got {chunk_tokens}")
+        self.model, self.num_stages, self.chunk_tokens = model, num_stages, chunk_tokens
+        self.block_size = block_size
+        self.cores = list(cores) if cores is not None else None
+        if self.cores is not None and len(self.cores) != num_stages:
+            raise ValueError(f"{len(self.cores)} cores for {num_stages} stages")
+        self._num_blocks, self._dtype, self._nice = num_blocks, dtype, nice
+        self._timeout = startup_timeout_s
+        self.procs: list[subprocess.Popen[str]] = []
+        self.clients: list[SyncRpcClient] = []
+        self.ranges: list[tuple[int, int]] = []
+        self._ids = itertools.count()
+
+    def __enter__(self) -> CppGroup:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start the stages and wire each to the next. Raises ``CppError``."""
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        for i in range(self.num_stages):
+            cmd = [sys.executable, "-m", "pymooncake.engine.cpp.stage", "--model", self.model,
+                   "--stage", str(i), "--num-stages", str(self.num_stages),
+                   "--num-blocks", str(self._num_blocks),
+                   "--block-size", str(self.block_size), "--dtype", self._dtype]
+            if self.cores is not None:
+                cmd += ["--core", str(self.cores[i])]
+            if self._nice:
+                cmd = ["nice", "-n", str(self._nice)] + cmd
+            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
+                                               env=env))
+        try:
+            ports = [self._wait_ready(p) for p in self.procs]
+        except BaseException:
+            self.close()
+            raise
+        self.clients = [SyncRpcClient("127.0.0.1", port, timeout_s=60.0) for port in ports]
+        infos = [c.call("cpp.info") for c in self.clients]
+        self.ranges = [(int(x["start"]), int(x["stop"])) for x in infos]
+        for i in range(self.num_stages - 1):
+            self.clients[i].call("cpp.connect", {"host": "127.0.0.1", "port": ports[i + 1]})
+
+    def _wait_ready(self, proc: subprocess.Popen[str]) -> int:
+        deadline = time.monotonic() + self._timeout
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+            if ready:
+                line = proc.stdout.readline()
+                if line.startswith(READY_PREFIX):
+                    return int(line.split()[1])
+                if not line and proc.poll() is not None:
+                    break
+            elif proc.poll() is not None:
+                break
+        raise CppError(f"CPP stage (pid {proc.pid}) did not start (exit status "
+                       f"{proc.poll()}); see its stderr")
+
+    def prefill(self, token_ids: Sequence[int], request_id: str | None = None,
+                timeout_s: float = 600.0) -> CppPrefillResult:
+        """Prefill ``token_ids`` through the pipeline; the first token is greedy.
+        Raises ``CppError`` when a stage failed (the message names it)."""
+        from pymooncake.rpc.errors import RpcError
+        rid = request_id or f"cpp-{next(self._ids)}"
+        t0 = time.perf_counter()
+        try:
+            self.clients[0].call("cpp.prefill", {"rid": rid, "token_ids": list(token_ids),
+                                                 "chunk_tokens": self.chunk_tokens})
+            res = self.clients[-1].call("cpp.result", {"rid": rid}, timeout_s=timeout_s)
+        except RpcError as e:
+            raise CppError(f"CPP prefill {rid}: {e.message}") from None
+        return CppPrefillResult(rid, int(res["token"]), time.perf_counter() - t0)
+
+    def stats(self, request_id: str) -> list[dict]:
+        """Per stage: ``compute_s`` and ``send_s`` per chunk, ``recv_at`` (unix s)."""
+        return [c.call("cpp.stats", {"rid": request_id}) for c in self.clients]
+
+    def export_kv(self, request_id: str) -> torch.Tensor:
+        """``[num_layers, 2, kv_heads, num_blocks, block_size, head_dim]``: the request's KV
+        from every stage, layers in order (one RPC per layer)."""
+        layers: list[torch.Tensor] = []
+        for client, (a, b) in zip(self.clients, self.ranges, strict=True):
+            for j in range(b - a):
+                r = client.call("cpp.export_kv", {"rid": request_id, "layer": j})
+                raw = torch.frombuffer(bytearray(r["data"]), dtype=torch.uint8)
+                layers.append(raw.view(_torch_dtype(self._dtype)).view(*r["shape"]))
+        return torch.stack(layers)
+
+    def release(self, request_id: str) -> None:
+        for c in self.clients:
+            c.call("cpp.release", {"rid": request_id})
+
+    def close(self) -> None:
+        """Stop every stage (shutdown RPC, then terminate/kill what is left)."""
+        for c in self.clients:
+            with contextlib.suppress(Exception):  # it is going away anyway
+                c.call("cpp.shutdown", timeout_s=2.0)
+            c.close()
+        for p in self.procs:
+            try:
+                p.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                p.terminate()
+                try:
+                    p.wait(timeout=5.0)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
+        self.procs, self.clients = [], []
+
+
+def exported_blocks(kv: torch.Tensor, token_ids: Sequence[int],
+                    namespace: CacheNamespace) -> list[ExportedBlock]:
+    """The full blocks of a prompt's KV (``CppGroup.export_kv``) as ``ExportedBlock`` s of
+    ``namespace`` (the decode engine's: same model, dtype, layout and block size)."""
+    bs = namespace.block_size
+    keys = block_keys(list(token_ids), namespace)
+    digest = namespace.digest()
+    out = []
+    for i, key in enumerate(keys):
+        block = kv[:, :, :, i:i + 1].contiguous()
+        out.append(ExportedBlock(key, tuple(token_ids[i * bs:(i + 1) * bs]),
+                                 block.view(torch.uint8).numpy().tobytes(), digest))
+    return out
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    from pymooncake.engine.kv.kv_tensors import torch_dtype
+    return torch_dtype(name)
