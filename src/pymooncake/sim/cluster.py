@@ -2,7 +2,8 @@
 is advanced analytically between events (no event per decode token).
 
 Decode analytics: with a constant batch of ``B`` requests and ``C0`` context tokens, step ``k``
-takes ``t(k) = o + max(c·B, m0 + (C0 + k·B)·m)`` (the context grows by ``B`` per step), so the
+takes ``t(k) = o + max(c·B, m0 + (C0 + k·B)·m) + a·(C0 + k·B)`` (the context grows by ``B``
+per step; ``a`` is the non-overlapped attention term of a CPU calibration, 0 otherwise), so the
 time of ``K`` steps has a closed form and the number of steps done by a time is a short
 bisection. A node only has events when its batch changes (a join or a finish). Each constant
 stretch is kept as a segment so a finished request's token times — and its TBT — are rebuilt
@@ -19,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pymooncake.conductor.policy import DecodeEstimator
 from pymooncake.sim.cache_model import LruBlockCache
-from pymooncake.sim.cost_model import CostModel
 
 
 @dataclass(slots=True)
@@ -77,15 +78,16 @@ class PrefillNode:
 class DecodeNode:
     """Continuous batching, advanced analytically (see the module docstring)."""
 
-    def __init__(self, name: str, cm: CostModel, max_batch_size: int,
+    def __init__(self, name: str, est: DecodeEstimator, max_batch_size: int,
                  kv_capacity_tokens: int) -> None:
         self.name = name
         self.max_batch_size = max_batch_size
         self.kv_capacity_tokens = kv_capacity_tokens
-        self.o = cm.gpu.decode_step_overhead_s
-        self.c = cm.decode_compute_per_seq_s
-        self.m0 = cm.decode_mem_base_s
-        self.m = cm.decode_mem_per_token_s
+        self.o = est.overhead_s
+        self.c = est.per_sequence_s
+        self.m0 = est.weight_s
+        self.m = est.per_context_token_s
+        self.a = est.attention_per_context_token_s
         self.epoch_s = 0.0
         self.step = 0
         self.B = 0
@@ -96,13 +98,15 @@ class DecodeNode:
         self.version = 0
         self.num_incoming = 0
         self.incoming_ctx = 0
-        # segments (parallel lists): first step, start time, K, c·B, m0 + C0·m, B·m
+        # segments (parallel lists): first step, start time, K, c·B, m0 + C0·m, B·m, a·C0, a·B
         self.s_step0: list[int] = []
         self.s_t0: list[float] = []
         self.s_k: list[int] = []
         self.s_cb: list[float] = []
         self.s_a: list[float] = []
         self.s_slope: list[float] = []
+        self.s_att: list[float] = []
+        self.s_att_slope: list[float] = []
         self.s_ends: list[np.ndarray | None] = []
         """Token (step end) times of each segment, built on first use and shared by its batch."""
         self._view_cache: tuple[int, tuple[float, ...]] | None = None
@@ -116,11 +120,15 @@ class DecodeNode:
         a = self.m0 + self.C * self.m
         slope = self.B * self.m
         # first k at which memory dominates compute
-        ks = 0 if a >= cb else math.ceil((cb - a) / slope)
+        if a >= cb:
+            ks = 0
+        else:
+            ks = math.ceil((cb - a) / slope) if slope > 0 else k_steps
         ks = min(ks, k_steps)
         mem_steps = k_steps - ks
         mem = mem_steps * a + slope * (k_steps * (k_steps - 1) - ks * (ks - 1)) / 2
-        return k_steps * self.o + ks * cb + mem
+        att = self.a * (k_steps * self.C + self.B * k_steps * (k_steps - 1) / 2)
+        return k_steps * self.o + ks * cb + mem + att
 
     def _steps_done_by(self, elapsed_s: float, k_max: int) -> int:
         """Largest ``K <= k_max`` with ``time_of(K) <= elapsed_s``."""
@@ -136,7 +144,7 @@ class DecodeNode:
     def step_time_now(self) -> float:
         if self.B == 0:
             return 0.0
-        return self.o + max(self.c * self.B, self.m0 + self.C * self.m)
+        return self.o + max(self.c * self.B, self.m0 + self.C * self.m) + self.a * self.C
 
     # --- state changes ------------------------------------------------------------------
     def _advance(self, k_steps: int, done: list[SimRequest]) -> None:
@@ -149,6 +157,8 @@ class DecodeNode:
         self.s_cb.append(self.c * self.B)
         self.s_a.append(self.m0 + self.C * self.m)
         self.s_slope.append(self.B * self.m)
+        self.s_att.append(self.a * self.C)
+        self.s_att_slope.append(self.a * self.B)
         self.s_ends.append(None)
         self.epoch_s += self._time_of(k_steps)
         self.step += k_steps
@@ -237,7 +247,8 @@ class DecodeNode:
             if e is None:
                 j = np.arange(ks[i], dtype=np.float64)
                 e = self.s_t0[i] + np.cumsum(
-                    self.o + np.maximum(self.s_cb[i], self.s_a[i] + j * self.s_slope[i]))
+                    self.o + np.maximum(self.s_cb[i], self.s_a[i] + j * self.s_slope[i])
+                    + self.s_att[i] + j * self.s_att_slope[i])
                 ends[i] = e
             pieces.append(e[max(s_lo, st0) - st0:min(s_hi, st0 + ks[i]) - st0])
             i += 1

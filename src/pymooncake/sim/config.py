@@ -49,6 +49,10 @@ class SimConfig:
     """Model preset name or a path to a Hugging Face config.json."""
     gpu: str = "A800"
     """GPU preset: A800, H800, H100, H200 (a node = 8 GPUs)."""
+    calibration: str | None = None
+    """Path of a CPU calibration file (``sim.calibration``): its measured costs replace the
+    ``model``/``gpu`` roofline and its transfer bandwidth replaces ``network_bandwidth_gbps``;
+    a node is then one core running one engine."""
     cache_capacity_tokens: int | None = None
     """KV cache per node, in tokens. ``None``: ``DEFAULT_PD_CACHE_TOKENS`` of DRAM per prefill
     node for ``pd-local``/``pd-global``; for ``colocated`` an HBM prefix cache of

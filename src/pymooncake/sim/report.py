@@ -75,6 +75,7 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "num_decode": 0 if cfg.scenario == "colocated" else cfg.num_decode,
         "model": cfg.model,
         "gpu": cfg.gpu,
+        "calibration": cfg.calibration,
         "cache_capacity_tokens": res.cache_capacity_tokens,
         "early_rejection": cfg.early_rejection,
     }

@@ -30,6 +30,7 @@ from pymooncake.conductor.policy import (
 from pymooncake.obs.slo import tbt_s
 from pymooncake.sim import events as ev
 from pymooncake.sim.cache_model import LruBlockCache
+from pymooncake.sim.calibration import CalibratedCostModel, load_calibration
 from pymooncake.sim.cluster import DecodeNode, PrefillNode, SimRequest
 from pymooncake.sim.config import SimConfig
 from pymooncake.sim.cost_model import CostModel, resolve_gpu, resolve_model
@@ -45,7 +46,7 @@ class SimResult:
 
     config: SimConfig
     requests: list[SimRequest]
-    cost_model: CostModel
+    cost_model: CostModel | CalibratedCostModel
     num_events: int = 0
     bytes_moved: int = 0
     """KV bytes over the network: cache blocks fetched between nodes + P→D transfers."""
@@ -56,8 +57,12 @@ class SimResult:
     """Samples ``{"t_s": ..., "rank_1": replicas, "rank_10": ...}`` (ranks by accesses)."""
 
 
-def build_cost_model(cfg: SimConfig) -> CostModel:
-    """The ground-truth cost model of ``cfg`` (raises ``CostModelError`` for bad presets)."""
+def build_cost_model(cfg: SimConfig) -> CostModel | CalibratedCostModel:
+    """The ground-truth cost model of ``cfg`` (raises ``CostModelError`` for bad presets,
+    ``CalibrationError`` for a bad calibration file)."""
+    if cfg.calibration is not None:
+        return CalibratedCostModel(load_calibration(cfg.calibration),
+                                   chunk_size_tokens=cfg.chunk_size_tokens)
     return CostModel(resolve_model(cfg.model), resolve_gpu(cfg.gpu),
                      network_bandwidth_bytes_per_s=cfg.network_bandwidth_bytes_per_s,
                      chunk_size_tokens=cfg.chunk_size_tokens)
@@ -66,7 +71,8 @@ def build_cost_model(cfg: SimConfig) -> CostModel:
 class Simulator:
     """One run of ``trace`` under ``cfg``; call ``run()`` once."""
 
-    def __init__(self, trace: Trace, cfg: SimConfig, cost_model: CostModel | None = None) -> None:
+    def __init__(self, trace: Trace, cfg: SimConfig,
+                 cost_model: CostModel | CalibratedCostModel | None = None) -> None:
         if trace.block_size != cfg.block_size:
             raise ValueError(f"trace block size {trace.block_size} != config block size "
                              f"{cfg.block_size}")
@@ -95,10 +101,10 @@ class Simulator:
         # A colocated prefix cache is HBM: the running requests get what it leaves.
         kv_cap = hbm_kv - cap if self.colocated else hbm_kv
         if self.colocated:
-            self.decode_nodes = [DecodeNode(p.name, self.cm, cfg.max_batch_size, kv_cap)
+            self.decode_nodes = [DecodeNode(p.name, self.est.decode, cfg.max_batch_size, kv_cap)
                                  for p in self.prefill_nodes]
         else:
-            self.decode_nodes = [DecodeNode(f"d{i}", self.cm, cfg.max_batch_size, kv_cap)
+            self.decode_nodes = [DecodeNode(f"d{i}", self.est.decode, cfg.max_batch_size, kv_cap)
                                  for i in range(cfg.num_decode)]
         self.decode_by_name = {d.name: d for d in self.decode_nodes}
         self.access: dict[int, int] = {}
@@ -320,7 +326,8 @@ def _tbt(intervals: np.ndarray) -> float | None:
     return tbt_s(intervals.tolist())
 
 
-def simulate(trace: Trace, cfg: SimConfig, cost_model: CostModel | None = None) -> SimResult:
+def simulate(trace: Trace, cfg: SimConfig,
+             cost_model: CostModel | CalibratedCostModel | None = None) -> SimResult:
     """Replay ``trace`` on the cluster of ``cfg``; deterministic for a given config and seed.
 
     Raises ``CostModelError`` (unknown model/GPU) or ``ValueError`` (bad config) before any

@@ -16,6 +16,7 @@ from pymooncake.conductor.policy.estimators import (
     Estimators,
     PrefillEstimator,
     TransferEstimator,
+    fit_decode_estimator,
     fit_prefill_estimator,
 )
 from pymooncake.conductor.policy.hot_blocks import HotBlockConfig, blocks_to_replicate
@@ -66,6 +67,7 @@ __all__ = [
     "admit_ttft",
     "blocks_to_replicate",
     "evaluate_instance",
+    "fit_decode_estimator",
     "fit_prefill_estimator",
     "place_decode",
     "place_prefill_global_cache",

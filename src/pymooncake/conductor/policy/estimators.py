@@ -6,6 +6,7 @@ model; the policy evaluates them, never measures. Seconds and tokens throughout.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -50,23 +51,28 @@ class TransferEstimator:
 
 @dataclass(frozen=True, slots=True)
 class DecodeEstimator:
-    """Time of one continuous-batching step: ``overhead + max(compute, memory)``.
+    """Time of one continuous-batching step:
+    ``overhead + max(compute, memory) + attention_per_context_token_s · context``.
 
     ``compute = per_sequence_s · batch``; ``memory = weight_s + per_context_token_s · context``
-    (weights and the batch's KV read from HBM once per step).
+    (weights and the batch's KV read from HBM once per step). The last term (0 on a GPU
+    roofline) is attention work that does not overlap the GEMMs, as on a CPU core
+    (``fit_decode_estimator``).
     """
 
     overhead_s: float = 0.01114
     weight_s: float = 0.01507
     per_context_token_s: float = 3.499e-8
     per_sequence_s: float = 1.4e-4
+    attention_per_context_token_s: float = 0.0
 
     def step_s(self, batch_size: int, num_context_tokens: int) -> float:
         """Predicted decode step time (s) = the TBT each running request sees."""
         if batch_size <= 0:
             return 0.0
         mem = self.weight_s + self.per_context_token_s * num_context_tokens
-        return self.overhead_s + max(self.per_sequence_s * batch_size, mem)
+        return (self.overhead_s + max(self.per_sequence_s * batch_size, mem)
+                + self.attention_per_context_token_s * num_context_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,3 +131,68 @@ def fit_prefill_estimator(samples: Sequence[tuple[int, int, float]], *,
     atb = [sum(f[i] / scale[i] * t for f, t in rows) for i in range(k)]
     x = [v / s for v, s in zip(_solve(ata, atb), scale, strict=True)]
     return PrefillEstimator(x[0], x[1], x[2] if with_overhead else 0.0)
+
+
+def _lstsq(rows: Sequence[tuple[list[float], float]]) -> tuple[list[float], float]:
+    """Least squares on column-scaled normal equations; returns (x, sum of squared residuals)."""
+    k = len(rows[0][0])
+    scale = [max(abs(f[j]) for f, _ in rows) or 1.0 for j in range(k)]
+    ata = [[sum(f[i] / scale[i] * f[j] / scale[j] for f, _ in rows) for j in range(k)]
+           for i in range(k)]
+    atb = [sum(f[i] / scale[i] * t for f, t in rows) for i in range(k)]
+    x = [v / s for v, s in zip(_solve(ata, atb), scale, strict=True)]
+    sse = sum((sum(a * b for a, b in zip(f, x, strict=True)) - t) ** 2 for f, t in rows)
+    return x, sse
+
+
+def fit_decode_estimator(samples: Sequence[tuple[int, int, float]], *,
+                         relative: bool = True, grid: int = 200) -> DecodeEstimator:
+    """Least-squares fit of a ``DecodeEstimator`` to measured ``(batch, context tokens,
+    seconds)`` decode steps, in the form ``o + max(s·B, w) + a·C`` (a CPU core: the weights
+    are read once per step whatever the batch, the batch's GEMM work grows with ``B`` and
+    attention adds ``a`` per context token; ``per_context_token_s`` is 0).
+
+    With ``w = s·B*`` the model is ``o + s·max(B, B*) + a·C``, linear for a fixed knee ``B*``:
+    the knee is searched on a grid over ``[0, max B]`` and refined by golden section; the
+    knee with the least residual wins (``B* = 0``: purely additive). ``relative`` weights
+    each sample by ``1/seconds``. Raises ``ValueError`` for fewer than 3 samples, a bad
+    sample or a singular system (e.g. one batch size only).
+    """
+    if len(samples) < 3:
+        raise ValueError(f"need at least 3 decode samples, got {len(samples)}")
+    for b, c, t in samples:
+        if b < 1 or c < 0 or not t > 0:
+            raise ValueError(f"bad decode sample (batch={b}, context={c}, seconds={t})")
+    if len({b for b, _, _ in samples}) < 2:
+        raise ValueError("decode samples need at least 2 distinct batch sizes")
+
+    def fit(knee: float) -> tuple[list[float], float]:
+        rows = []
+        for b, c, t in samples:
+            w = 1.0 / t if relative else 1.0
+            rows.append(([w, max(float(b), knee) * w, float(c) * w], t * w))
+        try:
+            return _lstsq(rows)
+        except ValueError:  # e.g. one context per batch size: a·C not separable
+            return [0.0, 0.0, 0.0], math.inf
+
+    # The knee stays below the largest batch (else s multiplies a constant).
+    b_max = float(max(b for b, _, _ in samples))
+    knees = [b_max * i / grid for i in range(grid)]
+    errs = [fit(k)[1] for k in knees]
+    i = min(range(len(knees)), key=errs.__getitem__)
+    if math.isinf(errs[i]):
+        raise ValueError("decode samples do not determine the estimator (singular fit); "
+                         "measure more batch sizes and contexts")
+    lo, hi = knees[max(0, i - 1)], knees[min(grid - 1, i + 1)]
+    g = (5 ** 0.5 - 1) / 2
+    for _ in range(60):
+        m1, m2 = hi - g * (hi - lo), lo + g * (hi - lo)
+        if fit(m1)[1] <= fit(m2)[1]:
+            hi = m2
+        else:
+            lo = m1
+    knee = min((knees[i], (lo + hi) / 2), key=lambda k: fit(k)[1])
+    (o, s, a), _ = fit(knee)
+    return DecodeEstimator(overhead_s=o, weight_s=s * knee, per_context_token_s=0.0,
+                           per_sequence_s=s, attention_per_context_token_s=a)
