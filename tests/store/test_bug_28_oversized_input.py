@@ -11,6 +11,7 @@ UTF-8 are refused with ``INVALID_ARGUMENT`` before any RPC."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from pymooncake.store.client import MAX_KEY_BYTES
@@ -88,6 +89,23 @@ def test_bug_28_oversized_objects_and_edge_inputs(cluster_factory, tmp_path) -> 
     got = c.batch_get([*BAD_KEYS, "ok-batch"])
     assert [e.status for e in got[:-1]] == ["INVALID_ARGUMENT"] * len(BAD_KEYS)
     assert got[-1] == b"y"
+    # ... and bad zero-copy arguments are refused the same way, never a TypeError
+    buf = np.zeros(4096, dtype=np.uint8)
+    base = c.register_buffer(buf)
+    for addr, size in ((None, 16), ("x", 16), (base, None), (base, -1), (base, True),
+                       (base, 0), (base + 4090, 16), (-5, 16), (1.5, 16)):
+        assert _status(lambda a=addr, n=size: c.put_from("zc", a, n)) == "INVALID_ARGUMENT"
+        if addr == base + 4090:
+            continue  # a read checks only the bytes it writes (the object is 1 byte)
+        r = c.batch_get_into(["ok-batch"], [addr], [size])
+        assert isinstance(r[0], StoreError) and r[0].status == "INVALID_ARGUMENT", (addr, size)
+    for bad in ((["a"], [base], [1, 2]), (None, None, None), (["a"], [base, base], [1])):
+        assert _status(lambda bad=bad: c.batch_put_from(*bad)) == "INVALID_ARGUMENT"
+        assert _status(lambda bad=bad: c.batch_get_into(*bad)) == "INVALID_ARGUMENT"
+    assert _status(lambda: c.batch_put(["a", "b"], [b"x"])) == "INVALID_ARGUMENT"
+    assert not c.exist("a")
+    assert _status(lambda: c.unregister_buffer("nope")) == "INVALID_ARGUMENT"
+    assert c.get_into("ok-batch", base, 4096) == 1 and bytes(buf[:1]) == b"y"
     # 3. the client and the cluster are still up: an ordinary 1 KiB object round-trips
     small = pattern(99, 1024)
     c.put("after", small)

@@ -19,7 +19,7 @@ from pymooncake.store.client_base import (
     NEEDS_LOAD,
 )
 from pymooncake.store.client_master import MasterOps
-from pymooncake.store.client_memory import MemoryOps
+from pymooncake.store.client_memory import MemoryOps, check_lists
 from pymooncake.store.datapath import Move
 from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.protocol import (
@@ -263,15 +263,16 @@ class GetOps(MasterOps, MemoryOps):
 
     def batch_get_into(self, keys: Sequence[str], addrs: Sequence[int], sizes: Sequence[int],
                        prefer_local: bool = True) -> list[int | StoreError]:
-        if not len(keys) == len(addrs) == len(sizes):
-            raise StoreError(ErrorCode.INVALID_PARAMS, "keys, addrs and sizes differ in length")
+        check_lists(keys, addrs, sizes)
         plans = self._plan(keys, prefer_local)
         dests: list[tuple[int, int] | None] = []
         for p, a, s in zip(plans, addrs, sizes, strict=True):
-            if p.error is None and not self._in_registered(a, min(s, p.size) or 1):
-                p.error = StoreError(ErrorCode.INVALID_PARAMS,
-                                     f"[{a:#x}, +{s}) is not inside a registered buffer")
-            dests.append((a, s))
+            if p.error is None:
+                try:  # the object's bytes must land inside one registered buffer
+                    self._check_range(a, min(s, p.size) if isinstance(s, int) else s, 0)
+                except StoreError as e:
+                    p.error = e
+            dests.append((a, s) if p.error is None else None)
         self._read(plans, dests)
         return [p.error if p.error is not None else p.size for p in plans]
 

@@ -15,6 +15,21 @@ OVERFLOW_MAX_BYTES = 1 << 30
 """Largest value staged through the kept overflow buffer; larger ones get a one-off."""
 
 
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_lists(*lists: object) -> int:
+    """The common length of the argument lists of a batch call, else ``INVALID_PARAMS``."""
+    try:
+        n = {len(x) for x in lists}  # type: ignore[arg-type]
+    except TypeError:
+        raise StoreError(ErrorCode.INVALID_PARAMS, "batch arguments must be lists") from None
+    if len(n) != 1:
+        raise StoreError(ErrorCode.INVALID_PARAMS, "batch argument lists differ in length")
+    return n.pop()
+
+
 class MemoryOps(ClientBase):
     """Registration, staging and local views of ``StoreClient``."""
 
@@ -58,8 +73,8 @@ class MemoryOps(ClientBase):
         return addr
 
     def unregister_buffer(self, addr: int) -> None:
-        if addr not in self._registered:
-            raise StoreError(ErrorCode.INVALID_PARAMS, f"address {addr:#x} is not registered")
+        if not _is_int(addr) or addr not in self._registered:
+            raise StoreError(ErrorCode.INVALID_PARAMS, f"address {addr!r} is not registered")
         assert self._dp is not None
         self._dp.unregister(addr)
         del self._registered[addr]
@@ -106,6 +121,19 @@ class MemoryOps(ClientBase):
             self._overflow_busy = False
 
         return ov[1], ov[0][:size], give_back
+
+    def _check_range(self, addr: object, size: object, min_size: int) -> None:
+        """``StoreError(INVALID_PARAMS)`` unless ``addr`` is an int address and ``size`` an
+        int >= ``min_size`` whose range lies inside one registered buffer (bad arguments
+        are refused, never a ``TypeError`` from deep inside: case BUG-28)."""
+        if not _is_int(size) or size < min_size:  # type: ignore[operator]
+            raise StoreError(ErrorCode.INVALID_PARAMS,
+                             f"size={size!r}: must be an int >= {min_size}")
+        if not _is_int(addr) or addr <= 0:  # type: ignore[operator]
+            raise StoreError(ErrorCode.INVALID_PARAMS, f"addr={addr!r}: must be an int > 0")
+        if not self._in_registered(addr, max(size, 1)):  # type: ignore[arg-type]
+            raise StoreError(ErrorCode.INVALID_PARAMS,
+                             f"[{addr:#x}, +{size}) is not inside a registered buffer")
 
     def _in_registered(self, addr: int, size: int) -> bool:
         return any(base <= addr and addr + size <= base + n

@@ -14,7 +14,7 @@ import numpy as np
 from pymooncake.rpc import to_wire
 from pymooncake.store.client_base import DEFAULT_CONFIG, PUT_LATENCY
 from pymooncake.store.client_master import MasterOps
-from pymooncake.store.client_memory import MemoryOps
+from pymooncake.store.client_memory import MemoryOps, check_lists
 from pymooncake.store.config import ReplicateConfig
 from pymooncake.store.datapath import Move
 from pymooncake.store.errors import ErrorCode, StoreError
@@ -53,8 +53,7 @@ class PutOps(MasterOps, MemoryOps):
                   config: ReplicateConfig | None = None) -> list[StoreError | None]:
         """Put many; one ``None`` (stored) or ``StoreError`` per key."""
         t0 = time.perf_counter()
-        if len(keys) != len(values):
-            raise StoreError(ErrorCode.INVALID_PARAMS, "keys and values differ in length")
+        check_lists(keys, values)
         out: list[StoreError | None] = [None] * len(keys)
         views: list[memoryview | None] = []
         for i, (k, v) in enumerate(zip(keys, values, strict=True)):
@@ -81,17 +80,12 @@ class PutOps(MasterOps, MemoryOps):
 
     def batch_put_from(self, keys: Sequence[str], addrs: Sequence[int], sizes: Sequence[int],
                        config: ReplicateConfig | None = None) -> list[StoreError | None]:
-        if not len(keys) == len(addrs) == len(sizes):
-            raise StoreError(ErrorCode.INVALID_PARAMS, "keys, addrs and sizes differ in length")
+        check_lists(keys, addrs, sizes)
         out: list[StoreError | None] = [None] * len(keys)
         for i, (k, a, s) in enumerate(zip(keys, addrs, sizes, strict=True)):
             try:
                 self._check_key(k)
-                if not isinstance(s, int) or s <= 0:
-                    raise StoreError(ErrorCode.INVALID_PARAMS, f"size={s!r}: must be > 0")
-                if not self._in_registered(a, s):
-                    raise StoreError(ErrorCode.INVALID_PARAMS,
-                                     f"[{a:#x}, +{s}) is not inside a registered buffer")
+                self._check_range(a, s, 1)
             except StoreError as e:
                 out[i] = e
         self._put(list(keys), list(addrs),
