@@ -16,6 +16,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "pymooncake.cli.sim",
     "pymooncake.cli.bench_serving",
     "pymooncake.cli.p2p",
+    "pymooncake.cli.cpp",
 )
 
 

@@ -40,6 +40,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pymooncake.cli.model",
     "pymooncake.cli.bench",
     "pymooncake.cli.p2p",
+    "pymooncake.cli.ep",
+    "pymooncake.cli.cpp",
 )
 
 MODULE_EXTRAS: dict[str, str] = {

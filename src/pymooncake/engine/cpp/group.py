@@ -60,6 +60,7 @@ class CppGroup:
         self.procs: list[subprocess.Popen[str]] = []
         self.clients: list[SyncRpcClient] = []
         self.ranges: list[tuple[int, int]] = []
+        self.vocab_size = self.hidden_size = 0
         self._ids = itertools.count()
 
     def __enter__(self) -> CppGroup:
@@ -91,6 +92,8 @@ class CppGroup:
         self.clients = [SyncRpcClient("127.0.0.1", port, timeout_s=60.0) for port in ports]
         infos = [c.call("cpp.info") for c in self.clients]
         self.ranges = [(int(x["start"]), int(x["stop"])) for x in infos]
+        self.vocab_size = int(infos[0]["vocab_size"])
+        self.hidden_size = int(infos[0]["hidden_size"])
         for i in range(self.num_stages - 1):
             self.clients[i].call("cpp.connect", {"host": "127.0.0.1", "port": ports[i + 1]})
 

@@ -64,7 +64,9 @@ class StageServer:
     def _rpc_info(self, _: Any) -> dict:
         m = self.rt.model
         return {"start": m.start, "stop": m.stop, "first": m.first, "last": m.last,
-                "num_layers": m.config.num_layers, "free_blocks": self.rt.num_free_blocks,
+                "num_layers": m.config.num_layers, "vocab_size": m.config.vocab_size,
+                "hidden_size": m.config.hidden_size,
+                "free_blocks": self.rt.num_free_blocks,
                 "pid": os.getpid(), "core": sorted(os.sched_getaffinity(0))}
 
     def _rpc_connect(self, p: dict) -> bool:

@@ -1,0 +1,130 @@
+"""``pymooncake cpp run`` (a CPP prefill group, one prompt through it) and
+``pymooncake bench cpp`` (TTFT against one worker, break-even). docs/cpp.md."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from pymooncake.cli.common import add_group, add_json_flag, emit
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    from pymooncake.cli.role_common import add_model_flag
+    add_model_flag(p)
+    p.add_argument("--stages", type=int, default=2, help="pipeline stages (default 2)")
+    p.add_argument("--chunk-tokens", type=int, default=512,
+                   help="tokens per pipeline chunk (default 512)")
+    p.add_argument("--cores", default=None,
+                   help="comma-separated core per stage (default: the first allowed cores)")
+    add_json_flag(p)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    cpp = add_group(subparsers, "cpp", "chunked pipeline parallelism for long prefills")
+    p = cpp.add_parser(
+        "run", help="start a CPP group and prefill one random prompt through it",
+        description="Starts --stages stage processes (one core, one torch thread each, a "
+                    "contiguous slice of the model's layers each), prefills a random "
+                    "--prompt-len token prompt in --chunk-tokens chunks through the "
+                    "pipeline and prints the TTFT, the first token (greedy) and per-stage "
+                    "compute and hop times.")
+    _add_common(p)
+    p.add_argument("--prompt-len", type=int, default=4096, help="prompt tokens (default 4096)")
+    p.add_argument("--seed", type=int, default=0, help="prompt seed (default 0)")
+    p.set_defaults(handler=_cmd_run)
+
+
+def register_bench(bench: argparse._SubParsersAction) -> None:
+    p = bench.add_parser(
+        "cpp", help="CPP group vs one worker: TTFT per prompt length and the break-even",
+        description="One worker (its own core) and a CPP group (one core per stage) stay up "
+                    "and take the same fresh random prompts interleaved; reports TTFT "
+                    "median [min-max] per length, CPP/single, whether the first tokens "
+                    "agree, the hidden-state hop time and the break-even prompt length "
+                    "(measured, and from the cost model fitted to the run).")
+    _add_common(p)
+    p.add_argument("--prompt-len", type=int, default=4096,
+                   help="the headline prompt length (default 4096)")
+    p.add_argument("--sweep", default="512,768,1024,1536,2048",
+                   help="further prompt lengths for the break-even (default %(default)s; "
+                        "'' for none)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default 3)")
+    p.set_defaults(handler=_cmd_bench)
+
+
+def _cores(args: argparse.Namespace) -> list[int] | None:
+    from pymooncake.cli.main import UsageError
+    if args.stages < 1 or args.chunk_tokens < 1:
+        raise UsageError("--stages and --chunk-tokens must be >= 1")
+    if args.cores is None:
+        return None
+    try:
+        cores = [int(c) for c in args.cores.split(",") if c.strip()]
+    except ValueError:
+        raise UsageError(f"--cores {args.cores!r}: comma-separated core numbers") from None
+    if len(cores) != args.stages:
+        raise UsageError(f"--cores names {len(cores)} cores for {args.stages} stages")
+    return cores
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import random
+
+    from pymooncake.cli.main import CommandError, UsageError
+    from pymooncake.engine.cpp.group import CppError, CppGroup
+    cores = _cores(args)
+    if args.prompt_len < 1:
+        raise UsageError("--prompt-len must be >= 1")
+    try:
+        with CppGroup(args.model, args.stages, cores, num_blocks=-(-args.prompt_len // 16) + 16,
+                      chunk_tokens=args.chunk_tokens) as g:
+            rng = random.Random(args.seed)
+            ids = [rng.randrange(3, g.vocab_size) for _ in range(args.prompt_len)]
+            res = g.prefill(ids)
+            stats = g.stats(res.request_id)
+    except CppError as e:
+        raise CommandError(str(e)) from None
+    doc: dict[str, Any] = {
+        "model": args.model, "stages": [list(r) for r in g.ranges],
+        "prompt_tokens": args.prompt_len, "chunk_tokens": args.chunk_tokens,
+        "ttft_s": res.ttft_s, "first_token": res.first_token,
+        "stage_compute_s": [sum(s.get("compute_s", [])) for s in stats],
+        "hop_send_s": [s.get("send_s", []) for s in stats[:-1]],
+    }
+    emit(doc, args.json, _format_run)
+    return 0
+
+
+def _format_run(doc: dict[str, Any]) -> str:
+    hops = [h for s in doc["hop_send_s"] for h in s]
+    hop = f", hop median {sorted(hops)[len(hops) // 2] * 1e3:.2f} ms" if hops else ""
+    return (f"CPP {len(doc['stages'])} stages (layers {doc['stages']}), "
+            f"{doc['prompt_tokens']} tokens in chunks of {doc['chunk_tokens']}: TTFT "
+            f"{doc['ttft_s']:.3f} s, first token {doc['first_token']}, stage compute "
+            f"{', '.join(f'{s:.3f}' for s in doc['stage_compute_s'])} s{hop}")
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pymooncake.bench.cpp import format_human, run_cpp_bench
+    from pymooncake.cli.main import CommandError, UsageError
+    from pymooncake.engine.cpp.group import CppError
+    cores = _cores(args)
+    try:
+        lens = [args.prompt_len] + [int(x) for x in args.sweep.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--sweep {args.sweep!r}: comma-separated prompt lengths") from None
+    if min(lens) < 1 or args.repeats < 1:
+        raise UsageError("prompt lengths and --repeats must be >= 1")
+    try:
+        doc = run_cpp_bench(args.model, args.stages, lens, args.repeats, args.chunk_tokens,
+                            cores, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except (CppError, RuntimeError, ValueError) as e:
+        raise CommandError(str(e)) from None
+    head = next(r for r in doc["results"] if r["prompt_tokens"] == args.prompt_len)
+    doc["headline"] = {"prompt_tokens": args.prompt_len, "ratio": head["ratio"],
+                       "target_ratio": 0.65, "met": head["ratio"] <= 0.65
+                       and head["first_token_same"]}
+    emit(doc, args.json, format_human)
+    return 0

