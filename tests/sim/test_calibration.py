@@ -183,3 +183,16 @@ def test_cli_run_with_calibration(capsys, tmp_path, cal_file) -> None:  # noqa: 
     rc = main(["sim", "run", str(tr), "--calibration", str(bad)])
     err = capsys.readouterr().err
     assert rc == 1 and "format: expected" in err and str(bad) in err
+
+
+def test_fits_keep_coefficients_nonnegative() -> None:
+    """Timings whose least-squares fit has a negative term (noise) fit with that term 0."""
+    dec = [(1, 128, 0.080), (1, 512, 0.059), (4, 512, 0.084), (4, 2048, 0.135),
+           (16, 2048, 0.243), (16, 8192, 0.198)]
+    est = fit_decode_estimator(dec)
+    assert min(est.overhead_s, est.weight_s, est.per_sequence_s,
+               est.attention_per_context_token_s) >= 0
+    pre = [(100, 0, 0.2), (200, 0, 0.38), (400, 0, 0.70), (800, 0, 1.2), (800, 400, 0.55)]
+    assert fit_prefill_estimator(pre, with_overhead=True).quadratic_s < 0   # unconstrained
+    est_p = fit_prefill_estimator(pre, with_overhead=True, nonnegative=True)
+    assert min(est_p.quadratic_s, est_p.linear_s, est_p.overhead_s) >= 0

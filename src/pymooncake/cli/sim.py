@@ -67,6 +67,9 @@ def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
                         "%(default)s)")
     g.add_argument("--gpu", default="A800",
                    help="A800, H800, H100, H200; a node = 8 GPUs (default %(default)s)")
+    g.add_argument("--calibration", default=None, metavar="FILE",
+                   help="CPU calibration (sim calibrate-cpu): measured costs replace "
+                        "--model/--gpu and --bandwidth-gbps; a node = one core")
     g.add_argument("--cache-capacity-tokens", type=_int_tokens, default=None, metavar="C",
                    help="KV cache per node in tokens (default: 3000000 of DRAM per prefill "
                         "node for pd-local/pd-global; for colocated half the HBM KV space "
@@ -190,6 +193,7 @@ def _config(args: argparse.Namespace, **over: Any):  # noqa: ANN202
     from pymooncake.sim.config import SimConfig
     kw = dict(scenario=args.scenario, scheduler=_scheduler(args), num_prefill=args.prefill,
               num_decode=args.decode, model=args.model, gpu=args.gpu,
+              calibration=getattr(args, "calibration", None),
               cache_capacity_tokens=args.cache_capacity_tokens, output_length=args.output_length,
               ttft_slo_s=args.ttft_slo_s, tbt_slo_s=args.tbt_slo_s,
               early_rejection=args.early_rejection, network_bandwidth_gbps=args.bandwidth_gbps,
@@ -481,6 +485,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="GPU preset; only A800 matches Figure 14a (default %(default)s)")
     add_json_flag(p)
     p.set_defaults(handler=_cmd_calibrate)
+    from pymooncake.cli.sim_calibrate import register as register_calibrate_cpu
+    register_calibrate_cpu(sim)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

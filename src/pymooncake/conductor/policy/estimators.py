@@ -105,14 +105,17 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
 
 
 def fit_prefill_estimator(samples: Sequence[tuple[int, int, float]], *,
-                          with_overhead: bool = False, relative: bool = True) -> PrefillEstimator:
+                          with_overhead: bool = False, relative: bool = True,
+                          nonnegative: bool = False) -> PrefillEstimator:
     """Least-squares fit of ``PrefillEstimator`` to measured ``(num_tokens, num_prefix_tokens,
     seconds)`` profiles (e.g. ``pymooncake profile`` output).
 
     Features are ``n² − p²``, ``n − p`` and (``with_overhead``) 1. ``relative`` minimises the
     relative residuals (each sample weighted by ``1/seconds``, so short prompts count as much
-    as long ones); otherwise absolute seconds. Raises ``ValueError`` with fewer samples than
-    parameters, a bad sample (``seconds <= 0`` when relative) or a singular system.
+    as long ones); otherwise absolute seconds. ``nonnegative`` keeps every coefficient
+    >= 0 (noisy timings can otherwise give a negative term). Raises ``ValueError`` with
+    fewer samples than parameters, a bad sample (``seconds <= 0`` when relative) or a
+    singular system.
     """
     k = 3 if with_overhead else 2
     if len(samples) < k:
@@ -124,12 +127,7 @@ def fit_prefill_estimator(samples: Sequence[tuple[int, int, float]], *,
         w = 1.0 / t if relative else 1.0
         f = [float(n * n - p * p) * w, float(n - p) * w] + ([w] if with_overhead else [])
         rows.append((f, float(t) * w))
-    # Scale columns so the normal equations stay well conditioned.
-    scale = [max(abs(f[j]) for f, _ in rows) or 1.0 for j in range(k)]
-    ata = [[sum(f[i] / scale[i] * f[j] / scale[j] for f, _ in rows) for j in range(k)]
-           for i in range(k)]
-    atb = [sum(f[i] / scale[i] * t for f, t in rows) for i in range(k)]
-    x = [v / s for v, s in zip(_solve(ata, atb), scale, strict=True)]
+    x = _nnls(rows)[0] if nonnegative else _lstsq(rows)[0]
     return PrefillEstimator(x[0], x[1], x[2] if with_overhead else 0.0)
 
 
@@ -145,6 +143,29 @@ def _lstsq(rows: Sequence[tuple[list[float], float]]) -> tuple[list[float], floa
     return x, sse
 
 
+def _nnls(rows: Sequence[tuple[list[float], float]]) -> tuple[list[float], float]:
+    """Least squares with every coefficient >= 0: the best of the unconstrained fits over
+    the subsets of columns whose coefficients all come out >= 0 (exact for a few columns)."""
+    k = len(rows[0][0])
+    best: tuple[list[float], float] | None = None
+    for mask in range(1, 1 << k):
+        cols = [j for j in range(k) if mask >> j & 1]
+        try:
+            xs, sse = _lstsq([([f[j] for j in cols], t) for f, t in rows])
+        except ValueError:
+            continue
+        if min(xs) < 0 or (best is not None and sse >= best[1]):
+            continue
+        x = [0.0] * k
+        for j, v in zip(cols, xs, strict=True):
+            x[j] = v
+        best = (x, sse)
+    if best is None:
+        raise ValueError("profile samples do not determine the estimator (singular fit); "
+                         "measure more distinct points")
+    return best
+
+
 def fit_decode_estimator(samples: Sequence[tuple[int, int, float]], *,
                          relative: bool = True, grid: int = 200) -> DecodeEstimator:
     """Least-squares fit of a ``DecodeEstimator`` to measured ``(batch, context tokens,
@@ -154,9 +175,10 @@ def fit_decode_estimator(samples: Sequence[tuple[int, int, float]], *,
 
     With ``w = s·B*`` the model is ``o + s·max(B, B*) + a·C``, linear for a fixed knee ``B*``:
     the knee is searched on a grid over ``[0, max B]`` and refined by golden section; the
-    knee with the least residual wins (``B* = 0``: purely additive). ``relative`` weights
-    each sample by ``1/seconds``. Raises ``ValueError`` for fewer than 3 samples, a bad
-    sample or a singular system (e.g. one batch size only).
+    knee with the least residual wins (``B* = 0``: purely additive). Every coefficient is
+    kept >= 0 (noisy timings). ``relative`` weights each sample by ``1/seconds``. Raises
+    ``ValueError`` for fewer than 3 samples, a bad sample or a singular system (e.g. one
+    batch size only).
     """
     if len(samples) < 3:
         raise ValueError(f"need at least 3 decode samples, got {len(samples)}")
@@ -172,8 +194,8 @@ def fit_decode_estimator(samples: Sequence[tuple[int, int, float]], *,
             w = 1.0 / t if relative else 1.0
             rows.append(([w, max(float(b), knee) * w, float(c) * w], t * w))
         try:
-            return _lstsq(rows)
-        except ValueError:  # e.g. one context per batch size: a·C not separable
+            return _nnls(rows)
+        except ValueError:
             return [0.0, 0.0, 0.0], math.inf
 
     # The knee stays below the largest batch (else s multiplies a constant).

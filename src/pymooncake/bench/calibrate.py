@@ -1,0 +1,214 @@
+"""``pymooncake sim calibrate-cpu``: time the real engine on one pinned core and write the
+simulator's calibration file (``pymooncake.sim.calibration``; docs/sim.md, "CPU calibration").
+
+Measured, in this process, pinned to one core with one torch thread:
+- prefill: ``generate(max_tokens=1)`` of fresh random prompts of ``n`` tokens whose first
+  ``p`` tokens were prefilled just before (a local prefix-cache hit), on a ``prefill``-role
+  engine with the serving defaults (chunks of ``prefill_chunk_tokens``); median of repeats;
+- decode: ``B`` random prompts of ``L`` tokens are prefilled, then each of ``steps``
+  ``Engine.step()`` calls of the decoding batch is timed alone; per (B, L) the median step
+  time with the mean batch context ``C`` (prompt + output tokens of every sequence);
+- transfer: one memory copy of a large float32 tensor (bytes / seconds), unless a bandwidth
+  is given; KV bytes per token from the model.
+Then ``fit_prefill_estimator`` (with overhead) and ``fit_decode_estimator`` give the costs.
+The simulator itself never imports this module (DESIGN.md §2).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pymooncake.bench.runner import copy_bandwidth, cpu_model
+
+Say = Callable[[str], None]
+
+
+def pin_to_core(core: int) -> None:
+    """One core, one math thread (set before the engine builds its model)."""
+    os.sched_setaffinity(0, {core})
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = "1"
+
+
+def _engine(model: str, dtype: str, role: str, **kw: object):  # noqa: ANN202
+    from pymooncake.engine import Engine, EngineConfig
+    return Engine.from_model_name(model, EngineConfig(role=role, dtype=dtype, num_threads=1,
+                                                      **kw))
+
+
+def measure_prefill(model: str, dtype: str, lengths: Sequence[int],
+                    prefix_fractions: Sequence[float], repeats: int,
+                    say: Say | None = None) -> tuple[list[list[float]], dict[str, int]]:
+    """``[[n, p, seconds], ...]`` and the engine's sizes (serving defaults: chunked)."""
+    from pymooncake.engine import SamplingParams
+    max_len = max(lengths) + 16
+    blocks = max(1024, 3 * max_len // 16 + 64)
+    eng = _engine(model, dtype, "prefill", max_model_len=max_len, num_kv_blocks=blocks)
+    cfg = eng.config
+    vocab = eng.model.config.vocab_size
+    rng = random.Random(0)
+    one = SamplingParams(max_tokens=1)
+    eng.generate([[rng.randrange(vocab) for _ in range(64)]], one)  # warm-up
+    out = []
+    for n in lengths:
+        for frac in prefix_fractions:
+            p = int(n * frac) // cfg.block_size * cfg.block_size
+            times, cached = [], 0
+            for _ in range(repeats):
+                ids = [rng.randrange(vocab) for _ in range(n)]
+                if p:
+                    eng.generate([ids[:p]], one)
+                t0 = time.perf_counter()
+                res = eng.generate([ids], one)[0]
+                times.append(time.perf_counter() - t0)
+                cached = res.num_cached_tokens
+            t = statistics.median(times)
+            out.append([n, cached if p else 0, t])
+            if say:
+                say(f"prefill n={n} p={cached if p else 0}: {t * 1000:.1f} ms")
+    sizes = {"engine_block_size": cfg.block_size, "prefill_chunk_tokens":
+             cfg.prefill_chunk_tokens, "max_num_batched_tokens": cfg.max_num_batched_tokens}
+    return out, sizes
+
+
+def measure_decode(model: str, dtype: str, batches: Sequence[int], contexts: Sequence[int],
+                   steps: int, say: Say | None = None) -> list[list[float]]:
+    """``[[B, C, seconds], ...]``: the median decode step of ``B`` sequences of ``L`` prompt
+    tokens (``C`` = mean total context of the timed steps)."""
+    from pymooncake.engine import SamplingParams
+    max_len = max(contexts) + steps + 32
+    b_max = max(batches)
+    blocks = b_max * (-(-max_len // 16) + 2) + 64
+    eng = _engine(model, dtype, "colocated", max_model_len=max_len, num_kv_blocks=blocks,
+                  max_num_seqs=max(64, b_max), max_num_batched_tokens=max(2048, max_len),
+                  enable_prefix_caching=False)
+    vocab = eng.model.config.vocab_size
+    rng = random.Random(1)
+    eng.generate([[rng.randrange(vocab) for _ in range(32)]], SamplingParams(max_tokens=4))
+    out = []
+    for b in batches:
+        for L in contexts:
+            params = SamplingParams(max_tokens=steps + 3, ignore_eos=True)
+            rids = [eng.add_request([rng.randrange(vocab) for _ in range(L)], params)
+                    for _ in range(b)]
+            reqs = [eng.requests[r] for r in rids]
+            while any(not r.output_token_ids for r in reqs):
+                eng.step()
+            eng.step()  # the first all-decode step (allocations)
+            times, ctxs = [], []
+            for _ in range(steps):
+                ctxs.append(sum(r.num_tokens for r in reqs))
+                t0 = time.perf_counter()
+                eng.step()
+                times.append(time.perf_counter() - t0)
+            while eng.has_unfinished():
+                eng.step()
+            t = statistics.median(times)
+            out.append([b, round(statistics.fmean(ctxs)), t])
+            if say:
+                say(f"decode B={b} L={L}: {t * 1000:.2f} ms/step")
+    return out
+
+
+def _git(*args: str) -> str | None:
+    try:
+        r = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                           cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def provenance(core: int, model: str, dtype: str) -> dict[str, Any]:
+    """Where and with what the calibration was measured."""
+    import importlib.metadata as md
+
+    import torch
+
+    from pymooncake.engine import kernels
+    from pymooncake.engine.model.layers import onednn_enabled
+
+    def ver(d: str) -> str | None:
+        try:
+            return md.version(d)
+        except md.PackageNotFoundError:
+            return None
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "machine": platform.node(), "cpu": cpu_model(), "os_cpus": os.cpu_count(),
+        "core": core, "torch_threads": torch.get_num_threads(), "model": model, "dtype": dtype,
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "pymooncake": ver("pymooncake")},
+        "commit": _git("rev-parse", "HEAD"), "worktree_dirty": bool(status),
+        "engine_paths": {"onednn": onednn_enabled(), "c_kernels": kernels.available(),
+                         "c_kernels_unavailable_because": kernels.why_unavailable()},
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _rel_rms(pred: Callable[..., float], samples: Sequence[Sequence[float]]) -> float:
+    errs = [(pred(int(a), int(b)) - t) / t for a, b, t in samples]
+    return (sum(e * e for e in errs) / len(errs)) ** 0.5
+
+
+def calibrate(model: str = "smollm2", *, dtype: str = "float32", core: int = 0,
+              lengths: Sequence[int] = (64, 128, 256, 512, 1024, 2048),
+              prefix_fractions: Sequence[float] = (0.0, 0.5, 0.75), repeats: int = 3,
+              batches: Sequence[int] = (1, 2, 4, 8, 16, 32),
+              contexts: Sequence[int] = (128, 512, 1024), decode_steps: int = 16,
+              transfer_bandwidth_bytes_per_s: float | None = None,
+              transfer_overhead_s: float = 0.002, kv_capacity_tokens: int | None = None,
+              label: str = "", command: str = "", say: Say | None = None) -> dict[str, Any]:
+    """Measure, fit and return the calibration document (``Calibration.to_json``)."""
+    pin_to_core(core)
+    from pymooncake.conductor.policy import (
+        TransferEstimator,
+        fit_decode_estimator,
+        fit_prefill_estimator,
+    )
+    from pymooncake.engine.config import DEFAULT_KV_CAPACITY_TOKENS
+    from pymooncake.sim.calibration import CalibratedModel, Calibration, parse_calibration
+    load0 = os.getloadavg()
+    t_start = time.time()
+    pre, sizes = measure_prefill(model, dtype, lengths, prefix_fractions, repeats, say)
+    dec = measure_decode(model, dtype, batches, contexts, decode_steps, say)
+    eng = _engine(model, dtype, "decode", num_kv_blocks=16)
+    mc = eng.model.config
+    from pymooncake.engine.config import kv_bytes_per_token
+    kvb = kv_bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim,
+                             4 if dtype == "float32" else 2 if dtype != "float64" else 8)
+    fused = bool(eng.model.use_fused_path)
+    del eng
+    if transfer_bandwidth_bytes_per_s is None:
+        cb = copy_bandwidth(1 << 27, 5)
+        bw, src = cb["bytes_per_s"] / 2, "measured copy"  # one copy: nbytes / seconds
+    else:
+        bw, src = transfer_bandwidth_bytes_per_s, "flag"
+    pest = fit_prefill_estimator([(int(n), int(p), t) for n, p, t in pre], with_overhead=True,
+                                 nonnegative=True)
+    dest = fit_decode_estimator([(int(b), int(c), t) for b, c, t in dec])
+    prov = provenance(core, model, dtype)
+    prov["engine_paths"]["fused_step"] = fused
+    prov["load_average"] = {"start": list(load0), "end": list(os.getloadavg())}
+    prov["measure_seconds"] = round(time.time() - t_start, 1)
+    prov["command"] = command
+    node = {**sizes, "cores": 1, "threads": 1}
+    cal = Calibration(
+        CalibratedModel(model, mc.num_layers, kvb, dtype), pest, dest,
+        TransferEstimator(kvb, bw, transfer_overhead_s),
+        kv_capacity_tokens or DEFAULT_KV_CAPACITY_TOKENS, label=label, node=node,
+        samples={"prefill": pre, "decode": dec},
+        fit={"prefill_rel_rms": _rel_rms(pest.prefill_s, pre),
+             "decode_rel_rms": _rel_rms(dest.step_s, dec)},
+        provenance=prov, transfer_source=src)
+    doc = cal.to_json()
+    parse_calibration(doc, "generated calibration")  # what we write, we can read
+    return doc

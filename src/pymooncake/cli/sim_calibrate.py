@@ -1,0 +1,110 @@
+"""``pymooncake sim calibrate-cpu`` (measure the engine on one core, write the calibration
+file) and ``pymooncake sim cpu-capacity`` (the calibrated rate sweep: beside the live capacity
+results, or at a scale this machine cannot host). docs/sim.md, "CPU calibration".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from typing import Any
+
+from pymooncake.cli.common import add_json_flag, emit
+
+
+def _csv(kind: type, text: str, flag: str) -> list:
+    from pymooncake.cli.main import UsageError
+    try:
+        out = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{flag}: comma-separated numbers, got {text!r}") from None
+    if not out:
+        raise UsageError(f"{flag}: give at least one value")
+    return out
+
+
+def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
+    from pymooncake.cli.main import CommandError, UsageError, require_extras
+    lengths = _csv(int, args.lengths, "--lengths")
+    fracs = _csv(float, args.prefix_fractions, "--prefix-fractions")
+    batches = _csv(int, args.batches, "--batches")
+    contexts = _csv(int, args.contexts, "--contexts")
+    if min(lengths) < 2 or not all(0 <= f < 1 for f in fracs) or len(set(lengths)) < 2:
+        raise UsageError("--lengths: >= 2 distinct lengths >= 2; --prefix-fractions in [0, 1)")
+    if min(batches) < 1 or len(set(batches)) < 2 or min(contexts) < 1:
+        raise UsageError("--batches: >= 2 distinct batch sizes >= 1; --contexts >= 1")
+    if args.repeats < 1 or args.decode_steps < 1:
+        raise UsageError("--repeats and --decode-steps must be >= 1")
+    bw = None
+    if args.transfer_bandwidth_gbps is not None:
+        if not args.transfer_bandwidth_gbps > 0:
+            raise UsageError("--transfer-bandwidth-gbps must be > 0")
+        bw = args.transfer_bandwidth_gbps * 1e9 / 8
+    require_extras("torch")
+    from pymooncake.bench.calibrate import calibrate
+    say = None if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
+    try:
+        doc = calibrate(args.model, dtype=args.dtype, core=args.core, lengths=lengths,
+                        prefix_fractions=fracs, repeats=args.repeats, batches=batches,
+                        contexts=contexts, decode_steps=args.decode_steps,
+                        transfer_bandwidth_bytes_per_s=bw,
+                        transfer_overhead_s=args.transfer_overhead_ms / 1000,
+                        kv_capacity_tokens=args.kv_capacity_tokens, label=args.label,
+                        command=shlex.join(["pymooncake", *sys.argv[1:]]), say=say)
+    except (OSError, ValueError) as e:
+        raise CommandError(str(e)) from None
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+    def human(d: dict[str, Any]) -> str:
+        p, dc, t = d["prefill"], d["decode"], d["transfer"]
+        return "\n".join([
+            f"wrote {args.out} ({d['label'] or 'no label'})",
+            f"prefill t = {p['quadratic_s']:.3e}·(n²−p²) + {p['linear_s']:.3e}·(n−p) + "
+            f"{p['overhead_s']:.3e} s   (rel. RMS {d['fit']['prefill_rel_rms']:.1%})",
+            f"decode step = {dc['overhead_s']:.3e} + max({dc['per_sequence_s']:.3e}·B, "
+            f"{dc['weight_s']:.3e}) + {dc['attention_per_context_token_s']:.3e}·C s   "
+            f"(rel. RMS {d['fit']['decode_rel_rms']:.1%})",
+            f"transfer {t['kv_bytes_per_token']} B/token at {t['bandwidth_bytes_per_s'] / 1e9:.2f}"
+            f" GB/s ({t['bandwidth_source']}) + {t['overhead_s'] * 1000:.1f} ms"])
+    emit(doc, args.json, human)
+    return 0
+
+
+def register(sim: argparse._SubParsersAction) -> None:
+    """Add ``sim calibrate-cpu`` and ``sim cpu-capacity`` to the ``sim`` group."""
+    p = sim.add_parser(
+        "calibrate-cpu", help="measure the engine on one core; write a sim calibration",
+        description="Pin to one core (1 thread), time the engine's prefill over prompt and "
+                    "cached-prefix lengths and its decode step over batch size and context, "
+                    "fit the simulator's cost model and write the calibration JSON "
+                    "(sim run/sweep --calibration FILE). docs/sim.md, 'CPU calibration'.")
+    p.add_argument("--model", default="smollm2", help="engine --model spec (default %(default)s)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--core", type=int, default=0, help="CPU core to pin to (default 0)")
+    p.add_argument("--lengths", default="64,128,256,512,1024,2048",
+                   help="prefill prompt lengths, tokens (default %(default)s)")
+    p.add_argument("--prefix-fractions", default="0,0.5,0.75",
+                   help="cached prefix share of each prompt (default %(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="prefill runs per point, median")
+    p.add_argument("--batches", default="1,2,4,8,16,32",
+                   help="decode batch sizes (default %(default)s)")
+    p.add_argument("--contexts", default="128,512,1024",
+                   help="decode prompt length per sequence, tokens (default %(default)s)")
+    p.add_argument("--decode-steps", type=int, default=16,
+                   help="timed decode steps per (batch, context), median (default 16)")
+    p.add_argument("--transfer-bandwidth-gbps", type=float, default=None,
+                   help="P→D KV bandwidth in Gbps (default: one measured memory copy)")
+    p.add_argument("--transfer-overhead-ms", type=float, default=2.0,
+                   help="fixed cost per KV transfer, ms (default %(default)s)")
+    p.add_argument("--kv-capacity-tokens", type=int, default=None,
+                   help="KV tokens of one node's paged cache (default: the engine's 16384)")
+    p.add_argument("--label", default="", help="free text stored in the file (e.g. 'quiet')")
+    p.add_argument("--out", default="calibration.json", help="file to write")
+    add_json_flag(p)
+    p.set_defaults(handler=_cmd_calibrate_cpu)
+    from pymooncake.cli.sim_compare import register as register_compare
+    register_compare(sim)

@@ -1,0 +1,180 @@
+"""``pymooncake sim vs-live`` (the calibrated simulator replaying the live ``bench capacity``
+run, plotted against it) and ``pymooncake sim scale-out`` (the same kind of sweep at 8P+8D
+against 16 vLLM-like colocated instances, SIMULATED). docs/sim.md, "CPU calibration"."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pymooncake.cli.common import add_json_flag, emit
+
+
+def _fail(e: BaseException) -> None:
+    from pymooncake.cli.main import CommandError
+    raise CommandError(str(e)) from None
+
+
+def _out_ok(flag: str, path: str | None, suffix: str) -> None:
+    from pymooncake.cli.main import UsageError
+    if path is None:
+        return
+    p = Path(path)
+    if p.suffix.lower() != suffix:
+        raise UsageError(f"{flag} must name a {suffix} file, got {path!r}")
+    if not (p.parent if str(p.parent) else Path(".")).is_dir():
+        raise UsageError(f"{flag} {path}: directory {p.parent} does not exist")
+
+
+def _trace_paths(items: list[str] | None) -> dict[str, str]:
+    from pymooncake.cli.main import UsageError
+    out = {}
+    for it in items or ():
+        label, sep, path = it.partition("=")
+        if not sep or not label or not path:
+            raise UsageError(f"--trace: LABEL=PATH, got {it!r}")
+        out[label] = path
+    return out
+
+
+def _say(args: argparse.Namespace):  # noqa: ANN202
+    return None if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
+
+
+def _cmd_vs_live(args: argparse.Namespace) -> int:
+    _out_ok("--out", args.out, ".png")
+    _out_ok("--sim-out", args.sim_out, ".json")
+    paths = _trace_paths(args.trace)
+    try:
+        from pymooncake.bench.sim_vs_live import compare, simulate_like_live
+        from pymooncake.bench.sim_vs_live_plot import plot_vs_live
+        from pymooncake.sim.calibration import load_calibration
+        cal = load_calibration(args.calibration)
+        live = json.loads(Path(args.live).read_text())
+        sim = simulate_like_live(live, cal, args.calibration, trace_paths=paths,
+                                 say=_say(args))
+        rows = compare(live, sim, args.tolerance)
+        if args.sim_out:
+            Path(args.sim_out).write_text(json.dumps(sim, indent=1))
+        png = str(plot_vs_live(live, sim, args.out)) if args.out else None
+    except (OSError, ValueError, KeyError) as e:
+        _fail(e if not isinstance(e, KeyError) else ValueError(
+            f"{args.live}: the live document lacks {e.args[0]!r}"))
+    below = [r for r in rows if r["below_saturation"]]
+    out = {"rows": rows, "png": png, "tolerance": args.tolerance,
+           "below_saturation_points": len(below),
+           "below_saturation_within_tolerance": sum(r["within_tolerance"] for r in below)}
+
+    def human(d: dict[str, Any]) -> str:
+        lines = [f"{'trace':<13}{'system':<16}{'rate':>6}{'live p90':>10}{'sim p90':>10}"
+                 f"{'error':>8}  below sat."]
+        for r in d["rows"]:
+            lv, sv, e = r["live_ttft_p90_s"], r["sim_ttft_p90_s"], r["rel_error"]
+            lines.append(f"{r['trace']:<13}{r['system']:<16}{r['rate']:>6g}"
+                         f"{lv if lv is None else f'{lv:.3f}':>10}"
+                         f"{sv if sv is None else f'{sv:.3f}':>10}"
+                         f"{'-' if e is None else f'{e:+.0%}':>8}  {r['below_saturation']}")
+        lines.append(f"below saturation: {d['below_saturation_within_tolerance']}/"
+                     f"{d['below_saturation_points']} within ±{d['tolerance']:.0%}")
+        if d["png"]:
+            lines.append(f"wrote {d['png']}")
+        return "\n".join(lines)
+    emit(out, args.json, human)
+    return 0
+
+
+def _cmd_scale_out(args: argparse.Namespace) -> int:
+    from pymooncake.cli.main import UsageError
+    _out_ok("--out", args.out, ".png")
+    _out_ok("--sim-out", args.sim_out, ".json")
+    paths = _trace_paths(args.trace) or {
+        t: str(Path(args.traces_dir) / f"{t}_trace.jsonl") for t in ("conversation", "synthetic")}
+    if min(args.prefill, args.decode, args.colocated, args.requests) < 1:
+        raise UsageError("--prefill, --decode, --colocated and --requests must be >= 1")
+    if not args.rates or min(args.rates) <= 0:
+        raise UsageError("--rates must be > 0 req/s")
+    try:
+        from pymooncake.bench import capacity as cap
+        from pymooncake.bench.sim_vs_live import scale_out
+        from pymooncake.bench.sim_vs_live_plot import plot_scale_out
+        from pymooncake.sim.calibration import load_calibration
+        cal = load_calibration(args.calibration)
+        doc = scale_out(cal, args.calibration, paths, rates=sorted(args.rates),
+                        requests=args.requests, length_scale=args.length_scale,
+                        prefill=args.prefill, decode=args.decode, colocated=args.colocated,
+                        multiples=args.multiples, seed=args.seed, say=_say(args))
+        an = cap.analyze(doc)
+        if args.sim_out:
+            Path(args.sim_out).write_text(json.dumps(doc | {"analysis": an}, indent=1))
+        png = str(plot_scale_out(doc, args.out)) if args.out else None
+    except (OSError, ValueError) as e:
+        _fail(e)
+    out = {"simulated": True, "png": png, "base": {t: a["base"] for t, a in an.items()},
+           "headline": {t: a["headline"] for t, a in an.items()},
+           "capacity": {t: [{k: p[k] for k in ("ttft_multiple", "tbt_multiple", "capacity")}
+                            for p in a["pairs"]] for t, a in an.items()}}
+
+    def human(d: dict[str, Any]) -> str:
+        lines = ["SIMULATED (CPU-calibrated costs), effective capacity in req/s:"]
+        for t, pairs in d["capacity"].items():
+            for p in pairs:
+                caps = ", ".join(f"{s} {v['median']:g}" for s, v in p["capacity"].items())
+                lines.append(f"{t} TTFT {p['ttft_multiple']:g}x TBT {p['tbt_multiple']:g}x: "
+                             f"{caps}")
+        if d["png"]:
+            lines.append(f"wrote {d['png']}")
+        return "\n".join(lines)
+    emit(out, args.json, human)
+    return 0
+
+
+def register(sim: argparse._SubParsersAction) -> None:
+    """Add ``sim vs-live`` and ``sim scale-out``."""
+    p = sim.add_parser(
+        "vs-live", help="calibrated simulator against a live `bench capacity` run",
+        description="Replay the live capacity run's sample, rates and admission objectives in "
+                    "the simulator with CPU-calibrated costs; print simulated against live "
+                    "p90 TTFT per (trace, system, rate) and plot them.")
+    p.add_argument("--calibration", required=True, metavar="FILE",
+                   help="calibration JSON (sim calibrate-cpu)")
+    p.add_argument("--live", required=True, metavar="FILE",
+                   help="the document `pymooncake bench capacity` wrote")
+    p.add_argument("--trace", action="append", metavar="LABEL=PATH",
+                   help="trace file of a label when the live document's path is not here")
+    p.add_argument("--tolerance", type=float, default=0.20,
+                   help="relative p90 TTFT error counted as a match (default %(default)s)")
+    p.add_argument("--out", default=None, metavar="PNG", help="plot here")
+    p.add_argument("--sim-out", default=None, metavar="JSON",
+                   help="write the simulated capacity document here")
+    add_json_flag(p)
+    p.set_defaults(handler=_cmd_vs_live)
+
+    p = sim.add_parser(
+        "scale-out", help="SIMULATED: 8P+8D Mooncake vs 16 vLLM-like colocated instances",
+        description="The capacity sweep at a scale this machine cannot host, with "
+                    "CPU-calibrated costs (one node = one core): Mooncake P/D (global cache, "
+                    "Algorithm 1, early rejection) against vLLM-like colocated instances "
+                    "(chunked prefill mixed with decode, local prefix cache, round-robin).")
+    p.add_argument("--calibration", required=True, metavar="FILE")
+    p.add_argument("--traces-dir", default="/work/shared/traces")
+    p.add_argument("--trace", action="append", metavar="LABEL=PATH",
+                   help="traces to use (default: conversation and synthetic in --traces-dir)")
+    p.add_argument("--prefill", type=int, default=8)
+    p.add_argument("--decode", type=int, default=8)
+    p.add_argument("--colocated", type=int, default=16)
+    p.add_argument("--rates", type=float, nargs="+",
+                   default=[0.8, 1.6, 2.4, 3.6, 4.8, 6.4, 8.0, 9.6],
+                   help="arrival rates, req/s (default: the live rates x 8)")
+    p.add_argument("--requests", type=int, default=320,
+                   help="requests per point (whole prefix families; default %(default)s)")
+    p.add_argument("--length-scale", type=int, default=4)
+    p.add_argument("--multiples", type=float, nargs="+", default=[2.0, 5.0, 10.0],
+                   help="threshold multiples of the simulated single-request base")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, metavar="PNG")
+    p.add_argument("--sim-out", default=None, metavar="JSON")
+    add_json_flag(p)
+    p.set_defaults(handler=_cmd_scale_out)

@@ -1,0 +1,85 @@
+"""The calibrated simulator beside the live capacity experiment: the same sample and rates,
+the comparison rows and the plots, on a recorded small sample of the live document's format
+(tests/sim/data, numbers invented), and the SIMULATED scale-out sweep."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pymooncake.bench import capacity as cap
+from pymooncake.bench.sim_vs_live import compare, scale_lengths, simulate_like_live
+from pymooncake.cli.main import main
+from pymooncake.conductor.policy import DecodeEstimator, PrefillEstimator, TransferEstimator
+from pymooncake.sim.calibration import CalibratedModel, Calibration, load_calibration
+from pymooncake.workload import load_trace
+
+DATA = Path(__file__).with_name("data")
+LIVE = DATA / "capacity_live_sample.json"
+TRACE = DATA / "capacity_live_trace.jsonl"
+
+
+@pytest.fixture()
+def cal_file(tmp_path):  # noqa: ANN001, ANN201
+    cal = Calibration(CalibratedModel("smollm2", 30, 46080),
+                      PrefillEstimator(2.5e-7, 1.1e-3, 0.02),
+                      DecodeEstimator(0.004, 0.016, 0.0, 0.0035, 2e-7),
+                      TransferEstimator(46080, 5e9, 0.002), 16384, label="test")
+    p = tmp_path / "cal.json"
+    p.write_text(json.dumps(cal.to_json()))
+    return p
+
+
+def test_scale_lengths_keeps_blocks_aligned() -> None:
+    t = scale_lengths(load_trace(TRACE), 4)
+    assert t.block_size == 128
+    for r, o in zip(t.requests, load_trace(TRACE).requests, strict=True):
+        assert r.input_length == -(-o.input_length // 4) and r.hash_ids == o.hash_ids
+        assert len(r.hash_ids) <= -(-r.input_length // 128)
+    with pytest.raises(ValueError, match="must divide"):
+        scale_lengths(load_trace(TRACE), 3)
+
+
+def test_simulate_like_live_has_the_live_shape(cal_file) -> None:  # noqa: ANN001
+    live = json.loads(LIVE.read_text())
+    sim = simulate_like_live(live, load_calibration(cal_file), str(cal_file),
+                             trace_paths={"tiny": str(TRACE)})
+    assert sim["simulated"] and sim["config"]["traces"] == ["tiny"]
+    assert {(p["system"], p["rate"]) for p in sim["points"]} == {
+        (s, r) for s in live["config"]["systems"] for r in live["config"]["rates"]}
+    assert all(p["summary"]["num_requests"] == 12 for p in sim["points"])
+    an = cap.analyze(sim)               # the live capacity arithmetic works on it unchanged
+    assert an["tiny"]["pairs"]
+    rows = compare(live, sim)
+    assert len(rows) == 9
+    assert all(r["rel_error"] is not None for r in rows)
+    at1 = [r for r in rows if r["rate"] == 1.0]
+    assert not any(r["below_saturation"] for r in at1)   # 3 of 12 rejected in the sample
+
+
+def test_cli_vs_live_and_scale_out(capsys, tmp_path, cal_file) -> None:  # noqa: ANN001
+    png = tmp_path / "vs.png"
+    rc = main(["sim", "vs-live", "--calibration", str(cal_file), "--live", str(LIVE),
+               "--trace", f"tiny={TRACE}", "--out", str(png), "--sim-out",
+               str(tmp_path / "sim.json"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and png.stat().st_size > 1000 and len(out["rows"]) == 9
+    png2 = tmp_path / "so.png"
+    rc = main(["sim", "scale-out", "--calibration", str(cal_file), "--trace", f"tiny={TRACE}",
+               "--prefill", "2", "--decode", "2", "--colocated", "4", "--requests", "16",
+               "--rates", "0.5", "2", "--out", str(png2), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["simulated"] and png2.stat().st_size > 1000
+    assert set(out["capacity"]["tiny"][0]["capacity"]) == {"mooncake-2P2D", "vllm-like-4x1"}
+
+
+def test_cli_vs_live_bad_input(capsys, tmp_path, cal_file) -> None:  # noqa: ANN001
+    bad = tmp_path / "live.json"
+    bad.write_text(json.dumps({"kind": "other"}))
+    rc = main(["sim", "vs-live", "--calibration", str(cal_file), "--live", str(bad)])
+    assert rc == 1 and "lacks 'config'" in capsys.readouterr().err
+    rc = main(["sim", "vs-live", "--calibration", str(cal_file), "--live", str(LIVE),
+               "--out", str(tmp_path / "x.txt")])
+    assert rc == 2 and "--out must name a .png" in capsys.readouterr().err
