@@ -29,6 +29,9 @@ from typing import Any
 from pymooncake.bench.runner import copy_bandwidth, cpu_model
 
 Say = Callable[[str], None]
+STATISTICS = {"median": statistics.median, "min": min}
+"""How the repeats of one point are reduced: the median (a quiet machine) or the minimum
+(a loaded one: contention only ever adds time)."""
 
 
 def pin_to_core(core: int) -> None:
@@ -46,10 +49,11 @@ def _engine(model: str, dtype: str, role: str, **kw: object):  # noqa: ANN202
 
 def measure_prefill(model: str, dtype: str, lengths: Sequence[int],
                     prefix_fractions: Sequence[float], repeats: int,
-                    say: Say | None = None) -> tuple[list[list[float]], dict[str, int]]:
+                    say: Say | None = None, statistic: str = "median"
+                    ) -> tuple[list[list[float]], dict[str, int]]:
     """``[[n, p, seconds], ...]`` and the engine's sizes (serving defaults: chunked)."""
     from pymooncake.engine import SamplingParams
-    max_len = max(lengths) + 16
+    max_len = max(*lengths, 64) + 16
     blocks = max(1024, 3 * max_len // 16 + 64)
     eng = _engine(model, dtype, "prefill", max_model_len=max_len, num_kv_blocks=blocks)
     cfg = eng.config
@@ -70,7 +74,7 @@ def measure_prefill(model: str, dtype: str, lengths: Sequence[int],
                 res = eng.generate([ids], one)[0]
                 times.append(time.perf_counter() - t0)
                 cached = res.num_cached_tokens
-            t = statistics.median(times)
+            t = STATISTICS[statistic](times)
             out.append([n, cached if p else 0, t])
             if say:
                 say(f"prefill n={n} p={cached if p else 0}: {t * 1000:.1f} ms")
@@ -80,7 +84,8 @@ def measure_prefill(model: str, dtype: str, lengths: Sequence[int],
 
 
 def measure_decode(model: str, dtype: str, batches: Sequence[int], contexts: Sequence[int],
-                   steps: int, say: Say | None = None) -> list[list[float]]:
+                   steps: int, say: Say | None = None, statistic: str = "median"
+                   ) -> list[list[float]]:
     """``[[B, C, seconds], ...]``: the median decode step of ``B`` sequences of ``L`` prompt
     tokens (``C`` = mean total context of the timed steps)."""
     from pymooncake.engine import SamplingParams
@@ -111,10 +116,42 @@ def measure_decode(model: str, dtype: str, batches: Sequence[int], contexts: Seq
                 times.append(time.perf_counter() - t0)
             while eng.has_unfinished():
                 eng.step()
-            t = statistics.median(times)
+            t = STATISTICS[statistic](times)
             out.append([b, round(statistics.fmean(ctxs)), t])
             if say:
                 say(f"decode B={b} L={L}: {t * 1000:.2f} ms/step")
+    return out
+
+
+def measure_holdout(model: str, dtype: str, cases: Sequence[tuple[int, int]],
+                    say: Say | None = None, statistic: str = "median", repeats: int = 2
+                    ) -> list[dict[str, Any]]:
+    """Whole single requests not used by the fits: ``(prompt tokens, output tokens)`` ->
+    measured first-token and total seconds (the simulator's prediction is added later)."""
+    from pymooncake.engine import SamplingParams
+    max_len = max(n + k for n, k in cases) + 32
+    eng = _engine(model, dtype, "colocated", max_model_len=max_len,
+                  num_kv_blocks=max(256, max_len // 8 + 64), enable_prefix_caching=False)
+    vocab = eng.model.config.vocab_size
+    rng = random.Random(2)
+    eng.generate([[rng.randrange(vocab) for _ in range(32)]], SamplingParams(max_tokens=2))
+    out = []
+    for n, k in cases:
+        firsts, totals = [], []
+        for _ in range(repeats):
+            ids = [rng.randrange(vocab) for _ in range(n)]
+            t0 = time.perf_counter()
+            eng.generate([ids], SamplingParams(max_tokens=1))
+            firsts.append(time.perf_counter() - t0)
+            ids = [rng.randrange(vocab) for _ in range(n)]
+            t0 = time.perf_counter()
+            eng.generate([ids], SamplingParams(max_tokens=k, ignore_eos=True))
+            totals.append(time.perf_counter() - t0)
+        first, total = STATISTICS[statistic](firsts), STATISTICS[statistic](totals)
+        out.append({"prompt_tokens": n, "output_tokens": k, "first_token_s": first,
+                    "total_s": total})
+        if say:
+            say(f"holdout n={n} out={k}: first token {first:.3f} s, total {total:.3f} s")
     return out
 
 
@@ -166,6 +203,8 @@ def calibrate(model: str = "smollm2", *, dtype: str = "float32", core: int = 0,
               contexts: Sequence[int] = (128, 512, 1024), decode_steps: int = 16,
               transfer_bandwidth_bytes_per_s: float | None = None,
               transfer_overhead_s: float = 0.002, kv_capacity_tokens: int | None = None,
+              holdout: Sequence[tuple[int, int]] = ((768, 32), (1536, 32)),
+              statistic: str = "median",
               label: str = "", command: str = "", say: Say | None = None) -> dict[str, Any]:
     """Measure, fit and return the calibration document (``Calibration.to_json``)."""
     pin_to_core(core)
@@ -178,8 +217,10 @@ def calibrate(model: str = "smollm2", *, dtype: str = "float32", core: int = 0,
     from pymooncake.sim.calibration import CalibratedModel, Calibration, parse_calibration
     load0 = os.getloadavg()
     t_start = time.time()
-    pre, sizes = measure_prefill(model, dtype, lengths, prefix_fractions, repeats, say)
-    dec = measure_decode(model, dtype, batches, contexts, decode_steps, say)
+    pre, sizes = measure_prefill(model, dtype, lengths, prefix_fractions, repeats, say,
+                                 statistic)
+    dec = measure_decode(model, dtype, batches, contexts, decode_steps, say, statistic)
+    hold = measure_holdout(model, dtype, holdout, say, statistic) if holdout else []
     eng = _engine(model, dtype, "decode", num_kv_blocks=16)
     mc = eng.model.config
     from pymooncake.engine.config import kv_bytes_per_token
@@ -195,11 +236,19 @@ def calibrate(model: str = "smollm2", *, dtype: str = "float32", core: int = 0,
     pest = fit_prefill_estimator([(int(n), int(p), t) for n, p, t in pre], with_overhead=True,
                                  nonnegative=True)
     dest = fit_decode_estimator([(int(b), int(c), t) for b, c, t in dec])
+    for h in hold:  # the simulator's single-request arithmetic, with the fitted costs
+        n, k = h["prompt_tokens"], h["output_tokens"]
+        h["sim_first_token_s"] = pest.prefill_s(n, 0)
+        h["sim_total_s"] = h["sim_first_token_s"] + sum(dest.step_s(1, n + 1 + j)
+                                                        for j in range(k - 1))
+        h["first_token_error"] = h["sim_first_token_s"] / h["first_token_s"] - 1
+        h["total_error"] = h["sim_total_s"] / h["total_s"] - 1
     prov = provenance(core, model, dtype)
     prov["engine_paths"]["fused_step"] = fused
     prov["load_average"] = {"start": list(load0), "end": list(os.getloadavg())}
     prov["measure_seconds"] = round(time.time() - t_start, 1)
     prov["command"] = command
+    prov["statistic"] = statistic
     node = {**sizes, "cores": 1, "threads": 1}
     cal = Calibration(
         CalibratedModel(model, mc.num_layers, kvb, dtype), pest, dest,
@@ -207,7 +256,7 @@ def calibrate(model: str = "smollm2", *, dtype: str = "float32", core: int = 0,
         kv_capacity_tokens or DEFAULT_KV_CAPACITY_TOKENS, label=label, node=node,
         samples={"prefill": pre, "decode": dec},
         fit={"prefill_rel_rms": _rel_rms(pest.prefill_s, pre),
-             "decode_rel_rms": _rel_rms(dest.step_s, dec)},
+             "decode_rel_rms": _rel_rms(dest.step_s, dec), "holdout": hold},
         provenance=prov, transfer_source=src)
     doc = cal.to_json()
     parse_calibration(doc, "generated calibration")  # what we write, we can read

@@ -204,12 +204,13 @@ def scale_out(cal: Calibration, calibration_path: str, trace_paths: dict[str, st
               max_model_len: int = 8192, prefill: int = 8, decode: int = 8,
               colocated: int = 16, multiples: Sequence[float] = (2.0, 5.0, 10.0),
               admission_multiple: float = 5.0, solo_requests: int = 8, seed: int = 0,
-              kv_tokens: int | None = None, say: Say | None = None) -> dict[str, Any]:
+              kv_gib: float = 2.0, say: Say | None = None) -> dict[str, Any]:
     """Mooncake P/D (``prefill`` + ``decode`` one-core nodes, global cache, Algorithm 1,
     early rejection) against ``colocated`` vLLM-like one-core instances (chunked prefill
-    mixed with decode, local prefix cache, round-robin), all with the calibrated costs."""
+    mixed with decode, local prefix cache, round-robin), all with the calibrated costs.
+    Every node has ``kv_gib`` of paged KV (the live harness's ``--kv-gib``)."""
     from pymooncake.workload import load_trace
-    kv = kv_tokens or cal.kv_capacity_tokens
+    kv = int(kv_gib * (1 << 30) // cal.model.kv_bytes_per_token)
     cm = CalibratedCostModel(dataclasses.replace(cal, kv_capacity_tokens=kv),
                              chunk_size_tokens=int(cal.node.get("prefill_chunk_tokens", 512)))
     samples = {}
@@ -230,7 +231,8 @@ def scale_out(cal: Calibration, calibration_path: str, trace_paths: dict[str, st
                     solo_requests=solo_requests, admission_multiple=admission_multiple,
                     say=say)
     doc["config"] |= {"length_scale": length_scale, "requests": requests, "seed": seed,
-                      "kv_tokens_per_node": kv, "prefill": prefill, "decode": decode,
-                      "colocated": colocated, "admission_multiple": admission_multiple}
+                      "kv_tokens_per_node": kv, "kv_gib": kv_gib, "prefill": prefill,
+                      "decode": decode, "colocated": colocated,
+                      "admission_multiple": admission_multiple}
     doc["calibration"] = _calibration_info(cal, calibration_path)
     return doc

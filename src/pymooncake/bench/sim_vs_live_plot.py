@@ -60,7 +60,8 @@ def plot_vs_live(live: dict[str, Any], sim: dict[str, Any], out: str | Path) -> 
 def plot_scale_out(doc: dict[str, Any], out: str | Path) -> Path:
     """SIMULATED Figure 6: p90 TTFT (top) and p90 TBT (bottom) against rate per system and
     trace; the thresholds (multiples of the simulated solo base) dotted; each system's
-    capacity at the strictest pair where some system has one marked by a vertical line."""
+    capacity at the strictest pair where some system has one marked by a vertical line; a
+    cross marks a rate where more than 10 % of the requests were rejected."""
     plt = _plt()
     an = cap.analyze(doc)
     traces = doc["config"]["traces"]
@@ -75,8 +76,11 @@ def plot_scale_out(doc: dict[str, Any], out: str | Path) -> Path:
             for i, system in enumerate(doc["config"]["systems"]):
                 c = COLORS[i % len(COLORS)]
                 pts = [r for r in cap.rate_curves(doc, label, system, key) if "median" in r]
-                ax.plot([r["rate"] for r in pts], [r["median"] for r in pts], "o-", color=c,
+                ax.plot([r["rate"] for r in pts], [r["median"] for r in pts], "-", color=c,
                         label=system)
+                for ok, mk in ((True, "o"), (False, "x")):
+                    sel = [r for r in pts if r["admitted_ok"] is ok]
+                    ax.plot([r["rate"] for r in sel], [r["median"] for r in sel], mk, color=c)
                 if pair and pair["capacity"].get(system, {}).get("median", 0) > 0:
                     ax.axvline(pair["capacity"][system]["median"], color=c, ls="--", lw=1)
             for m in doc["config"]["multiples"]:

@@ -25,6 +25,16 @@ def _csv(kind: type, text: str, flag: str) -> list:
     return out
 
 
+def _pair(text: str) -> tuple[int, int]:
+    try:
+        n, k = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"N:K (prompt:output tokens), got {text!r}") from None
+    if n < 1 or k < 2:
+        raise argparse.ArgumentTypeError(f"N >= 1 and K >= 2, got {text!r}")
+    return n, k
+
+
 def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
     from pymooncake.cli.main import CommandError, UsageError, require_extras
     lengths = _csv(int, args.lengths, "--lengths")
@@ -52,6 +62,7 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
                         transfer_bandwidth_bytes_per_s=bw,
                         transfer_overhead_s=args.transfer_overhead_ms / 1000,
                         kv_capacity_tokens=args.kv_capacity_tokens, label=args.label,
+                        statistic=args.statistic, holdout=args.holdout,
                         command=shlex.join(["pymooncake", *sys.argv[1:]]), say=say)
     except (OSError, ValueError) as e:
         raise CommandError(str(e)) from None
@@ -69,7 +80,12 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
             f"{dc['weight_s']:.3e}) + {dc['attention_per_context_token_s']:.3e}·C s   "
             f"(rel. RMS {d['fit']['decode_rel_rms']:.1%})",
             f"transfer {t['kv_bytes_per_token']} B/token at {t['bandwidth_bytes_per_s'] / 1e9:.2f}"
-            f" GB/s ({t['bandwidth_source']}) + {t['overhead_s'] * 1000:.1f} ms"])
+            f" GB/s ({t['bandwidth_source']}) + {t['overhead_s'] * 1000:.1f} ms", *[
+                f"held out: {h['prompt_tokens']} tokens + {h['output_tokens']} out: first "
+                f"token {h['first_token_s']:.3f} s measured, {h['sim_first_token_s']:.3f} s "
+                f"simulated ({h['first_token_error']:+.0%}); total {h['total_s']:.3f} s vs "
+                f"{h['sim_total_s']:.3f} s ({h['total_error']:+.0%})"
+                for h in d["fit"].get("holdout", [])]])
     emit(doc, args.json, human)
     return 0
 
@@ -102,6 +118,12 @@ def register(sim: argparse._SubParsersAction) -> None:
                    help="fixed cost per KV transfer, ms (default %(default)s)")
     p.add_argument("--kv-capacity-tokens", type=int, default=None,
                    help="KV tokens of one node's paged cache (default: the engine's 16384)")
+    p.add_argument("--statistic", choices=("median", "min"), default="median",
+                   help="reduce the repeats of a point by their median (quiet machine) or "
+                        "minimum (loaded machine) (default %(default)s)")
+    p.add_argument("--holdout", type=_pair, nargs="*", default=[(768, 32), (1536, 32)],
+                   metavar="N:K", help="whole requests (N prompt, K output tokens) timed "
+                   "for the simulated-vs-measured check, not fitted (default 768:32 1536:32)")
     p.add_argument("--label", default="", help="free text stored in the file (e.g. 'quiet')")
     p.add_argument("--out", default="calibration.json", help="file to write")
     add_json_flag(p)

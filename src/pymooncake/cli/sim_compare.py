@@ -94,8 +94,8 @@ def _cmd_scale_out(args: argparse.Namespace) -> int:
         t: str(Path(args.traces_dir) / f"{t}_trace.jsonl") for t in ("conversation", "synthetic")}
     if min(args.prefill, args.decode, args.colocated, args.requests) < 1:
         raise UsageError("--prefill, --decode, --colocated and --requests must be >= 1")
-    if not args.rates or min(args.rates) <= 0:
-        raise UsageError("--rates must be > 0 req/s")
+    if not args.rates or min(args.rates) <= 0 or not args.kv_gib > 0:
+        raise UsageError("--rates (req/s) and --kv-gib must be > 0")
     try:
         from pymooncake.bench import capacity as cap
         from pymooncake.bench.sim_vs_live import scale_out
@@ -105,7 +105,8 @@ def _cmd_scale_out(args: argparse.Namespace) -> int:
         doc = scale_out(cal, args.calibration, paths, rates=sorted(args.rates),
                         requests=args.requests, length_scale=args.length_scale,
                         prefill=args.prefill, decode=args.decode, colocated=args.colocated,
-                        multiples=args.multiples, seed=args.seed, say=_say(args))
+                        multiples=args.multiples, seed=args.seed, kv_gib=args.kv_gib,
+                        say=_say(args))
         an = cap.analyze(doc)
         if args.sim_out:
             Path(args.sim_out).write_text(json.dumps(doc | {"analysis": an}, indent=1))
@@ -174,6 +175,8 @@ def register(sim: argparse._SubParsersAction) -> None:
     p.add_argument("--multiples", type=float, nargs="+", default=[2.0, 5.0, 10.0],
                    help="threshold multiples of the simulated single-request base")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-gib", type=float, default=2.0,
+                   help="paged KV per node, GiB (the live --kv-gib; default %(default)s)")
     p.add_argument("--out", default=None, metavar="PNG")
     p.add_argument("--sim-out", default=None, metavar="JSON")
     add_json_flag(p)

@@ -1,0 +1,51 @@
+"""``sim calibrate-cpu``'s harness end to end on the tiny model (a tiny grid): the document
+it writes parses as a calibration and carries samples, fits, held-out checks, provenance."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+
+from pymooncake.cli.main import main  # noqa: E402
+from pymooncake.sim.calibration import load_calibration  # noqa: E402
+
+
+@pytest.fixture()
+def keep_affinity(monkeypatch):  # noqa: ANN001, ANN201
+    cores = os.sched_getaffinity(0)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.setenv(var, os.environ.get(var, ""))
+    yield min(cores)
+    os.sched_setaffinity(0, cores)
+
+
+def test_calibrate_cpu_tiny(capsys, tmp_path, keep_affinity) -> None:  # noqa: ANN001
+    out = tmp_path / "cal.json"
+    rc = main(["sim", "calibrate-cpu", "--model", "tiny", "--core", str(keep_affinity),
+               "--lengths", "16,32,48", "--prefix-fractions", "0,0.5", "--repeats", "1",
+               "--batches", "1,2", "--contexts", "16,32", "--decode-steps", "2",
+               "--holdout", "24:3", "--transfer-bandwidth-gbps", "80", "--label", "test",
+               "--out", str(out), "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    cal = load_calibration(out)
+    assert cal.label == "test" and cal.model.name == "tiny"
+    assert cal.transfer.bandwidth_bytes_per_s == 10e9 and cal.transfer_source == "flag"
+    assert len(doc["samples"]["prefill"]) == 6 and len(doc["samples"]["decode"]) == 4
+    assert doc["fit"]["holdout"][0]["prompt_tokens"] == 24
+    prov = doc["provenance"]
+    assert prov["core"] == keep_affinity and prov["torch_threads"] == 1
+    assert {"onednn", "c_kernels", "fused_step"} <= set(prov["engine_paths"])
+    assert prov["versions"]["torch"] and prov["load_average"]["start"]
+    assert os.sched_getaffinity(0) == {keep_affinity}   # it pinned this process
+
+
+def test_calibrate_cpu_bad_flags(capsys) -> None:  # noqa: ANN001
+    assert main(["sim", "calibrate-cpu", "--lengths", "64"]) == 2
+    assert "--lengths" in capsys.readouterr().err
+    assert main(["sim", "calibrate-cpu", "--batches", "4,4"]) == 2
+    assert "--batches" in capsys.readouterr().err
