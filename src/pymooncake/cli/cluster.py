@@ -142,7 +142,7 @@ class LocalCluster:
         s = self.spec
         try:
             if s.metadata:
-                m = self._spawn("master", ["master", "--port", "0"])
+                m = self._spawn("master", ["master", "--port", "0", "--metadata", s.metadata])
                 self.metadata_url = s.metadata
             else:
                 m = self._spawn("master", ["master", "--port", "0",
@@ -154,7 +154,8 @@ class LocalCluster:
                       s.policy, "--model", s.model, "--context-length", str(s.max_model_len),
                       "--ttft-slo", str(s.ttft_slo_s), "--tbt-slo", str(s.tbt_slo_s),
                       "--max-concurrency", str(s.max_concurrency),
-                      "--queue-capacity", str(s.queue_capacity), *s.extra_conductor_flags]
+                      "--queue-capacity", str(s.queue_capacity), "--master",
+                      self.master_addr, *s.extra_conductor_flags]
             if s.colocated:
                 cflags.append("--colocated")
             if s.profile:

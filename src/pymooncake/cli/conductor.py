@@ -57,6 +57,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="etcd://host:port[/cluster_id] of the Store's HA masters: the "
                    "store-tier view is rebuilt on each change of their leader")
     add_model_flag(c)
+    c.add_argument("--master", default=None, metavar="HOST:PORT",
+                   help="the Store master, which copies hot blocks to more prefill "
+                        "instances (hot-block replication; none without it)")
+    c.add_argument("--hot-replication", action=argparse.BooleanOptionalAction, default=True,
+                   help="hot-block replication (on by default; needs --master and the "
+                        "global Store)")
+    c.add_argument("--hot-replication-budget", type=int, default=256 << 20, metavar="BYTES",
+                   help="most bytes the replicas it makes may hold at once")
+    c.add_argument("--hot-min-accesses", type=int, default=2, metavar="N",
+                   help="reuses within --hot-window that make a block hot")
+    c.add_argument("--hot-max-replicas", type=int, default=None, metavar="N",
+                   help="most holders per block (default: every prefill instance)")
+    c.add_argument("--hot-window", type=float, default=60.0, metavar="S",
+                   help="sliding window of the reuse counts (s)")
     c.add_argument("--context-length", type=int, default=8192)
     c.add_argument("--max-concurrency", type=int, default=64)
     c.add_argument("--queue-capacity", type=int, default=256)
@@ -108,7 +122,12 @@ def _cmd_conductor(args: argparse.Namespace) -> int:
                               global_store=args.global_store,
                               context_length=args.context_length,
                               prefill_concurrency_limit=args.prefill_concurrency_limit,
-                              store_master=args.store_master)
+                              store_master=args.store_master, master=args.master,
+                              hot_replication=args.hot_replication,
+                              hot_replication_budget_bytes=args.hot_replication_budget,
+                              hot_min_accesses=args.hot_min_accesses,
+                              hot_max_replicas=args.hot_max_replicas,
+                              hot_window_s=args.hot_window)
         aliases = (args.model,) if args.model != source.served_name else ()
         api_cfg = ApiConfig(model_name=source.served_name, model_aliases=aliases,
                             context_length=args.context_length,

@@ -60,6 +60,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--enable-http-metadata-server", action="store_true",
                    help="also serve a Mooncake-style HTTP metadata server (as Mooncake's)")
     m.add_argument("--http-metadata-server-port", type=int, default=8080)
+    m.add_argument("--metadata", default=None, metavar="URL",
+                   help="Transfer Engine metadata service the master's replica copies use "
+                        "(hot-block replication; default: the embedded HTTP metadata server "
+                        "when enabled, else no copies)")
     m.add_argument("--ha", "--enable-ha", dest="ha", action="store_true",
                    help="high availability: elect a leader among the masters of "
                    "--cluster-id through --etcd-endpoints; followers refuse calls with the "
@@ -144,6 +148,7 @@ def _run_master(args: argparse.Namespace) -> int:
                 with _binding("--http-metadata-server-port", args.http_metadata_server_port,
                               args.host):
                     md = MetadataHttpServer(args.host, args.http_metadata_server_port).start()
+            svc.copier.metadata_url = args.metadata or (md.url if md is not None else None)
             if cfg.metrics_port is not None:
                 with _binding("--metrics-port", cfg.metrics_port, cfg.host):
                     metrics.serve_metrics(cfg.metrics_port, cfg.host)

@@ -38,6 +38,9 @@ class WorkerEntry:
     """Placed decodes: request id → (context tokens, predicted finish time)."""
     held_keys: set[str] = field(default_factory=set)
     """Block keys its local prefix cache holds (from its KV events)."""
+    replica_keys: set[str] = field(default_factory=set)
+    """Block keys hot-block replication copied to its Store segment (``add_replicas``):
+    a hit on this instance for the placement, whatever its prefix cache evicts."""
 
 
 class ClusterState:
@@ -54,7 +57,7 @@ class ClusterState:
     def register(self, info: WorkerInfo, now_s: float) -> WorkerEntry:
         old = self.workers.get(info.instance_id)
         if old is not None:
-            self.index.evict(InstanceId(info.instance_id), old.held_keys)
+            self.index.evict(InstanceId(info.instance_id), old.held_keys | old.replica_keys)
         entry = WorkerEntry(info, now_s)
         self.workers[info.instance_id] = entry
         return entry
@@ -79,6 +82,33 @@ class ClusterState:
         else:
             return  # an unregistered worker's events would never be dropped again
         apply_kv_events(self.index, ev)
+        if w is not None and ev.removed and w.replica_keys:
+            # its prefix cache dropped them, its Store segment still holds a replica
+            self.index.insert(InstanceId(ev.holder), w.replica_keys.intersection(ev.removed))
+        elif w is None and ev.removed:
+            self.drop_replicas(ev.removed)
+
+    def add_replicas(self, instance_id: str, keys: list[str]) -> bool:
+        """Hot-block replication copied ``keys`` to ``instance_id``'s Store segment: the
+        placement counts them as its own from now on. False when it left meanwhile."""
+        w = self.workers.get(instance_id)
+        if w is None:
+            return False
+        w.replica_keys.update(keys)
+        self.index.insert(InstanceId(instance_id), keys)
+        return True
+
+    def drop_replicas(self, keys: Any) -> dict[str, int]:
+        """The Store lost ``keys`` (every replica): forget the replicas of them; returns
+        instance → how many it lost."""
+        lost: dict[str, int] = {}
+        for w in self.workers.values():
+            gone = w.replica_keys.intersection(keys)
+            if gone:
+                w.replica_keys.difference_update(gone)
+                self.index.evict(InstanceId(w.info.instance_id), gone - w.held_keys)
+                lost[w.info.instance_id] = len(gone)
+        return lost
 
     def reset_store_view(self) -> int:
         """The Store's master leader changed: forget every block the Store was known to
@@ -87,6 +117,7 @@ class ClusterState:
         n = len(self.store_keys)
         if n:
             self.index.evict(STORE_HOLDER, self.store_keys)
+            self.drop_replicas(self.store_keys)
         self.store_keys = set()
         return n
 
@@ -101,7 +132,7 @@ class ClusterState:
     def remove(self, instance_id: str) -> WorkerEntry | None:
         w = self.workers.pop(instance_id, None)
         if w is not None:
-            self.index.evict(InstanceId(instance_id), w.held_keys)
+            self.index.evict(InstanceId(instance_id), w.held_keys | w.replica_keys)
         return w
 
     # -- views ----------------------------------------------------------------------------

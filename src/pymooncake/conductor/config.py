@@ -64,6 +64,20 @@ class ConductorConfig:
     """``etcd://host:port[/cluster_id]`` of the Store's HA masters: on each change of
     leader the store-tier view is dropped and rebuilt from the KV events that follow
     (BUG-58). ``None`` = a single master (nothing to follow)."""
+    master: str | None = None
+    """``host:port`` of the Store master, which copies hot blocks to more holders
+    (``hot_replication``); ``None`` = no replication."""
+    hot_replication: bool = True
+    """Hot-block replication (FAST'25 §4.2, Figure 11; ``conductor.replication``): blocks
+    reused at least ``hot_min_accesses`` times in the last ``hot_window_s`` seconds are
+    copied to the Store segment of one more prefill instance per placement, which then
+    counts them as its own hits. Needs ``master`` and the global Store."""
+    hot_replication_budget_bytes: int = 256 << 20
+    """Most bytes the replicas made by hot-block replication may hold at once."""
+    hot_min_accesses: int = 2
+    hot_max_replicas: int | None = None
+    """Most holders (prefill instances, plus the Store itself) per block; None = any."""
+    hot_window_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -78,6 +92,11 @@ class ConductorConfig:
             raise ValueError("online_profile_every must be >= 1 and online_profile_window >= 3")
         if self.worker_timeout_s <= 0 or self.rpc_timeout_s <= 0:
             raise ValueError("timeouts must be > 0 seconds")
+        if self.hot_replication_budget_bytes < 0 or self.hot_window_s <= 0:
+            raise ValueError("hot_replication_budget_bytes must be >= 0, hot_window_s > 0")
+        if self.hot_min_accesses < 1 or (self.hot_max_replicas is not None
+                                         and self.hot_max_replicas < 1):
+            raise ValueError("hot_min_accesses and hot_max_replicas must be >= 1")
         if self.store_master is not None:
             from pymooncake.conductor.store_leader import parse_store_master
 

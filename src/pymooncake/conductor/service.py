@@ -43,6 +43,7 @@ from pymooncake.conductor.policy import (
     schedule,
 )
 from pymooncake.conductor.policy import Rejection as PolicyRejection
+from pymooncake.conductor.replication import HotBlockReplicator
 from pymooncake.conductor.token_streams import TokenRouter
 from pymooncake.identity import CacheNamespace, block_keys
 from pymooncake.obs import metrics
@@ -166,6 +167,10 @@ class Conductor:
         """The token streams of the requests being decoded (fed by ``tokens`` notices)."""
         self._aborting: dict[str, asyncio.Task[None]] = {}
         """Orphaned requests (nobody waits for their tokens) whose abort is under way."""
+        c = self.config
+        self.replicator = (HotBlockReplicator(c, self.state) if c.hot_replication and c.master
+                           and c.use_store and not c.colocated else None)
+        """Hot-block replication (``conductor.replication``); None while off."""
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -199,6 +204,8 @@ class Conductor:
         for w in list(self.state.workers.values()):
             if w.client is not None:
                 await w.client.close()
+        if self.replicator is not None:
+            await self.replicator.close()
         await self.server.stop()
 
     async def _expire_loop(self) -> None:
@@ -209,6 +216,8 @@ class Conductor:
                                w.info.instance_id, self.config.worker_timeout_s)
                 self.tokens.fail_instance(w.info.instance_id, (
                     f"no load report for {self.config.worker_timeout_s} s"))
+                if self.replicator is not None:
+                    self.replicator.forget(instance_id=w.info.instance_id)
                 if w.client is not None:
                     await w.client.close()
 
@@ -232,6 +241,9 @@ class Conductor:
                 kvcache_balancing_threshold=self.config.kvcache_balancing_threshold,
                 early_rejection=self.config.early_rejection,
                 block_size_tokens=ns.block_size, seed=self.config.seed)
+            if self.replicator is not None:
+                self.replicator.namespace_digest = ns.digest()
+                self.replicator.block_bytes = self.config.kv_bytes_per_token * ns.block_size
         elif ns.digest() != self.namespace.digest():
             mine, theirs = dataclasses.asdict(self.namespace), dataclasses.asdict(ns)
             diff = ", ".join(f"{k} {theirs[k]!r} (cluster: {mine[k]!r})" for k in mine
@@ -266,6 +278,8 @@ class Conductor:
 
     def _kv_events(self, ev: KVEvents) -> None:
         self.state.kv_events(ev)
+        if self.replicator is not None and ev.removed and ev.holder == "store":
+            self.replicator.forget(ev.removed)    # the Store lost them: bytes given back
 
     def _connection_lost(self, entry: WorkerEntry, reason: str) -> None:
         if self.state.workers.get(entry.info.instance_id) is entry:
@@ -311,7 +325,13 @@ class Conductor:
                 "workers": sorted(workers, key=lambda x: x["instance_id"]),
                 "requests": {k: list(v) for k, v in self.in_flight.items()},
                 "num_indexed_blocks": len(self.state.index),
-                "num_store_blocks": len(self.state.store_keys)}
+                "num_store_blocks": len(self.state.store_keys),
+                "hot_replication": None if self.replicator is None else {
+                    "replicated_blocks": self.replicator.num_replicated,
+                    "replica_bytes": self.replicator.used_bytes,
+                    "budget_bytes": self.replicator.budget_bytes,
+                    "replicas": {w.info.instance_id: len(w.replica_keys)
+                                 for w in self.state.workers.values() if w.replica_keys}}}
 
     def learn_prefill(self, num_tokens: int, num_prefix_tokens: int, windows: Any) -> None:
         """Add one measured prefill (its ``prefill`` compute window) to the online profile
@@ -407,6 +427,8 @@ class Conductor:
                 _REJECT_STATUS.get(decision.reason, 429), decision.reason, msg,
                 retry_after_s=decision.retry_after_s))
         PLACED.labels(decision.prefill_instance).inc()
+        if self.replicator is not None and keys:
+            self.replicator.on_placement(keys, decision.prefill_instance, t0)
         set_span_attributes(self._roots.get(req.request_id),
                             prefill_instance=decision.prefill_instance,
                             decode_instance=decision.decode_instance,

@@ -19,7 +19,12 @@ from pymooncake.conductor.policy.estimators import (
     fit_decode_estimator,
     fit_prefill_estimator,
 )
-from pymooncake.conductor.policy.hot_blocks import HotBlockConfig, blocks_to_replicate
+from pymooncake.conductor.policy.hot_blocks import (
+    HotBlockConfig,
+    ReuseWindow,
+    blocks_to_replicate,
+    plan_replication,
+)
 from pymooncake.conductor.policy.prefill_placement import (
     PREFILL_POLICIES,
     PrefillPolicy,
@@ -63,6 +68,7 @@ __all__ = [
     "PrefixMatch",
     "Rejection",
     "RequestInfo",
+    "ReuseWindow",
     "TransferEstimator",
     "admit_ttft",
     "blocks_to_replicate",
@@ -75,6 +81,7 @@ __all__ = [
     "place_prefill_local_cache",
     "place_prefill_random",
     "place_prefill_round_robin",
+    "plan_replication",
     "predicted_decode_load",
     "predicted_tbt_s",
     "queue_s",

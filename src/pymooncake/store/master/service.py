@@ -26,6 +26,7 @@ from pymooncake.obs.logging import init_logger
 from pymooncake.rpc import RpcClient, RpcError, RpcServer, from_wire
 from pymooncake.store.config import MasterConfig, ReplicateConfig
 from pymooncake.store.errors import ErrorCode, StoreError
+from pymooncake.store.master.copier import ReplicaCopier
 from pymooncake.store.master.core import MasterCore
 from pymooncake.store.master.ha import HaConfig, HaController
 from pymooncake.store.protocol import (
@@ -161,6 +162,8 @@ class MasterService:
         self._promotions: dict[str, asyncio.Task[Any]] = {}
         self._peers: dict[tuple[str, int], RpcClient] = {}
         self._ticker: asyncio.Task[None] | None = None
+        self.copier = ReplicaCopier(self, host=config.host)
+        """Replica copies (hot-block replication); set ``copier.metadata_url`` to enable."""
         self._register()
 
     @property
@@ -203,6 +206,7 @@ class MasterService:
         if self.ha is not None:
             await self.ha.stop()
         await self.server.stop()
+        self.copier.close()
         for c in self._peers.values():
             with contextlib.suppress(Exception):
                 await c.close()
@@ -242,6 +246,7 @@ class MasterService:
         s.register("release_leases", self._release_leases, KeysRequest)
         s.register("list_keys", lambda p: self.core.list_keys())
         s.register("stats", lambda p: self.core.stats(self.now_ms()))
+        self.copier.register(s)     # replica_segments, replicate (hot-block replication)
 
     def _gated(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """With HA: refuse unless leading; answer only after the changes the call made
