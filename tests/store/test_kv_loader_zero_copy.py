@@ -55,3 +55,42 @@ def test_kv_loader_reads_blocks_into_registered_staging(cluster_factory) -> None
     small.forget("r")
     small.forget("o")
     assert len(small._free_slots) == 2
+
+
+def test_kv_loader_puts_blocks_from_staging_slots(cluster_factory) -> None:
+    """``stage_for_put`` copies blocks out of the paged cache straight into registered
+    slots (engine thread); ``put_blocks`` writes them with ``batch_put_from`` and gives the
+    slots back; with puts already holding half the slots, plain tensors instead."""
+    from pymooncake.engine import Engine, EngineConfig
+    from pymooncake.engine.kv_loader import StagedBlock, StoreKVLoader
+    from pymooncake.engine.request import Request
+    from pymooncake.engine.sampling import SamplingParams
+
+    from .procs import MiB
+
+    cl = cluster_factory()
+    cl.store_server(32 * MiB)
+    eng = Engine.from_model_name("tiny", EngineConfig(num_kv_blocks=32))
+    ns = eng.namespace.digest()
+    req = Request("r", list(range(3, 3 + 80)), SamplingParams(max_tokens=1), eng.namespace)
+    torch.manual_seed(1)
+    eng.kv.buffer.copy_(torch.randn_like(eng.kv.buffer))
+    ids = [7, 1, 30]
+    want = [eng.kv.export_blocks([b]) for b in ids]
+    writer = StoreKVLoader(cl.client(), eng.kv, ns, staging_blocks=8)
+    staged = writer.stage_for_put(ids)
+    assert all(isinstance(v, StagedBlock) for v in staged) and len(writer._free_slots) == 5
+    eng.kv.buffer.zero_()  # the paged blocks may be reused at once: the slots hold copies
+    big = writer.stage_for_put(list(range(4)))  # 4 more would leave < half: tensors
+    assert all(isinstance(v, torch.Tensor) for v in big) and len(writer._free_slots) == 5
+    dup = writer.stage_for_put([7])
+    assert len(writer._free_slots) == 4
+    writer.discard_staged([*dup, *big])  # not put (a duplicate key): its slot comes back
+    assert len(writer._free_slots) == 5
+    keys = [str(k) for k in req.block_keys[:3]]
+    assert writer.put_blocks(keys, staged) == keys
+    assert len(writer._free_slots) == 8  # given back
+    reader = StoreKVLoader(cl.client(), eng.kv, ns)
+    assert reader.get_num_matched_tokens(req, 0) == 3 * eng.kv.block_size
+    for got, w in zip(reader._fetched["r"][1], want, strict=True):
+        assert torch.equal(got, w)

@@ -13,7 +13,9 @@ Zero copy on the read side: blocks are read with ``batch_get_into`` straight int
 one host buffer registered with the Store client once (``staging_blocks`` blocks), and
 ``before_layer`` imports views of those slots — no ``bytes`` in between. A lookup that
 finds no free slots (or a store without ``register_buffer``) reads ``bytes`` instead.
-Puts take ``bytes`` or contiguous CPU tensors (``export_blocks`` slices) as values.
+Puts take ``bytes``, contiguous CPU tensors, or blocks ``stage_for_put`` copied out of the
+paged cache straight into staging slots (then written with ``batch_put_from``: one copy
+from the paged cache to the Store instead of export → ``bytes`` → client staging).
 """
 
 from __future__ import annotations
@@ -41,6 +43,15 @@ logger = init_logger(__name__)
 def store_key(namespace_digest: str, block_key: str) -> str:
     """The Store object key of a KV block (namespace-scoped)."""
     return f"kv/{namespace_digest[:16]}/{block_key}"
+
+
+class StagedBlock:
+    """A block ``StoreKVLoader.stage_for_put`` copied into a registered staging slot."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
 
 
 class StoreKVLoader(NullHooks):
@@ -214,12 +225,46 @@ class StoreKVLoader(NullHooks):
             self._release(ld.request_id)
 
     # -- put ------------------------------------------------------------------------------
+    def stage_for_put(self, block_ids: Sequence[int]) -> list[StagedBlock | torch.Tensor]:
+        """On the engine thread: copy blocks out of the paged cache for a later
+        ``put_blocks`` — each straight into a registered staging slot (the one copy; the
+        put then writes from there with ``batch_put_from``), or, when puts already hold
+        half the slots, into a fresh tensor. Slots go back when ``put_blocks`` is done."""
+        k = self.kv
+        n = len(block_ids)
+        self._take_slots(0)  # registers the staging buffer on first use
+        with self._lock:
+            spare = len(self._free_slots) - self._staging_blocks // 2
+        slots = self._take_slots(n) if self._staging_addr and spare >= n else []
+        if len(slots) < n:
+            self._give_slots(slots)
+            return [k.export_blocks([b]) for b in block_ids]
+        out: list[StagedBlock | torch.Tensor] = []
+        for slot, b in zip(slots, block_ids, strict=True):
+            self._slot_view(slot).copy_(k.buffer[:, :, :, b:b + 1])
+            out.append(StagedBlock(slot))
+        return out
+
+    def discard_staged(self, values: Sequence[object]) -> None:
+        """Give back the slots of staged blocks that will not be put (e.g. duplicates)."""
+        self._give_slots([v.slot for v in values if isinstance(v, StagedBlock)])
+
     def put_blocks(self, block_keys: Sequence[str],
-                   block_bytes: Sequence[bytes | torch.Tensor]) -> list[str]:
+                   block_bytes: Sequence[bytes | torch.Tensor | StagedBlock]) -> list[str]:
         """Put blocks not yet in the Store; returns the keys the Store holds after this call
         (those put now and those it already held: a holder's report heals a removal that
         was reported for a key which is in fact still there). A value is a block's
-        ``bytes`` or a contiguous CPU tensor of it (put without a ``bytes`` copy)."""
+        ``bytes``, a contiguous CPU tensor of it (put without a ``bytes`` copy), or a
+        ``stage_for_put`` slot (put with ``batch_put_from``, no copy here; its slot is
+        given back whatever happens)."""
+        staged = [v.slot for v in block_bytes if isinstance(v, StagedBlock)]
+        try:
+            return self._put_blocks(block_keys, block_bytes)
+        finally:
+            self._give_slots(staged)
+
+    def _put_blocks(self, block_keys: Sequence[str],
+                    block_bytes: Sequence[bytes | torch.Tensor | StagedBlock]) -> list[str]:
         if not block_keys:
             return []
         skeys = [store_key(self.ns, k) for k in block_keys]
@@ -232,10 +277,21 @@ class StoreKVLoader(NullHooks):
         todo = [i for i, x in enumerate(exists) if x is not True]
         if not todo:
             return held
-        values = [block_bytes[i] for i in todo]
-        values = [v.view(torch.uint8).reshape(-1).numpy() if isinstance(v, torch.Tensor) else v
-                  for v in values]
-        errs = self.store.batch_put([skeys[i] for i in todo], values)
-        stored = [block_keys[i] for i, e in zip(todo, errs, strict=True) if e is None]
+        nb = self.kv.block_nbytes
+        from_slots = [i for i in todo if isinstance(block_bytes[i], StagedBlock)]
+        others = [i for i in todo if not isinstance(block_bytes[i], StagedBlock)]
+        stored: list[str] = []
+        if from_slots:
+            errs = self.store.batch_put_from(
+                [skeys[i] for i in from_slots],
+                [self._staging_addr + block_bytes[i].slot * nb for i in from_slots],  # type: ignore[union-attr]
+                [nb] * len(from_slots))
+            stored += [block_keys[i] for i, e in zip(from_slots, errs, strict=True) if e is None]
+        if others:
+            values = [block_bytes[i] for i in others]
+            values = [v.view(torch.uint8).reshape(-1).numpy() if isinstance(v, torch.Tensor)
+                      else v for v in values]
+            errs = self.store.batch_put([skeys[i] for i in others], values)
+            stored += [block_keys[i] for i, e in zip(others, errs, strict=True) if e is None]
         self.num_put_blocks += len(stored)
         return held + stored
