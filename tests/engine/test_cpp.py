@@ -24,12 +24,13 @@ def test_split_layers_and_chunks() -> None:
         chunk_bounds(0, 512)
 
 
-def _pipeline(spec: str, ids: list[int], num_stages: int, chunk: int) -> tuple[int, torch.Tensor]:
+def _pipeline(spec: str, ids: list[int], num_stages: int, chunk: int,
+              edge: int = 0) -> tuple[int, torch.Tensor]:
     """In-process: every chunk through every stage in order; (first token, KV of all layers)."""
     stages = [StageRuntime(load_stage_model(spec, i, num_stages), len(ids) // 16 + 4)
               for i in range(num_stages)]
     x = None
-    for s, n in chunk_bounds(len(ids), chunk):
+    for s, n in chunk_bounds(len(ids), chunk, edge):
         x = torch.tensor(ids[s:s + n])
         for st in stages:
             x = st.run_chunk("r", s, len(ids), x)
@@ -62,6 +63,19 @@ def test_stages_equal_single_worker_tiny(num_stages: int) -> None:
     first, kv = _pipeline("tiny", ids, num_stages, 128)
     assert first == token
     _assert_same_kv(eng, ids, kv)
+
+
+def test_edge_chunks_same_token_and_kv() -> None:
+    """Smaller chunks at the prompt's ends: same first token, same KV (to float error)."""
+    ids = random_prompts(1, 700, 700, seed=5)[0]
+    eng, token = _single("tiny", ids, 256)
+    first, kv = _pipeline("tiny", ids, 2, 256, edge=64)
+    assert first == token
+    ref = torch.stack([torch.frombuffer(bytearray(b.data), dtype=torch.float32)
+                       for b in eng.export_blocks(ids)])
+    mine = torch.stack([torch.frombuffer(bytearray(b.data), dtype=torch.float32)
+                        for b in exported_blocks(kv, ids, eng.namespace)])
+    torch.testing.assert_close(mine, ref, rtol=1e-4, atol=1e-5)
 
 
 def test_stages_equal_single_worker_smollm2() -> None:

@@ -41,9 +41,9 @@ def _single_main(argv: Sequence[str]) -> int:
     print(READY, eng.model.config.vocab_size, flush=True)
     for line in sys.stdin:
         ids = json.loads(line)["ids"]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = eng.generate([ids], SamplingParams(max_tokens=1))[0]
-        print(json.dumps({"ttft_s": time.perf_counter() - t0,
+        print(json.dumps({"ttft_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                           "token": out.output_token_ids[0]}), flush=True)
     return 0
 
@@ -84,6 +84,20 @@ def _summary(xs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
+def critical_path_s(stats: Sequence[dict[str, list[float]]], key: str = "compute_s") -> float:
+    """The pipeline's makespan from the stages' measured per-chunk compute (``key``:
+    ``compute_s`` wall, ``compute_cpu_s`` the compute thread's CPU time) and send times
+    (``CppGroup.stats``). With CPU times: the TTFT had no stage waited for its core."""
+    finish = [0.0] * len(stats)
+    for k in range(len(stats[0].get("compute_s", []))):
+        ready = 0.0
+        for i, st in enumerate(stats):
+            hop = stats[i - 1]["send_s"][k] if i and k < len(stats[i - 1]["send_s"]) else 0.0
+            finish[i] = max(ready + hop, finish[i]) + st[key][k]
+            ready = finish[i]
+    return finish[-1]
+
+
 def measured_break_even(points: Sequence[tuple[int, float]]) -> float | None:
     """From ``(prompt length, TTFT ratio CPP/single)``: the length from which CPP wins at
     every longer measured length, interpolated linearly where the ratio crosses 1 (the
@@ -102,6 +116,7 @@ def measured_break_even(points: Sequence[tuple[int, float]]) -> float | None:
 
 def run_cpp_bench(model: str, num_stages: int, prompt_lens: Sequence[int], repeats: int,
                   chunk_tokens: int, cores: Sequence[int] | None = None, seed: int = 0,
+                  edge_tokens: int = 0,
                   progress: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Run the benchmark (module docstring); returns the JSON document."""
     from pymooncake.conductor.policy.cpp import CppCostModel, break_even_tokens, cpp_prefill_s
@@ -115,9 +130,12 @@ def run_cpp_bench(model: str, num_stages: int, prompt_lens: Sequence[int], repea
     num_blocks = -(-max(lens) // 16) + 16
     progress(f"starting one worker on core {cores[0]} and {num_stages} stages on {cores}")
     single = _Single(model, cores[0], num_blocks, chunk_tokens)
-    group = CppGroup(model, num_stages, cores, num_blocks=num_blocks, chunk_tokens=chunk_tokens)
+    group = CppGroup(model, num_stages, cores, num_blocks=num_blocks, chunk_tokens=chunk_tokens,
+                     edge_tokens=edge_tokens)
     hidden = 0
-    rows: dict[int, dict[str, list]] = {n: {"single": [], "cpp": [], "same": [], "hop": []}
+    rows: dict[int, dict[str, list]] = {n: {"single": [], "cpp": [], "same": [], "hop": [],
+                                            "busy": [], "path": [],
+                                            "path_cpu": [], "single_cpu": []}
                                         for n in lens}
     try:
         group.start()
@@ -135,13 +153,18 @@ def run_cpp_bench(model: str, num_stages: int, prompt_lens: Sequence[int], repea
                 ids = prompt(n)
                 s = single.prefill(ids)
                 c = group.prefill(ids)
-                hops = [x for st in group.stats(c.request_id) for x in st.get("send_s", [])]
+                stats = group.stats(c.request_id)
+                hops = [x for st in stats for x in st.get("send_s", [])]
                 group.release(c.request_id)
                 row = rows[n]
                 row["single"].append(s["ttft_s"])
                 row["cpp"].append(c.ttft_s)
                 row["same"].append(s["token"] == c.first_token)
                 row["hop"].extend(hops)
+                row["busy"].append([sum(st.get("compute_s", [])) for st in stats])
+                row["path"].append(critical_path_s(stats))
+                row["path_cpu"].append(critical_path_s(stats, "compute_cpu_s"))
+                row["single_cpu"].append(s["cpu_s"])
                 progress(f"repeat {r + 1}/{repeats} {n:>6} tokens: single {s['ttft_s']:.3f} s, "
                          f"cpp {c.ttft_s:.3f} s ({c.ttft_s / s['ttft_s']:.3f}x), first token "
                          f"{'same' if s['token'] == c.first_token else 'DIFFERENT'}")
@@ -155,11 +178,19 @@ def run_cpp_bench(model: str, num_stages: int, prompt_lens: Sequence[int], repea
         results.append({"prompt_tokens": n, "single_ttft_s": _summary(row["single"]),
                         "cpp_ttft_s": _summary(row["cpp"]), "ratio": cm / sm,
                         "first_token_same": all(row["same"]),
+                        "stage_busy_s_median": [statistics.median(b) for b in zip(*row["busy"],
+                                                                                   strict=True)],
+                        "critical_path_s": _summary(row["path"]),
+                        "single_cpu_s": _summary(row["single_cpu"]),
+                        "critical_path_cpu_s": _summary(row["path_cpu"]),
+                        "ratio_cpu": statistics.median(row["path_cpu"])
+                        / statistics.median(row["single_cpu"]),
                         "hop_send_s_median": statistics.median(row["hop"]) if row["hop"] else None})
     hops = [h for n in lens for h in rows[n]["hop"]]
     doc: dict[str, Any] = {
         "model": model, "stages": num_stages, "cores": cores[:num_stages],
-        "chunk_tokens": chunk_tokens, "repeats": repeats, "results": results,
+        "chunk_tokens": chunk_tokens, "edge_tokens": edge_tokens, "repeats": repeats,
+        "results": results,
         "break_even_tokens_measured": measured_break_even(
             [(r["prompt_tokens"], r["ratio"]) for r in results]),
         "hop_bytes": chunk_tokens * 4 * hidden,
@@ -167,7 +198,8 @@ def run_cpp_bench(model: str, num_stages: int, prompt_lens: Sequence[int], repea
     }
     if len(lens) >= 2:
         est = fit_prefill_estimator([(n, 0, statistics.median(rows[n]["single"])) for n in lens])
-        cm = CppCostModel(num_stages, chunk_tokens, est, doc["hop_send_s_median"] or 0.0, 0.0, 0)
+        cm = CppCostModel(num_stages, chunk_tokens, est, doc["hop_send_s_median"] or 0.0, 0.0,
+                          0, edge_tokens)
         doc["cost_model"] = {
             "single_quadratic_s": est.quadratic_s, "single_linear_s": est.linear_s,
             "hop_s": cm.hop_s, "break_even_tokens": break_even_tokens(cm),
@@ -177,14 +209,19 @@ def run_cpp_bench(model: str, num_stages: int, prompt_lens: Sequence[int], repea
 
 def format_human(doc: dict[str, Any]) -> str:
     lines = [f"CPP {doc['stages']} stages on cores {doc['cores']} vs one worker "
-             f"({doc['model']}, chunks of {doc['chunk_tokens']}, {doc['repeats']} repeats; "
+             f"({doc['model']}, chunks of {doc['chunk_tokens']}, edges "
+             f"{doc['edge_tokens']}, {doc['repeats']} repeats; "
              "TTFT median [min-max])"]
     for r in doc["results"]:
         s, c = r["single_ttft_s"], r["cpp_ttft_s"]
         lines.append(f"  {r['prompt_tokens']:>6} tokens: single {s['median']:.3f} "
                      f"[{s['min']:.3f}-{s['max']:.3f}] s, cpp {c['median']:.3f} "
                      f"[{c['min']:.3f}-{c['max']:.3f}] s, ratio {r['ratio']:.3f}, first token "
-                     f"{'same' if r['first_token_same'] else 'DIFFERENT'}")
+                     f"{'same' if r['first_token_same'] else 'DIFFERENT'}; stage busy "
+                     f"{', '.join(f'{b:.3f}' for b in r['stage_busy_s_median'])} s, critical "
+                     f"path {r['critical_path_s']['median']:.3f} s; CPU time: single "
+                     f"{r['single_cpu_s']['median']:.3f} s, critical path "
+                     f"{r['critical_path_cpu_s']['median']:.3f} s, ratio {r['ratio_cpu']:.3f}")
     hop = doc.get("hop_send_s_median")
     if hop is not None:
         lines.append(f"  hidden-state hop (one chunk, RPC): median {hop * 1e3:.2f} ms")

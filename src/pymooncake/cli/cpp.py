@@ -16,6 +16,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stages", type=int, default=2, help="pipeline stages (default 2)")
     p.add_argument("--chunk-tokens", type=int, default=512,
                    help="tokens per pipeline chunk (default 512)")
+    p.add_argument("--edge-tokens", type=int, default=128,
+                   help="chunk size of the first chunk and of the last --chunk-tokens tokens "
+                        "(shorter pipeline fill and drain; default 128; 0: all chunks equal)")
     p.add_argument("--cores", default=None,
                    help="comma-separated core per stage (default: the first allowed cores)")
     add_json_flag(p)
@@ -56,8 +59,8 @@ def register_bench(bench: argparse._SubParsersAction) -> None:
 
 def _cores(args: argparse.Namespace) -> list[int] | None:
     from pymooncake.cli.main import UsageError
-    if args.stages < 1 or args.chunk_tokens < 1:
-        raise UsageError("--stages and --chunk-tokens must be >= 1")
+    if args.stages < 1 or args.chunk_tokens < 1 or args.edge_tokens < 0:
+        raise UsageError("--stages and --chunk-tokens must be >= 1, --edge-tokens >= 0")
     if args.cores is None:
         return None
     try:
@@ -79,7 +82,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--prompt-len must be >= 1")
     try:
         with CppGroup(args.model, args.stages, cores, num_blocks=-(-args.prompt_len // 16) + 16,
-                      chunk_tokens=args.chunk_tokens) as g:
+                      chunk_tokens=args.chunk_tokens, edge_tokens=args.edge_tokens) as g:
             rng = random.Random(args.seed)
             ids = [rng.randrange(3, g.vocab_size) for _ in range(args.prompt_len)]
             res = g.prefill(ids)
@@ -119,7 +122,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("prompt lengths and --repeats must be >= 1")
     try:
         doc = run_cpp_bench(args.model, args.stages, lens, args.repeats, args.chunk_tokens,
-                            cores, progress=lambda m: print(m, file=sys.stderr, flush=True))
+                            cores, edge_tokens=args.edge_tokens,
+                            progress=lambda m: print(m, file=sys.stderr, flush=True))
     except (CppError, RuntimeError, ValueError) as e:
         raise CommandError(str(e)) from None
     head = next(r for r in doc["results"] if r["prompt_tokens"] == args.prompt_len)

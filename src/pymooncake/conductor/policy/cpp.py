@@ -46,13 +46,31 @@ class CppCostModel:
     """Per CPP prefill: dispatch to stage 0 and the first token back from the last (s)."""
     min_prompt_tokens: int = CPP_BREAK_EVEN_TOKENS
     """Measured break-even: never CPP below this many uncached tokens."""
+    edge_tokens: int = 128
+    """Chunk size at the prompt's two ends (``chunk_sizes``; the group's default); 0: all
+    chunks equal."""
 
     def __post_init__(self) -> None:
-        if self.num_stages < 1 or self.chunk_tokens < 1:
+        if self.num_stages < 1 or self.chunk_tokens < 1 or self.edge_tokens < 0:
             raise ValueError(f"num_stages and chunk_tokens must be >= 1, got "
                              f"{self.num_stages}, {self.chunk_tokens}")
         if self.hop_s < 0 or self.overhead_s < 0 or self.min_prompt_tokens < 0:
             raise ValueError("hop_s, overhead_s and min_prompt_tokens must be >= 0")
+
+
+def chunk_sizes(num_tokens: int, chunk_tokens: int, edge_tokens: int = 0) -> list[int]:
+    """Chunk lengths of a ``num_tokens`` prefill, as the group cuts it
+    (``engine.cpp.runtime.chunk_bounds``): ``chunk_tokens`` each; with ``0 < edge_tokens <
+    chunk_tokens`` and more than two chunks' worth, the first chunk and the last
+    ``chunk_tokens`` tokens in chunks of ``edge_tokens`` (shorter fill and drain)."""
+    if num_tokens <= 0:
+        return []
+    if not 0 < edge_tokens < chunk_tokens or num_tokens <= 2 * chunk_tokens:
+        return [min(chunk_tokens, num_tokens - s) for s in range(0, num_tokens, chunk_tokens)]
+    tail = num_tokens - chunk_tokens
+    return ([edge_tokens] + [min(chunk_tokens, tail - s)
+                             for s in range(edge_tokens, tail, chunk_tokens)]
+            + [min(edge_tokens, num_tokens - s) for s in range(tail, num_tokens, edge_tokens)])
 
 
 def cpp_prefill_s(model: CppCostModel, num_tokens: int, num_prefix_tokens: int = 0) -> float:
@@ -63,8 +81,9 @@ def cpp_prefill_s(model: CppCostModel, num_tokens: int, num_prefix_tokens: int =
         return 0.0
     n_st, est = model.num_stages, model.single
     finish = [0.0] * n_st  # F[i] of the previous chunk
-    for start in range(p, num_tokens, model.chunk_tokens):
-        end = min(start + model.chunk_tokens, num_tokens)
+    start = p
+    for size in chunk_sizes(num_tokens - p, model.chunk_tokens, model.edge_tokens):
+        end = start + size
         work = (est.quadratic_s * (end * end - start * start)
                 + est.linear_s * (end - start)) / n_st
         ready = 0.0
@@ -72,6 +91,7 @@ def cpp_prefill_s(model: CppCostModel, num_tokens: int, num_prefix_tokens: int =
             hop = model.hop_s if i else 0.0
             finish[i] = max(ready + hop, finish[i]) + work
             ready = finish[i]
+        start = end
     return finish[-1] + model.overhead_s + est.overhead_s
 
 

@@ -45,12 +45,15 @@ class CppGroup:
 
     def __init__(self, model: str = "tiny", num_stages: int = 2,
                  cores: Sequence[int] | None = None, num_blocks: int = 1024,
-                 block_size: int = 16, chunk_tokens: int = 512, dtype: str = "float32",
+                 block_size: int = 16, chunk_tokens: int = 512, edge_tokens: int = 128,
+                 dtype: str = "float32",
                  startup_timeout_s: float = 300.0,
                  nice: int = 0) -> None:
         if chunk_tokens <= 0:
             raise ValueError(f"chunk_tokens must be > 0, got {chunk_tokens}")
         self.model, self.num_stages, self.chunk_tokens = model, num_stages, chunk_tokens
+        self.edge_tokens = edge_tokens
+        """Chunk size at the prompt's two ends (``runtime.chunk_bounds``); 0: none."""
         self.block_size = block_size
         self.cores = list(cores) if cores is not None else None
         if self.cores is not None and len(self.cores) != num_stages:
@@ -122,7 +125,8 @@ class CppGroup:
         t0 = time.perf_counter()
         try:
             self.clients[0].call("cpp.prefill", {"rid": rid, "token_ids": list(token_ids),
-                                                 "chunk_tokens": self.chunk_tokens})
+                                                 "chunk_tokens": self.chunk_tokens,
+                                                 "edge_tokens": self.edge_tokens})
             res = self.clients[-1].call("cpp.result", {"rid": rid}, timeout_s=timeout_s)
         except RpcError as e:
             raise CppError(f"CPP prefill {rid}: {e.message}") from None

@@ -19,13 +19,24 @@ from pymooncake.engine.kv.kv_tensors import KVTensors
 from pymooncake.engine.model.attention import AttentionMetadata, PrefillSeq
 
 
-def chunk_bounds(num_tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:
-    """``(start, length)`` of each chunk of a ``num_tokens`` prompt, ``chunk_tokens`` each
-    (the last may be shorter)."""
+def chunk_bounds(num_tokens: int, chunk_tokens: int,
+                 edge_tokens: int = 0) -> list[tuple[int, int]]:
+    """``(start, length)`` of each chunk of a ``num_tokens`` prompt: ``chunk_tokens`` each
+    (the last may be shorter). With ``edge_tokens`` (0 < edge < chunk) and a prompt longer
+    than two chunks, the first chunk and the last ``chunk_tokens`` tokens go in chunks of
+    ``edge_tokens``: the pipeline's fill (stage 0 alone) and drain (the last stage alone, on
+    the dearest chunk) shrink. ``conductor.policy.cpp.chunk_sizes`` is the same plan."""
     if num_tokens <= 0 or chunk_tokens <= 0:
         raise ValueError(f"need num_tokens > 0 and chunk_tokens > 0, got {num_tokens}, "
                          f"{chunk_tokens}")
-    return [(s, min(chunk_tokens, num_tokens - s)) for s in range(0, num_tokens, chunk_tokens)]
+    if not 0 < edge_tokens < chunk_tokens or num_tokens <= 2 * chunk_tokens:
+        return [(s, min(chunk_tokens, num_tokens - s))
+                for s in range(0, num_tokens, chunk_tokens)]
+    tail = num_tokens - chunk_tokens
+    out = [(0, edge_tokens)]
+    out += [(s, min(chunk_tokens, tail - s)) for s in range(edge_tokens, tail, chunk_tokens)]
+    out += [(s, min(edge_tokens, num_tokens - s)) for s in range(tail, num_tokens, edge_tokens)]
+    return out
 
 
 def chunk_metadata(block_ids: list[int], start: int, n: int, block_size: int,

@@ -11,7 +11,7 @@ call, so chunk ``k + 1`` computes while chunk ``k`` is on the wire). The last st
 the final chunk's last row into the first token (greedy) and answers ``cpp.result``.
 
 Methods: ``cpp.info``, ``cpp.connect {host, port}`` (the next stage), ``cpp.prefill
-{rid, token_ids, chunk_tokens}`` (first stage), ``cpp.chunk {rid, start, num_tokens,
+{rid, token_ids, chunk_tokens, edge_tokens}`` (first stage), ``cpp.chunk {rid, start, num_tokens,
 rows, data, error}``, ``cpp.result {rid}`` (last stage; waits), ``cpp.stats {rid}``,
 ``cpp.export_kv {rid, layer}``, ``cpp.release {rid}``, ``cpp.shutdown``. A chunk that fails
 is passed on as an ``error`` so that ``cpp.result`` fails with it instead of hanging.
@@ -79,7 +79,7 @@ class StageServer:
         ids, k = list(p["token_ids"]), int(p["chunk_tokens"])
         from pymooncake.engine.cpp.runtime import chunk_bounds
         try:
-            bounds = chunk_bounds(len(ids), k)
+            bounds = chunk_bounds(len(ids), k, int(p.get("edge_tokens", 0)))
         except ValueError as e:
             raise RpcError(ErrorCode.INVALID_ARGUMENT, str(e)) from None
         for s, n in bounds:
@@ -149,12 +149,13 @@ class StageServer:
             if rid == "__release__":
                 self.rt.release(payload)
                 continue
-            st = self.stats.setdefault(rid, {"compute_s": [], "send_s": [], "recv_at": []})
+            st = self.stats.setdefault(rid, {"compute_s": [], "compute_cpu_s": [],
+                                             "send_s": [], "recv_at": []})
             st["recv_at"].append(time.time())
             if error is None and rid in self.failed:
                 continue
             if error is None:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 try:
                     if isinstance(payload, list):
                         x = torch.as_tensor(payload, dtype=torch.int64)
@@ -169,6 +170,7 @@ class StageServer:
                              f"{type(e).__name__}: {e}")
                 else:
                     st["compute_s"].append(time.perf_counter() - t0)
+                    st["compute_cpu_s"].append(time.thread_time() - c0)
             if error is not None:
                 self.failed.add(rid)
                 if self.rt.model.last:
