@@ -80,7 +80,8 @@ def _ready_json(line: bytes) -> dict | None:
 
 
 @contextlib.contextmanager
-def _pymooncake_cluster(segment_bytes: int) -> Iterator[tuple[str, str, subprocess.Popen]]:
+def _pymooncake_cluster(segment_bytes: int
+                        ) -> Iterator[tuple[str, str, subprocess.Popen | None]]:
     exe = [sys.executable, "-m", "pymooncake"]
     master, info = _spawn([*exe, "master", "--port", "0", "--enable-http-metadata-server",
                            "--http-metadata-server-port", str(_free_port()),
@@ -88,10 +89,12 @@ def _pymooncake_cluster(segment_bytes: int) -> Iterator[tuple[str, str, subproce
     addr, md = f"127.0.0.1:{info['port']}", info["metadata_url"]
     server = None
     try:
-        server, _ = _spawn([*exe, "store-server", "--master", addr, "--metadata", md,
-                            "--global-segment-size", str(segment_bytes),
-                            "--transports", "local,tcp"], _ready_json)
-        _HELPERS[:] = [master.pid, server.pid]
+        _HELPERS[:] = [master.pid]
+        if segment_bytes:  # 0: no storage process (the client's own segment holds all)
+            server, _ = _spawn([*exe, "store-server", "--master", addr, "--metadata", md,
+                                "--global-segment-size", str(segment_bytes),
+                                "--transports", "local,tcp"], _ready_json)
+            _HELPERS.append(server.pid)
         yield addr, md, server
     finally:
         _HELPERS.clear()
@@ -174,21 +177,21 @@ def _segment_for(sizes: list[int], count: int) -> int:
 
 def _bench_pymooncake(sizes: list[int], count: int, mode: str) -> dict[int, tuple[dict, dict]]:
     from pymooncake.store.client import StoreClient
-    from pymooncake.store.config import ReplicateConfig
     from pymooncake.transfer import TransferConfig
 
     seg = _segment_for(sizes, count)
     out: dict[int, tuple[dict, dict]] = {}
-    with _pymooncake_cluster(seg if mode == "remote" else 16 * MiB) as (addr, md, _server):
+    # embedded: as Mooncake's embedded run, the client's segment is the only one (no
+    # storage process, no preferred-segment config to send with every put)
+    with _pymooncake_cluster(seg if mode == "remote" else 0) as (addr, md, _server):
         own = mode == "embedded"
         client = StoreClient(addr, md, global_segment_size=seg if own else 0,
                              local_buffer_size=max(sizes) * 2 + MiB,
                              transfer_config=TransferConfig(transports=("local", "tcp"))).start()
         try:
-            cfg = ReplicateConfig(preferred_segment=client.segment_name if own else "")
             for size in sizes:
                 n = max(4, min(count, (256 * MiB) // size))
-                out[size] = _run_ops(lambda k, v: client.put(k, v, cfg), client.get,
+                out[size] = _run_ops(client.put, client.get,
                                      lambda k: client.remove(k, force=True), size, n, mode)
         finally:
             client.close()
