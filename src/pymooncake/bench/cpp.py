@@ -53,7 +53,8 @@ class _Single:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pymooncake.bench.cpp", "single", model, str(core),
              str(num_blocks), str(chunk)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+            text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+            start_new_session=True)  # its own autogroup, as each CPP stage has
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith(READY):

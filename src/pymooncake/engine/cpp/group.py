@@ -85,8 +85,10 @@ class CppGroup:
                 cmd += ["--core", str(self.cores[i])]
             if self._nice:
                 cmd = ["nice", "-n", str(self._nice)] + cmd
+            # own session: with autogroup scheduling (Linux) each stage gets its core's
+            # fair share like a separate server, not a slice of one group's share
             self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
-                                               env=env))
+                                               env=env, start_new_session=True))
         try:
             ports = [self._wait_ready(p) for p in self.procs]
         except BaseException:

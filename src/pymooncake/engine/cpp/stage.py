@@ -236,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     torch.set_num_threads(1)
+    parent = os.getppid()
+
+    def orphan_watch() -> None:  # a stage never outlives its group (own session: no SIGHUP)
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+    threading.Thread(target=orphan_watch, name="cpp-orphan", daemon=True).start()
     asyncio.run(_serve(args))
     return 0
 
