@@ -29,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         if reg is not None:
             reg(bench)
     _register_peer(bench)
+    _register_capacity(bench)
 
 
 def _register_peer(bench: argparse._SubParsersAction) -> None:
@@ -69,4 +70,111 @@ def _cmd_peer(args: argparse.Namespace) -> int:
     except PeerError as e:
         raise CommandError(str(e)) from None
     emit(doc, args.json, format_human)
+    return 0
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.replace(" ", "").split(",") if x]
+
+
+def _register_capacity(bench: argparse._SubParsersAction) -> None:
+    """``pymooncake bench capacity`` (issue 15): the harness is ``pymooncake.bench.capacity*``."""
+    from pymooncake.bench.capacity_run import DEFAULT_TRACES_DIR, RunOptions
+    from pymooncake.cli.common import add_json_flag
+    d = RunOptions()
+    p = bench.add_parser(
+        "capacity", help="effective request capacity vs vLLM-CPU on the same cores "
+                         "(paper Figures 6-7)",
+        description="Replay a sample of each trace at a sweep of arrival rates through vLLM "
+                    "(one server; two one-core servers round-robin) and pymooncake "
+                    "(colocated; 1P+1D with the Store), all on the same cores; record p50/"
+                    "p90/p99 TTFT and TBT and rejections per point; effective capacity = the "
+                    "highest rate whose p90 TTFT and TBT are within a threshold pair "
+                    "(multiples of the single-request p90s measured in the same run) with "
+                    "<= 10%% rejected or failed. Writes --out (JSON), a table and PNGs. "
+                    "--from FILE only analyses and plots a recorded run.")
+    p.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="analyse and plot this recorded JSON instead of running")
+    p.add_argument("--model", default=d.model, help="model (default %(default)s, exported as "
+                   "`pymooncake model export` does; or a HF directory)")
+    p.add_argument("--traces", default=",".join(d.traces),
+                   help="trace names in --traces-dir or JSONL paths (default %(default)s)")
+    p.add_argument("--traces-dir", default=DEFAULT_TRACES_DIR)
+    p.add_argument("--systems", default=",".join(d.systems),
+                   help="comma-separated: vllm, vllm-t<N>, vllm-2x1, ours-colocated, ours-pd")
+    p.add_argument("--rates", default=",".join(f"{r:g}" for r in d.rates),
+                   help="arrival rates swept, req/s (default %(default)s)")
+    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument("--requests", type=int, default=d.requests,
+                   help="requests per point (subsampled: whole prefix families)")
+    p.add_argument("--solo-requests", type=int, default=d.solo_requests,
+                   help="requests sent one at a time for the single-request base")
+    p.add_argument("--multiples", default=",".join(f"{m:g}" for m in d.multiples),
+                   help="threshold multiples of the single-request p90s")
+    p.add_argument("--admission-multiple", type=float, default=d.admission_multiple,
+                   help="our Conductor's TTFT/TBT objectives, x the single-request p90s")
+    p.add_argument("--length-scale", type=int, default=d.length_scale)
+    p.add_argument("--block-size", type=int, default=d.block_size)
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument("--kv-gib", type=float, default=d.kv_gib, help="KV cache per engine (GiB)")
+    p.add_argument("--cores", default=",".join(map(str, d.cores)),
+                   help="cores every system is pinned to (default %(default)s)")
+    p.add_argument("--vllm-python", default=d.vllm_python)
+    p.add_argument("--vllm-threads", type=int, default=d.vllm_threads,
+                   help="OpenMP threads of the one-server vllm system")
+    p.add_argument("--request-timeout", type=float, default=d.request_timeout_s,
+                   help="a request without its last token this long after sending fails")
+    p.add_argument("--settle", type=float, default=d.settle_s, help="pause between rates (s)")
+    p.add_argument("--stop-after", type=int, default=d.stop_after,
+                   help="skip higher rates after this many consecutive saturated ones")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", default=d.out, help="JSON document (default %(default)s)")
+    p.add_argument("--workdir", default=None, help="keep the servers' logs here")
+    p.add_argument("--plot-dir", default="docs", help="PNG folder (default %(default)s); "
+                   "'' for none")
+    p.add_argument("--plot-prefix", default="capacity")
+    add_json_flag(p)
+    p.set_defaults(handler=_cmd_capacity)
+
+
+def _cmd_capacity(args: argparse.Namespace) -> int:
+    import json
+    import sys
+    from pathlib import Path
+
+    from pymooncake.bench import capacity as cap
+    from pymooncake.bench.capacity_run import RunOptions, run_capacity
+    from pymooncake.bench.capacity_systems import SystemError_
+    from pymooncake.bench.peer import PeerError
+    from pymooncake.cli.common import emit
+    from pymooncake.cli.main import CommandError, UsageError
+    try:
+        if args.from_file:
+            doc = cap.check_doc(json.loads(Path(args.from_file).read_text()))
+        else:
+            o = RunOptions(
+                model=args.model, traces=[t for t in args.traces.split(",") if t],
+                traces_dir=args.traces_dir, systems=[s for s in args.systems.split(",") if s],
+                rates=sorted(_floats(args.rates)), repeats=args.repeats,
+                requests=args.requests, solo_requests=args.solo_requests,
+                multiples=_floats(args.multiples), admission_multiple=args.admission_multiple,
+                length_scale=args.length_scale, block_size=args.block_size,
+                max_model_len=args.max_model_len, kv_gib=args.kv_gib,
+                cores=[int(c) for c in args.cores.split(",") if c],
+                vllm_python=args.vllm_python, vllm_threads=args.vllm_threads,
+                request_timeout_s=args.request_timeout, settle_s=args.settle,
+                stop_after=args.stop_after, seed=args.seed, out=args.out,
+                workdir=args.workdir)
+            doc = run_capacity(o, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e)) from None
+    except (SystemError_, PeerError) as e:
+        raise CommandError(str(e)) from None
+    analysis = cap.analyze(doc)
+    if args.plot_dir:
+        from pymooncake.bench.capacity_plot import plot_all
+        for path in plot_all(doc, analysis, args.plot_dir, args.plot_prefix):
+            print(f"wrote {path}", file=sys.stderr)
+    emit({"analysis": analysis, "out": None if args.from_file else args.out}, args.json,
+         lambda _: cap.format_table(doc, analysis))
     return 0
