@@ -102,12 +102,6 @@ class HotBlockReplicator:
                 del self.made[k]
         REPLICA_BYTES.set(self.used_bytes)
 
-    def replica_counts(self) -> dict[str, int]:
-        """Block key → holders the prefix index knows (Store and instances), for every
-        key reused inside the window (Figure 11's sample)."""
-        idx = self.state.index
-        return {str(k): idx.num_replicas(k) for k in self.window._counts}
-
     # -- after a placement ---------------------------------------------------------------
     def on_placement(self, keys: list[str], prefill_instance: str, now_s: float) -> None:
         """Record the request's reuse; start one copy batch when the plan has one."""
