@@ -4,6 +4,7 @@ Figure 6 (p90 TTFT and p90 TBT against rate, thresholds drawn, capacity marked).
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,8 @@ def plot_vs_live(live: dict[str, Any], sim: dict[str, Any], out: str | Path) -> 
         ax.set_title(f"{label}: calibrated simulator vs live")
         ax.legend(fontsize=7)
     cal = sim.get("calibration", {})
-    fig.suptitle(f"p90 TTFT, simulated (calibration: {cal.get('label') or cal.get('path')}) "
-                 "against live", fontsize=9)
+    label = textwrap.shorten(cal.get("label") or cal.get("path") or "", 150)
+    fig.suptitle(f"p90 TTFT, simulated against live\ncalibration: {label}", fontsize=9)
     fig.tight_layout()
     out = Path(out)
     fig.savefig(out, dpi=110)
@@ -95,8 +96,9 @@ def plot_scale_out(doc: dict[str, Any], out: str | Path) -> Path:
                          f"{pair['tbt_multiple']:g}x" if pair else "no capacity")
                 ax.set_title(f"{label} — SIMULATED; {where}", fontsize=9)
             ax.legend(fontsize=7)
-    fig.suptitle("SIMULATED with CPU-calibrated costs (not measured): "
-                 f"{doc.get('calibration', {}).get('label', '')}", fontsize=9)
+    label = textwrap.shorten(doc.get("calibration", {}).get("label", ""), 150)
+    fig.suptitle("SIMULATED with CPU-calibrated costs (not measured); x = more than 10 % "
+                 f"rejected\ncalibration: {label}", fontsize=9)
     fig.tight_layout()
     out = Path(out)
     fig.savefig(out, dpi=110)

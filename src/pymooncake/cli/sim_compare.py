@@ -113,18 +113,24 @@ def _cmd_scale_out(args: argparse.Namespace) -> int:
         png = str(plot_scale_out(doc, args.out)) if args.out else None
     except (OSError, ValueError) as e:
         _fail(e)
+    pd_name, co_name = doc["config"]["systems"]
+
+    def ratio(p: dict[str, Any]) -> float | None:
+        a, b = p["capacity"][pd_name]["median"], p["capacity"][co_name]["median"]
+        return a / b if b > 0 else None
     out = {"simulated": True, "png": png, "base": {t: a["base"] for t, a in an.items()},
-           "headline": {t: a["headline"] for t, a in an.items()},
            "capacity": {t: [{k: p[k] for k in ("ttft_multiple", "tbt_multiple", "capacity")}
-                            for p in a["pairs"]] for t, a in an.items()}}
+                            | {"ratio": ratio(p)} for p in a["pairs"]]
+                        for t, a in an.items()}}
 
     def human(d: dict[str, Any]) -> str:
         lines = ["SIMULATED (CPU-calibrated costs), effective capacity in req/s:"]
         for t, pairs in d["capacity"].items():
             for p in pairs:
                 caps = ", ".join(f"{s} {v['median']:g}" for s, v in p["capacity"].items())
+                r = "" if p["ratio"] is None else f"  (ratio {p['ratio']:.2f}x)"
                 lines.append(f"{t} TTFT {p['ttft_multiple']:g}x TBT {p['tbt_multiple']:g}x: "
-                             f"{caps}")
+                             f"{caps}{r}")
         if d["png"]:
             lines.append(f"wrote {d['png']}")
         return "\n".join(lines)
@@ -167,8 +173,9 @@ def register(sim: argparse._SubParsersAction) -> None:
     p.add_argument("--decode", type=int, default=8)
     p.add_argument("--colocated", type=int, default=16)
     p.add_argument("--rates", type=float, nargs="+",
-                   default=[0.8, 1.6, 2.4, 3.6, 4.8, 6.4, 8.0, 9.6],
-                   help="arrival rates, req/s (default: the live rates x 8)")
+                   default=[0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 2.0, 2.4, 2.8, 3.2, 3.6,
+                            4.0, 4.8, 5.6, 6.4],
+                   help="arrival rates, req/s (default: 0.2 to 6.4)")
     p.add_argument("--requests", type=int, default=320,
                    help="requests per point (whole prefix families; default %(default)s)")
     p.add_argument("--length-scale", type=int, default=4)
