@@ -22,14 +22,17 @@ from dataclasses import dataclass, field
 
 from pymooncake.conductor.policy.estimators import PrefillEstimator
 
-CPP_BREAK_EVEN_TOKENS = 640
+CPP_BREAK_EVEN_TOKENS = 560
 """The measured break-even prompt length of a 2-stage CPP group against one worker
-(SmolLM2-135M, float32, one core per stage, 512-token chunks; ``pymooncake bench cpp``,
-docs/benchmarks.md): shorter prompts prefill faster on one worker."""
+(SmolLM2-135M, float32, one core per stage, 512-token chunks with 128-token edges):
+``pymooncake bench cpp`` at c584cad measured 557 tokens (wall-clock TTFT ratio crossing 1
+between 512 and 640 tokens; the cost model fitted to the same run says 528), rounded up to
+a 16-token block. Shorter prompts prefill faster on one worker (docs/benchmarks.md)."""
 
-SMOLLM2_SINGLE_CORE = PrefillEstimator(quadratic_s=1.6e-7, linear_s=1.9e-3)
-"""One worker, one core (SmolLM2-135M float32): the default ``CppCostModel.single``; refit
-from ``bench cpp``'s single-worker TTFTs (``estimators.fit_prefill_estimator``)."""
+SMOLLM2_SINGLE_CORE = PrefillEstimator(quadratic_s=2.127e-7, linear_s=9.847e-4)
+"""One worker, one core (SmolLM2-135M float32): ``fit_prefill_estimator`` of the worker's
+CPU seconds per prefill in that run (512-4,096 tokens: 0.56-7.74 s; the wall-clock times of
+the shared machine were 2x that), the default ``CppCostModel.single``."""
 
 
 @dataclass(frozen=True, slots=True)
