@@ -40,6 +40,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pymooncake.cli.model",
     "pymooncake.cli.bench",
     "pymooncake.cli.p2p",
+    "pymooncake.cli.ep",
     "pymooncake.cli.cpp",
 )
 

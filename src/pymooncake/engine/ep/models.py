@@ -6,13 +6,14 @@ live on ranks); a rank builds only the experts it is told to hold.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from pymooncake.engine.config import EngineConfig
 from pymooncake.engine.engine import Engine, make_namespace
+from pymooncake.engine.hooks import LayerHooks
 from pymooncake.engine.kv.kv_tensors import torch_dtype
 from pymooncake.engine.model.layers import SwiGLU
 from pymooncake.engine.model.loader import ModelLoadError, weight_revision
@@ -47,16 +48,17 @@ def load_front_model(spec: str, dtype: torch.dtype,
     return model, weight_revision(d), tok
 
 
-def build_engine(spec: str, config: EngineConfig | None = None,
-                 with_experts: bool = True) -> Engine:
+def build_engine(spec: str, config: EngineConfig | None = None, with_experts: bool = True,
+                 hooks: Sequence[LayerHooks] = ()) -> Engine:
     """An ``Engine`` running the MoE model of ``spec`` (its experts local unless a backend
-    is installed later with ``engine.model.set_expert_backend``)."""
+    is installed later with ``engine.model.set_expert_backend``). Raises
+    ``ModelLoadError``."""
     config = config or EngineConfig(num_kv_blocks=256, max_model_len=2048)
     model, rev, tok = load_front_model(spec, torch_dtype(config.dtype), with_experts)
     ns = make_namespace(f"pymooncake/{spec}" if spec == TINY_MOE else str(Path(spec).resolve()),
                         rev, tok.fingerprint if tok else "none", model,  # type: ignore[arg-type]
                         config)
-    return Engine(model, config, ns, tok, **{})  # type: ignore[arg-type]
+    return Engine(model, config, ns, tok, hooks=hooks)  # type: ignore[arg-type]
 
 
 def model_config(spec: str) -> MoEConfig:

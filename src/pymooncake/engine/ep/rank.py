@@ -1,0 +1,161 @@
+"""An EP rank process (``pymooncake ep rank``): holds some routed experts and computes them.
+
+Control is the project's RPC layer; token rows move over the Transfer Engine. The front
+calls (all params msgpack maps):
+
+* ``ep.ping`` -> ``{"incarnation", "held": [[layer, expert], ...], "computed_rows"}``:
+  the heartbeat. ``incarnation`` is new for every process, so a replaced rank is seen as
+  one.
+* ``ep.hold {"metadata", "dtype", "experts": [[layer, expert], ...], "exact"}``: load
+  those experts (from the rank's ``--model``); with ``exact`` also drop every other one.
+  The first call starts this rank's Transfer Engine on the front's metadata service.
+* ``ep.compute {"layer", "groups": [[expert, rows], ...], "segment", "src", "dst"}``:
+  READ ``sum(rows)`` rows ``[rows, hidden]`` from the front's ``segment`` at byte address
+  ``src``, run each expert on its rows, WRITE the results to ``dst``. Errors:
+  ``EXPERT_NOT_HELD`` (an expert it does not hold), ``TRANSFER`` (a failed READ/WRITE).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from pymooncake.engine.ep.models import expert_loader, model_config
+from pymooncake.engine.kv.kv_tensors import torch_dtype
+from pymooncake.engine.model.layers import SwiGLU, use_onednn_weights
+from pymooncake.engine.model.moe import run_expert_slices
+from pymooncake.obs.logging import init_logger
+from pymooncake.rpc import RpcError, RpcServer
+from pymooncake.transfer import TransferConfig, TransferEngine, TransferOp, TransferRequest
+
+logger = init_logger(__name__)
+
+EXPERT_NOT_HELD = "EXPERT_NOT_HELD"
+TRANSFER = "TRANSFER"
+
+
+class RankService:
+    """The state and RPC handlers of one EP rank. ``model`` is a spec for
+    ``ep.models.expert_loader`` (``tiny-moe`` or a HF directory)."""
+
+    def __init__(self, model: str, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.model = model
+        self.cfg = model_config(model)
+        self.host = host
+        self.server = RpcServer(host, port)
+        self.incarnation = uuid.uuid4().hex
+        self.experts: dict[tuple[int, int], SwiGLU] = {}
+        self._loaders: dict[str, Any] = {}
+        self.engine: TransferEngine | None = None
+        self._buf: torch.Tensor | None = None
+        self._lock = threading.Lock()
+        self.computed_rows = 0
+        self._metadata = ""
+        self._generation = 0
+        for name, fn in (("ep.ping", self.ping), ("ep.hold", self.hold),
+                         ("ep.compute", self.compute)):
+            self.server.register(name, fn)
+
+    # -- handlers --------------------------------------------------------------------
+    def ping(self, params: Any = None) -> dict[str, Any]:
+        return {"incarnation": self.incarnation, "pid": os.getpid(),
+                "held": sorted([list(k) for k in self.experts]),
+                "computed_rows": self.computed_rows}
+
+    async def hold(self, params: dict[str, Any]) -> dict[str, Any]:
+        return await asyncio.to_thread(self._hold, params)
+
+    def _hold(self, params: dict[str, Any]) -> dict[str, Any]:
+        dtype = torch_dtype(str(params.get("dtype", "float32")))
+        metadata = str(params["metadata"])
+        with self._lock:
+            if self.engine is not None and self._metadata != metadata:  # a new front
+                self.engine.close()
+                self.engine, self._buf = None, None
+            if self.engine is None:
+                self._generation += 1
+                name = f"ep-rank-{self.incarnation[:12]}-{self._generation}"
+                self.engine = TransferEngine(name, metadata, config=TransferConfig(
+                    host=self.host, max_retries=1, connect_timeout_s=1.0, slice_timeout_s=5.0))
+                self.engine.start()
+                self._metadata = metadata
+            want = {(int(li), int(e)) for li, e in params["experts"]}
+            loader = self._loaders.get(str(dtype))
+            if loader is None:
+                loader = self._loaders[str(dtype)] = expert_loader(self.model, dtype)
+            for key in sorted(want - set(self.experts)):
+                mlp = loader(*key)
+                use_onednn_weights(mlp)
+                self.experts[key] = mlp
+            if params.get("exact"):
+                for key in set(self.experts) - want:
+                    del self.experts[key]
+        return self.ping()
+
+    async def compute(self, params: dict[str, Any]) -> dict[str, Any]:
+        return await asyncio.to_thread(self._compute, params)
+
+    def _staging(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        assert self.engine is not None
+        buf = self._buf
+        if buf is None or buf.numel() < numel or buf.dtype != dtype:
+            if buf is not None:
+                self.engine.unregister_memory(buf)
+            buf = torch.empty(max(numel, 1 << 16), dtype=dtype)
+            self.engine.register_memory(buf)
+            self._buf = buf
+        return buf
+
+    def _compute(self, params: dict[str, Any]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        layer = int(params["layer"])
+        groups = [(int(e), int(n)) for e, n in params["groups"]]
+        dtype = torch_dtype(str(params.get("dtype", "float32")))
+        with self._lock:
+            if self.engine is None:
+                raise RpcError(EXPERT_NOT_HELD, "this rank holds no experts yet")
+            experts: dict[int, SwiGLU] = {}
+            for e, _ in groups:
+                mlp = self.experts.get((layer, e))
+                if mlp is None:
+                    raise RpcError(EXPERT_NOT_HELD, f"layer {layer} expert {e} is not held here")
+                experts[e] = mlp
+            rows = sum(n for _, n in groups)
+            hidden = self.cfg.hidden_size
+            numel = rows * hidden
+            nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+            buf = self._staging(numel, dtype)
+            seg = str(params["segment"])
+            st = self.engine.batch_transfer_sync([TransferRequest(
+                TransferOp.READ, buf.data_ptr(), seg, int(params["src"]), nbytes)])[0]
+            if not st.ok:
+                raise RpcError(TRANSFER, f"READ from {seg}: {st.code.value} {st.reason}")
+            x = buf[:numel].view(rows, hidden)
+            with torch.inference_mode():
+                y = run_expert_slices(experts, x, groups)
+            x.copy_(y)
+            st = self.engine.batch_transfer_sync([TransferRequest(
+                TransferOp.WRITE, buf.data_ptr(), seg, int(params["dst"]), nbytes)])[0]
+            if not st.ok:
+                raise RpcError(TRANSFER, f"WRITE to {seg}: {st.code.value} {st.reason}")
+            self.computed_rows += rows
+        return {"rows": rows, "compute_s": time.perf_counter() - t0}
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def serve(self, ready: Any = None) -> None:
+        """Serve until cancelled; ``ready(port)`` is called once bound."""
+        await self.server.start()
+        if ready is not None:
+            ready(self.server.port)
+        try:
+            await self.server.serve_forever()
+        finally:
+            await self.server.stop()
+            if self.engine is not None:
+                self.engine.close()

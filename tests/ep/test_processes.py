@@ -1,0 +1,99 @@
+"""Elastic EP with real rank processes on loopback (``pymooncake ep rank``): 4 ranks give
+the single-process greedy output; a rank killed mid-generation is survived (replicas) or
+ends the requests cleanly (no replica); a replacement rank rejoins and is used again."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pymooncake.engine.ep.dispatch import EPOptions
+from tests.ep.conftest import PROMPTS, generate_all, reference
+
+pytestmark = pytest.mark.integration
+
+
+def _join(threads: list, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "a request hung"
+
+
+def test_four_ranks_match_single_process(cluster, front) -> None:
+    f = front(cluster.ranks)
+    threads, results = generate_all(f, 32)
+    _join(threads)
+    assert [results[i]["token_ids"] for i in range(len(PROMPTS))] == reference(32)
+    assert all(results[i]["error"] is None for i in results)
+    st = f.client().call("ep.status")
+    assert [r["alive"] for r in st["ranks"]] == [True] * 4
+    for layer in st["placement"]:  # 4 slots x 4 ranks: every expert has 2 copies
+        assert sorted(len(rs) for rs in layer.values()) == [2] * 8
+
+
+def test_kill_rank_mid_generation_then_rejoin(cluster, front) -> None:
+    cluster.restore()
+    ranks = cluster.ranks
+    f = front(ranks, options=EPOptions(slots_per_rank=4))
+    threads, results = generate_all(f, 160)
+    time.sleep(0.4)
+    assert len(results) < len(PROMPTS), "generation finished before the kill"
+    ranks[1].kill()
+    _join(threads)
+    # every expert had a copy elsewhere: in-flight requests finish, output unchanged
+    assert [results[i]["error"] for i in range(3)] == [None] * 3
+    assert [results[i]["token_ids"] for i in range(3)] == reference(160)
+    st = f.client().call("ep.status")
+    assert not st["ranks"][1]["alive"] and st["missing"] == []
+    assert f.generate(PROMPTS[0], 16)["token_ids"] == reference(160)[0][:16]
+    # a replacement on the same address rejoins and gets experts again
+    cluster.replace(1)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        st = f.client().call("ep.status")
+        if st["ranks"][1]["alive"]:
+            break
+        time.sleep(0.2)
+    assert st["ranks"][1]["alive"], st
+    assert any(1 in rs for layer in st["placement"] for rs in layer.values())
+    assert st["replans"][-1][0] == "rank 1 rejoined"
+    threads, results = generate_all(f, 24)
+    _join(threads)
+    assert [results[i]["token_ids"] for i in range(3)] == reference(24)
+
+
+def test_kill_rank_without_replicas_fails_cleanly(cluster, front) -> None:
+    cluster.restore()
+    ranks = cluster.ranks
+    f = front(ranks, options=EPOptions(slots_per_rank=2, replan_on_failure=False))
+    threads, results = generate_all(f, 160)
+    time.sleep(0.4)
+    ranks[2].kill()
+    _join(threads)
+    errors = [results[i] for i in range(3) if results[i]["error"] is not None]
+    assert errors, "every request avoided rank 2's experts for 160 tokens"
+    for r in errors:
+        assert r["finish_reason"] == "error"
+        assert "without a live replica" in r["error"] and r["missing_experts"]
+    for i in range(3):  # those that finished are unchanged
+        if results[i]["error"] is None:
+            assert results[i]["token_ids"] == reference(160)[i]
+    t0 = time.monotonic()
+    again = f.generate(PROMPTS[1], 16)  # the server still answers, at once
+    assert again["error"] is not None and time.monotonic() - t0 < 5.0
+    st = f.client().call("ep.status")
+    assert len(st["missing"]) == 4  # 2 experts per layer lived only on rank 2
+
+
+def test_degraded_topk_is_reported(cluster, front) -> None:
+    cluster.restore()
+    ranks = cluster.ranks
+    f = front(ranks, options=EPOptions(slots_per_rank=2, replan_on_failure=False),
+              degraded_topk=True)
+    assert f.generate(PROMPTS[0], 8)["degraded"] is False
+    ranks[0].kill()
+    out = f.generate(PROMPTS[0], 8)
+    assert out["error"] is None and out["degraded"] is True
+    assert len(out["token_ids"]) == 8 and out["missing_experts"]
