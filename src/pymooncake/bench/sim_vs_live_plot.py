@@ -25,7 +25,8 @@ def plot_vs_live(live: dict[str, Any], sim: dict[str, Any], out: str | Path) -> 
     simulated p90 TTFT as a dashed line of the same colour, the live thresholds dotted."""
     plt = _plt()
     traces = sim["config"]["traces"]
-    fig, axes = plt.subplots(1, len(traces), figsize=(6 * len(traces), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(traces), figsize=(max(9, 6 * len(traces)), 4.6),
+                             squeeze=False)
     for ax, label in zip(axes[0], traces, strict=True):
         for i, system in enumerate(sim["config"]["systems"]):
             c = COLORS[i % len(COLORS)]
@@ -49,7 +50,8 @@ def plot_vs_live(live: dict[str, Any], sim: dict[str, Any], out: str | Path) -> 
         ax.set_title(f"{label}: calibrated simulator vs live")
         ax.legend(fontsize=7)
     cal = sim.get("calibration", {})
-    label = textwrap.shorten(cal.get("label") or cal.get("path") or "", 150)
+    label = textwrap.fill(textwrap.shorten(cal.get("label") or cal.get("path") or "", 200),
+                          110)
     fig.suptitle(f"p90 TTFT, simulated against live\ncalibration: {label}", fontsize=9)
     fig.tight_layout()
     out = Path(out)
@@ -66,7 +68,8 @@ def plot_scale_out(doc: dict[str, Any], out: str | Path) -> Path:
     plt = _plt()
     an = cap.analyze(doc)
     traces = doc["config"]["traces"]
-    fig, axes = plt.subplots(2, len(traces), figsize=(6 * len(traces), 7.5), squeeze=False)
+    fig, axes = plt.subplots(2, len(traces), figsize=(max(9, 6 * len(traces)), 7.5),
+                             squeeze=False)
     for j, label in enumerate(traces):
         base = an[label]["base"]
         pair = next((p for p in an[label]["pairs"]
