@@ -1,8 +1,10 @@
 """``pymooncake bench cpp``: TTFT of a CPP group against one worker, and the break-even.
 
 One worker (``Engine``, role prefill, chunked prefill at ``chunk_tokens``) runs in a child
-pinned to one core with one torch thread; the CPP group's stages are pinned one per core
-(``engine.cpp.group.CppGroup``). Both stay up and are driven interleaved: for every repeat
+pinned to one core with one torch thread; there is one such child per core, used in turn
+by repeat (the stages take every core, so the baseline must not always get the less loaded
+one of a shared machine). The CPP group's stages are pinned one per core
+(``engine.cpp.group.CppGroup``). All stay up and are driven interleaved: for every repeat
 and prompt length, the same fresh random prompt (no prefix reuse) goes to the worker, then
 to the group. Reported: median [min-max] TTFT per length, the ratio CPP/single, whether the
 first (greedy) tokens agree, the per-hop send time of the hidden states, the measured
@@ -117,7 +119,7 @@ def measured_break_even(points: Sequence[tuple[int, float]]) -> float | None:
 
 def run_cpp_bench(model: str, num_stages: int, prompt_lens: Sequence[int], repeats: int,
                   chunk_tokens: int, cores: Sequence[int] | None = None, seed: int = 0,
-                  edge_tokens: int = 0,
+                  edge_tokens: int = 0, single_cores: Sequence[int] | None = None,
                   progress: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Run the benchmark (module docstring); returns the JSON document."""
     from pymooncake.conductor.policy.cpp import CppCostModel, break_even_tokens, cpp_prefill_s
@@ -129,30 +131,34 @@ def run_cpp_bench(model: str, num_stages: int, prompt_lens: Sequence[int], repea
         raise ValueError(f"{num_stages} stages need {num_stages} cores, {len(cores)} given")
     lens = sorted(set(prompt_lens))
     num_blocks = -(-max(lens) // 16) + 16
-    progress(f"starting one worker on core {cores[0]} and {num_stages} stages on {cores}")
-    single = _Single(model, cores[0], num_blocks, chunk_tokens)
+    s_cores = list(single_cores) if single_cores else cores[:num_stages]
+    progress(f"starting one worker on each of cores {s_cores} and {num_stages} stages on "
+             f"{cores[:num_stages]}")
+    singles = [_Single(model, c, num_blocks, chunk_tokens) for c in s_cores]
     group = CppGroup(model, num_stages, cores, num_blocks=num_blocks, chunk_tokens=chunk_tokens,
                      edge_tokens=edge_tokens)
     hidden = 0
     rows: dict[int, dict[str, list]] = {n: {"single": [], "cpp": [], "same": [], "hop": [],
                                             "busy": [], "path": [],
-                                            "path_cpu": [], "single_cpu": []}
+                                            "path_cpu": [], "single_cpu": [],
+                                            "core": []}
                                         for n in lens}
     try:
         group.start()
         rng = random.Random(seed)
-        vocab = min(single.vocab_size, group.vocab_size)
+        vocab = min(singles[0].vocab_size, group.vocab_size)
         hidden = group.hidden_size
 
         def prompt(n: int) -> list[int]:
             return [rng.randrange(3, vocab) for _ in range(n)]
         warm = prompt(min(lens[0], chunk_tokens) + chunk_tokens)
-        single.prefill(warm)
+        for single in singles:
+            single.prefill(warm)
         group.release(group.prefill(warm).request_id)
         for r in range(repeats):
             for n in lens:
                 ids = prompt(n)
-                s = single.prefill(ids)
+                s = singles[r % len(singles)].prefill(ids)
                 c = group.prefill(ids)
                 stats = group.stats(c.request_id)
                 hops = [x for st in stats for x in st.get("send_s", [])]
@@ -166,12 +172,15 @@ def run_cpp_bench(model: str, num_stages: int, prompt_lens: Sequence[int], repea
                 row["path"].append(critical_path_s(stats))
                 row["path_cpu"].append(critical_path_s(stats, "compute_cpu_s"))
                 row["single_cpu"].append(s["cpu_s"])
-                progress(f"repeat {r + 1}/{repeats} {n:>6} tokens: single {s['ttft_s']:.3f} s, "
+                row["core"].append(s_cores[r % len(singles)])
+                progress(f"repeat {r + 1}/{repeats} {n:>6} tokens: single (core "
+                         f"{s_cores[r % len(singles)]}) {s['ttft_s']:.3f} s, "
                          f"cpp {c.ttft_s:.3f} s ({c.ttft_s / s['ttft_s']:.3f}x), first token "
                          f"{'same' if s['token'] == c.first_token else 'DIFFERENT'}")
     finally:
         group.close()
-        single.close()
+        for single in singles:
+            single.close()
     results = []
     for n in lens:
         row = rows[n]
@@ -183,6 +192,10 @@ def run_cpp_bench(model: str, num_stages: int, prompt_lens: Sequence[int], repea
                                                                                    strict=True)],
                         "critical_path_s": _summary(row["path"]),
                         "single_cpu_s": _summary(row["single_cpu"]),
+                        "single_ttft_s_by_core": {
+                            str(c): statistics.median(t for t, k in zip(row["single"], row["core"],
+                                                                        strict=True) if k == c)
+                            for c in sorted(set(row["core"]))},
                         "critical_path_cpu_s": _summary(row["path_cpu"]),
                         "ratio_cpu": statistics.median(row["path_cpu"])
                         / statistics.median(row["single_cpu"]),
@@ -190,6 +203,7 @@ def run_cpp_bench(model: str, num_stages: int, prompt_lens: Sequence[int], repea
     hops = [h for n in lens for h in rows[n]["hop"]]
     doc: dict[str, Any] = {
         "model": model, "stages": num_stages, "cores": cores[:num_stages],
+        "single_cores": s_cores,
         "chunk_tokens": chunk_tokens, "edge_tokens": edge_tokens, "repeats": repeats,
         "results": results,
         "break_even_tokens_measured": measured_break_even(

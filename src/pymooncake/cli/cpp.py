@@ -54,6 +54,9 @@ def register_bench(bench: argparse._SubParsersAction) -> None:
                    help="further prompt lengths for the break-even (default %(default)s; "
                         "'' for none)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default 3)")
+    p.add_argument("--single-cores", default=None,
+                   help="comma-separated cores of the single-worker baseline, used in turn "
+                        "by repeat (default: the stages' cores)")
     p.set_defaults(handler=_cmd_bench)
 
 
@@ -115,6 +118,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from pymooncake.engine.cpp.group import CppError
     cores = _cores(args)
     try:
+        single_cores = [int(c) for c in (args.single_cores or "").split(",") if c.strip()]
+    except ValueError:
+        raise UsageError(f"--single-cores {args.single_cores!r}: comma-separated core "
+                         "numbers") from None
+    try:
         lens = [args.prompt_len] + [int(x) for x in args.sweep.split(",") if x.strip()]
     except ValueError:
         raise UsageError(f"--sweep {args.sweep!r}: comma-separated prompt lengths") from None
@@ -122,7 +130,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("prompt lengths and --repeats must be >= 1")
     try:
         doc = run_cpp_bench(args.model, args.stages, lens, args.repeats, args.chunk_tokens,
-                            cores, edge_tokens=args.edge_tokens,
+                            cores, edge_tokens=args.edge_tokens, single_cores=single_cores,
                             progress=lambda m: print(m, file=sys.stderr, flush=True))
     except (CppError, RuntimeError, ValueError) as e:
         raise CommandError(str(e)) from None
