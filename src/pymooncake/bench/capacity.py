@@ -16,7 +16,8 @@ module turns that document into the figures:
   most 10 % of requests rejected or failed (0 when no rate is); per repeat, then the median
   and the spread (min-max) over the repeats;
 * ``margins``: each of our systems against the best vLLM configuration at every pair; the
-  margin is "not distinguishable" when the repeats' spreads overlap.
+  margin is "not distinguishable" when the repeats' spreads overlap (no verdict from a
+  single repeat).
 
 Everything here is plain arithmetic on the recorded JSON (CI tests it on a recorded sample);
 only ``capacity_run`` starts processes.
@@ -36,7 +37,8 @@ DOC_VERSION = 1
 MAX_BAD_FRACTION = 0.10
 """A rate counts only when at most this share of its requests was rejected or failed."""
 OURS = ("ours-colocated", "ours-pd")
-PEERS = ("vllm", "vllm-2x1")
+PEER_PREFIX = "vllm"
+"""Systems named ``vllm...`` (vllm, vllm-t<N>, vllm-2x1) are the peer's configurations."""
 REJECT_STATUSES = (429, 503)
 PERCENTILES = (50, 90, 99)
 
@@ -167,7 +169,7 @@ def analyze(doc: dict[str, Any]) -> dict[str, Any]:
 
 def margins(caps: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Each of our systems against the best vLLM configuration (highest median capacity)."""
-    peers = [p for p in PEERS if p in caps]
+    peers = [p for p in caps if p.startswith(PEER_PREFIX)]
     if not peers:
         return {}
     best = max(peers, key=lambda p: (caps[p]["median"], caps[p]["max"]))
@@ -176,7 +178,9 @@ def margins(caps: dict[str, dict[str, Any]]) -> dict[str, Any]:
         a, b = caps[ours], caps[best]
         ratio = a["median"] / b["median"] if b["median"] > 0 else (
             math.inf if a["median"] > 0 else None)
-        if a["min"] > b["max"]:
+        if min(len(a["values"]), len(b["values"])) < 2:
+            verdict = "one repeat: no spread"
+        elif a["min"] > b["max"]:
             verdict = "higher"
         elif a["max"] < b["min"]:
             verdict = "lower"
@@ -190,7 +194,8 @@ def headline(pairs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """At the strictest pair where some vLLM configuration has a capacity above 0: our best
     system's ratio and verdict there (None when vLLM serves nothing at any pair)."""
     for p in pairs:
-        if not any(p["capacity"].get(s, {}).get("median", 0) > 0 for s in PEERS):
+        if not any(c["median"] > 0 for s, c in p["capacity"].items()
+                   if s.startswith(PEER_PREFIX)):
             continue
         if not p["margins"]:
             return None

