@@ -213,3 +213,16 @@ def test_sample_whole_families_and_rate() -> None:
         dataclasses.replace(r, timestamp_ms=0.0) for r in sample.requests[:4]))
     assert [r.timestamp_ms for r in at_rate(same, 2.0).requests] == [0.0, 500.0, 1000.0,
                                                                      1500.0]
+
+
+def test_sample_draw_closest_to_trace_reuse() -> None:
+    from pymooncake.workload import load_trace
+    from pymooncake.workload.trace import bundled_trace_path
+    trace = load_trace(bundled_trace_path())
+    _, one = select_sample(trace, 32, length_scale=4, max_model_len=8192, seed=0, draws=1)
+    _, best = select_sample(trace, 32, length_scale=4, max_model_len=8192, seed=0)
+    assert one["draw_seed"] == 0 and 0 <= best["draw_seed"] < 16
+    gap = abs(best["cache_ratio_sample"] - best["cache_ratio_eligible"])
+    assert gap <= abs(one["cache_ratio_sample"] - one["cache_ratio_eligible"])
+    _, again = select_sample(trace, 32, length_scale=4, max_model_len=8192, seed=0)
+    assert again == best                       # deterministic

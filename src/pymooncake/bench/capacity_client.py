@@ -4,7 +4,9 @@
   shortened: whole prefix *families* (requests sharing their first two hash ids — one
   conversation, one agent session) are drawn at random (seeded) until the sample has
   ``n`` requests, so the reuse inside a family survives; requests longer than the model's
-  context after ``length_scale`` are left out first.
+  context after ``length_scale`` are left out first. Of ``DRAWS`` seeded draws the one whose
+  cache ratio is closest to the eligible trace's is kept (a small sample's reuse varies:
+  17-39 % for 32 conversation requests against 38 % for the trace).
 * ``at_rate``: the sample's recorded arrival times, rebased to 0 and stretched so that the
   mean arrival rate is the target (the paper's "replayed at scaled rates").
 * ``replay``: sends each request at its time as a streamed greedy completion of token ids
@@ -37,18 +39,11 @@ def _family(r: TraceRequest) -> tuple[int, ...]:
     return tuple(r.hash_ids[:FAMILY_DEPTH]) or (-1 - r.index,)
 
 
-def select_sample(trace: Trace, n: int, *, length_scale: int, max_model_len: int,
-                  seed: int = 0) -> tuple[Trace, dict[str, Any]]:
-    """``n`` requests of ``trace`` (whole families, drawn at random; arrival order) and a
-    description of the sample beside the eligible trace."""
-    if n < 1:
-        raise ValueError(f"need at least one request, got {n}")
-    eligible = [r for r in trace.requests
-                if scaled_length(r.input_length, length_scale)
-                + scaled_length(r.output_length, length_scale) <= max_model_len]
-    families: dict[tuple[int, ...], list[TraceRequest]] = {}
-    for r in eligible:
-        families.setdefault(_family(r), []).append(r)
+DRAWS = 16
+
+
+def _draw(families: dict[tuple[int, ...], list[TraceRequest]], n: int, seed: int
+          ) -> list[TraceRequest]:
     keys = list(families)
     random.Random(seed).shuffle(keys)
     chosen: list[TraceRequest] = []
@@ -56,11 +51,34 @@ def select_sample(trace: Trace, n: int, *, length_scale: int, max_model_len: int
         if len(chosen) >= n:
             break
         chosen.extend(families[k])
-    chosen = sorted(chosen, key=lambda r: (r.timestamp_ms, r.index))[:n]
-    sample = dataclasses.replace(trace, requests=tuple(chosen))
+    return sorted(chosen, key=lambda r: (r.timestamp_ms, r.index))[:n]
+
+
+def select_sample(trace: Trace, n: int, *, length_scale: int, max_model_len: int,
+                  seed: int = 0, draws: int = DRAWS) -> tuple[Trace, dict[str, Any]]:
+    """``n`` requests of ``trace`` (whole families, drawn at random; arrival order) and a
+    description of the sample beside the eligible trace."""
+    if n < 1 or draws < 1:
+        raise ValueError(f"need at least one request and one draw, got {n}, {draws}")
+    eligible = [r for r in trace.requests
+                if scaled_length(r.input_length, length_scale)
+                + scaled_length(r.output_length, length_scale) <= max_model_len]
+    families: dict[tuple[int, ...], list[TraceRequest]] = {}
+    for r in eligible:
+        families.setdefault(_family(r), []).append(r)
     full = trace_stats(dataclasses.replace(trace, requests=tuple(eligible)))
+    best: tuple[float, int, list[TraceRequest]] | None = None
+    for s in range(seed, seed + draws):
+        cand = _draw(families, n, s)
+        ratio = trace_stats(dataclasses.replace(trace, requests=tuple(cand))).cache_ratio
+        if best is None or abs(ratio - full.cache_ratio) < best[0]:
+            best = (abs(ratio - full.cache_ratio), s, cand)
+    assert best is not None
+    _, drawn_seed, chosen = best
+    sample = dataclasses.replace(trace, requests=tuple(chosen))
     st = trace_stats(sample)
     info = {"trace_requests": len(trace.requests), "eligible": len(eligible),
+            "draw_seed": drawn_seed, "draws": draws,
             "left_out_too_long": len(trace.requests) - len(eligible),
             "families_drawn": len({_family(r) for r in chosen}), "requests": len(chosen),
             "cache_ratio_sample": st.cache_ratio, "cache_ratio_eligible": full.cache_ratio,

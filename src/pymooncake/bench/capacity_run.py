@@ -41,9 +41,9 @@ class RunOptions:
     traces: list[str] = field(default_factory=lambda: ["conversation", "synthetic"])
     traces_dir: str = DEFAULT_TRACES_DIR
     systems: list[str] = field(default_factory=lambda: list(systems.SYSTEMS))
-    rates: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.45, 0.6, 0.8])
+    rates: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0])
     repeats: int = 2
-    requests: int = 40
+    requests: int = 32
     solo_requests: int = 8
     multiples: list[float] = field(default_factory=lambda: [2.0, 5.0, 10.0])
     admission_multiple: float = 5.0
