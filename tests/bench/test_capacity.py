@@ -226,3 +226,14 @@ def test_sample_draw_closest_to_trace_reuse() -> None:
     assert gap <= abs(one["cache_ratio_sample"] - one["cache_ratio_eligible"])
     _, again = select_sample(trace, 32, length_scale=4, max_model_len=8192, seed=0)
     assert again == best                       # deterministic
+
+
+def test_cli_from_document_without_solo_fails_cleanly(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from pymooncake.cli.main import main
+    doc = json.loads(SAMPLE.read_text())
+    doc["solo"] = {t: {} for t in doc["config"]["traces"]}   # a run stopped before any solo
+    bad = tmp_path / "partial.json"
+    bad.write_text(json.dumps(doc))
+    assert main(["bench", "capacity", "--from", str(bad), "--plot-dir", ""]) == 1
+    assert "no single-request base" in capsys.readouterr().err

@@ -170,7 +170,13 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     except (SystemError_, PeerError) as e:
         raise CommandError(str(e)) from None
-    analysis = cap.analyze(doc)
+    except KeyboardInterrupt:
+        raise CommandError(f"interrupted; the servers were stopped and what was measured is "
+                           f"in {args.out} (--from {args.out} analyses it)") from None
+    try:
+        analysis = cap.analyze(doc)
+    except (ValueError, KeyError) as e:
+        raise CommandError(f"cannot analyse the capacity document: {e}") from None
     if args.plot_dir:
         from pymooncake.bench.capacity_plot import plot_all
         for path in plot_all(doc, analysis, args.plot_dir, args.plot_prefix):
