@@ -1,0 +1,136 @@
+"""A worker process's configuration (``WorkerConfig``, validated) and its KV sizing from the
+model's bytes per token (``worker_sizing``), without loading the weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """One worker process (flags of ``pymooncake prefill`` / ``pymooncake decode``)."""
+
+    instance_id: str
+    role: str
+    """``prefill``, ``decode`` or ``colocated``."""
+    conductor: str
+    """``host:port`` of the Conductor's worker RPC endpoint."""
+    metadata_url: str = "http://127.0.0.1:8080/metadata"
+    """Transfer Engine metadata service (segments are published there)."""
+    master: str | None = None
+    """``host:port`` of the Store master (prefill workers; None = no global Store)."""
+    host: str = "127.0.0.1"
+    """This worker's address on the cluster's network: its RPC server, its Transfer Engine
+    segment(s) and its Store client bind to it and publish it, so it must be one the other
+    hosts can reach (not 0.0.0.0)."""
+    port: int = 0
+    """RPC port (0 = any free port)."""
+    model: str = "tiny"
+    num_kv_blocks: int | None = None
+    """Paged KV cache blocks; None = from ``kv_memory_bytes``, else
+    ``engine.config.DEFAULT_KV_CAPACITY_TOKENS`` tokens (``engine.config.size_kv``)."""
+    kv_memory_bytes: int | None = None
+    """Memory budget of the paged KV cache (bytes); used when ``num_kv_blocks`` is None."""
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    """Token budget of one engine step (decodes + prefill chunks). None: a colocated worker
+    takes one prefill chunk per step (``EngineConfig.prefill_chunk_tokens``, 512), so a
+    running decode batch waits for at most one chunk's compute between its tokens (with
+    SmolLM2 on one core, 2048 prompt tokens in one step made every TBT ~6 s); prefill and
+    decode roles keep ``EngineConfig``'s 2048 (a prefill worker computes one prompt at a
+    time, a decode worker has no prompts)."""
+    max_model_len: int = 8192
+    enable_prefix_caching: bool = True
+    dtype: str = "float32"
+    global_segment_size_bytes: int | None = None
+    """DRAM a prefill worker contributes to the Store; None = sized from the model's KV
+    bytes per token (twice the paged cache)."""
+    recv_buffer_bytes: int | None = None
+    """Receive arena of a decode worker (P→D KV lands here); None = sized from the model's
+    KV bytes per token (one ``max_model_len`` prompt or half the cache, whichever is
+    larger, at most the cache)."""
+    recv_wait_timeout_s: float = 20.0
+    """Decode: how long a request queued for receive space waits *without any space being
+    freed* before ``NO_RECV_SPACE``. While earlier requests keep freeing space the queue is
+    moving and the wait goes on: with decode admission overlapped with the prefill queue,
+    a burst's requests hold receive space from admission until their KV is in the paged
+    cache, so the head of the queue can wait as long as the prefill queue is deep."""
+    recv_wait_max: int = 256
+    """Decode: requests queued for receive space at most."""
+    load_report_interval_s: float = 0.1
+    register_timeout_s: float = 60.0
+    """Exit (``WorkerFatal``) when the Conductor was not reachable this long after start."""
+    layerwise_kv: bool = True
+    """Prefill: write each layer's KV to the decode worker right after the layer's compute
+    (overlapped); False = all layers in one batch after the prefill."""
+    prefill_batch: int = 1
+    """Prefill role: prompts computed together at most. 1 = one at a time in arrival order,
+    the FCFS queue the Conductor's Algorithm 1 predicts (queue time = sum of the predicted
+    prefill times ahead); larger values batch prompts (processor sharing: everyone in the
+    batch finishes late, which raises the mean TTFT on compute-bound hardware)."""
+
+    switch_interval_s: float = 0.001
+    """The interpreter's GIL switch interval in this process (``sys.setswitchinterval``;
+    CPython's default is 0.005). The engine thread runs Python between torch ops most of
+    the time; with 5 ms slices every RPC the event loop answers (prepare, poll, prefill
+    results) waited up to 5 ms per GIL hand-over, which showed as ~15 ms per
+    ``prepare_decode`` on a busy decode worker."""
+    prefill_order: str = "shortest"
+    """Prefill role: which queued prompt runs next, ``shortest`` (fewest tokens first, aged)
+    or ``fcfs`` (``EngineConfig.waiting_order``)."""
+
+    def __post_init__(self) -> None:
+        if self.role not in ("prefill", "decode", "colocated"):
+            raise ValueError(f"role must be prefill, decode or colocated, got {self.role!r}")
+        if not self.instance_id or "/" in self.instance_id:
+            raise ValueError(f"instance_id must be non-empty without '/', got "
+                             f"{self.instance_id!r}")
+        if ":" not in self.conductor:
+            raise ValueError(f"conductor must be host:port, got {self.conductor!r}")
+        if self.load_report_interval_s <= 0:
+            raise ValueError("load_report_interval_s must be > 0")
+        if not self.register_timeout_s > 0:
+            raise ValueError(f"--register-timeout must be > 0 seconds, got "
+                             f"{self.register_timeout_s}")
+        if not 0 < self.switch_interval_s <= 1:
+            raise ValueError(f"switch_interval_s must be in (0, 1], got {self.switch_interval_s}")
+        if not self.recv_wait_timeout_s > 0 or self.recv_wait_max < 0:
+            raise ValueError(f"recv_wait_timeout_s must be > 0 and recv_wait_max >= 0, got "
+                             f"{self.recv_wait_timeout_s}, {self.recv_wait_max}")
+        for name in ("num_kv_blocks", "kv_memory_bytes", "global_segment_size_bytes",
+                     "recv_buffer_bytes"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ValueError(f"{name} must be > 0 (or unset: sized from the model), "
+                                 f"got {v}")
+        if self.prefill_batch < 1:
+            raise ValueError(f"prefill_batch must be >= 1, got {self.prefill_batch}")
+
+
+def worker_sizing(c: WorkerConfig, kv_bytes_per_token: int, num_kv_blocks: int) -> Any:
+    """The worker's ``KVSizing`` for a model of ``kv_bytes_per_token`` (pure)."""
+    from pymooncake.engine.config import size_kv
+    return size_kv(kv_bytes_per_token, c.block_size, c.max_model_len,
+                   num_kv_blocks=num_kv_blocks, recv_buffer_bytes=c.recv_buffer_bytes,
+                   global_segment_size_bytes=c.global_segment_size_bytes)
+
+
+def model_kv_bytes_per_token(model: str, dtype: str) -> int:
+    """KV bytes per token of ``model`` (a ``--model`` spec) in ``dtype``, read from its
+    configuration without loading the weights."""
+    from pymooncake.engine.config import kv_bytes_per_token
+    from pymooncake.engine.model.registry import resolve_model
+    src = resolve_model(model)
+    if src.kind == "tiny":
+        from pymooncake.engine.model.tiny import tiny_config
+        mc = tiny_config()
+    elif src.kind == "hf":
+        from pymooncake.engine.model.loader import read_model_config
+        mc = read_model_config(src.path)  # type: ignore[arg-type]
+    else:
+        from pymooncake.engine.model.gguf import gguf_model_config, read_gguf
+        mc = gguf_model_config(read_gguf(src.path))  # type: ignore[arg-type]
+    elem = {"float32": 4, "float64": 8}.get(dtype, 2)
+    return kv_bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, elem)
