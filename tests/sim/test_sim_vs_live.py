@@ -83,3 +83,24 @@ def test_cli_vs_live_bad_input(capsys, tmp_path, cal_file) -> None:  # noqa: ANN
     rc = main(["sim", "vs-live", "--calibration", str(cal_file), "--live", str(LIVE),
                "--out", str(tmp_path / "x.txt")])
     assert rc == 2 and "--out must name a .png" in capsys.readouterr().err
+
+
+def test_vs_live_on_the_recorded_real_run(cal_file) -> None:  # noqa: ANN001
+    """`bench capacity`'s sample recorded from a real tiny run (tests/bench/data, written by
+    the capacity harness): the simulator replays the same 6 requests at the same rates."""
+    live_path = Path(__file__).parents[1] / "bench" / "data" / "capacity_tiny.json"
+    if not live_path.exists():
+        pytest.skip("no recorded live capacity sample")
+    live = json.loads(live_path.read_text())
+    from pymooncake.workload.trace import bundled_trace_path
+    trace = Path(live["traces"]["conversation"]["path"])
+    if not trace.exists():
+        trace = bundled_trace_path("conversation")
+    sim = simulate_like_live(live, load_calibration(cal_file), str(cal_file),
+                             trace_paths={"conversation": str(trace)})
+    assert sim["config"]["systems"] == ["ours-pd"]            # vllm (2 threads) not modelled
+    assert [p["rate"] for p in sim["points"]] == live["config"]["rates"]
+    assert all(p["summary"]["num_requests"] == 6 for p in sim["points"])
+    rows = compare(live, sim)
+    assert [r["system"] for r in rows] == ["ours-pd", "ours-pd"]
+    assert all(r["live_ttft_p90_s"] > 0 and r["sim_ttft_p90_s"] > 0 for r in rows)

@@ -47,7 +47,9 @@ def plot_vs_live(live: dict[str, Any], sim: dict[str, Any], out: str | Path) -> 
         ax.set_yscale("log")
         ax.set_xlabel("arrival rate (req/s)")
         ax.set_ylabel("p90 TTFT (s)")
-        ax.set_title(f"{label}: calibrated simulator vs live")
+        lc = live["config"]
+        ax.set_title(f"{label}: calibrated simulator vs live ({lc.get('requests')} requests "
+                     f"per point, {lc.get('repeats')} repeat(s))", fontsize=10)
         ax.legend(fontsize=7)
     cal = sim.get("calibration", {})
     label = textwrap.fill(textwrap.shorten(cal.get("label") or cal.get("path") or "", 200),
