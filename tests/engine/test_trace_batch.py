@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from pymooncake.cli.engine import run_trace_batch  # noqa: E402
+from pymooncake.bench.engine import run_trace_batch  # noqa: E402
 
 
 @pytest.mark.slow
