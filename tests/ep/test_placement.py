@@ -23,11 +23,17 @@ def test_slots_grow_when_too_few_ranks() -> None:
 
 def test_assign_rows_splits_over_live_copies_and_reports_missing() -> None:
     layer = {0: (0, 1), 1: (2,), 2: (3,)}
-    todo, missing = pl.assign_rows(layer, [5, 2, 1], alive={0, 1, 2})
+    todo, missing = pl.assign_rows(layer, [5, 2, 1], alive={0, 1, 2}, split_min=2)
     assert todo == {0: [(0, 0, 3)], 1: [(0, 3, 2)], 2: [(1, 5, 2)]}
     assert missing == [2]
     todo, _ = pl.assign_rows(layer, [5, 0, 0], alive={1})
     assert todo == {1: [(0, 0, 5)]}
+
+
+def test_small_groups_go_whole_to_one_copy_balancing_replicas() -> None:
+    layer = {0: (0, 1), 1: (0, 1), 2: (1, 2)}
+    todo, _ = pl.assign_rows(layer, [3, 2, 4], alive={0, 1, 2})
+    assert todo == {0: [(0, 0, 3)], 1: [(1, 3, 2)], 2: [(2, 5, 4)]}
 
 
 def test_missing_experts_and_rank_experts() -> None:

@@ -37,17 +37,17 @@ def test_kill_rank_mid_generation_then_rejoin(cluster, front) -> None:
     cluster.restore()
     ranks = cluster.ranks
     f = front(ranks, options=EPOptions(slots_per_rank=4))
-    threads, results = generate_all(f, 160)
-    time.sleep(0.4)
+    threads, results = generate_all(f, 400)
+    time.sleep(0.3)
     assert len(results) < len(PROMPTS), "generation finished before the kill"
     ranks[1].kill()
     _join(threads)
     # every expert had a copy elsewhere: in-flight requests finish, output unchanged
     assert [results[i]["error"] for i in range(3)] == [None] * 3
-    assert [results[i]["token_ids"] for i in range(3)] == reference(160)
+    assert [results[i]["token_ids"] for i in range(3)] == reference(400)
     st = f.client().call("ep.status")
     assert not st["ranks"][1]["alive"] and st["missing"] == []
-    assert f.generate(PROMPTS[0], 16)["token_ids"] == reference(160)[0][:16]
+    assert f.generate(PROMPTS[0], 16)["token_ids"] == reference(400)[0][:16]
     # a replacement on the same address rejoins and gets experts again
     cluster.replace(1)
     deadline = time.monotonic() + 15
@@ -68,18 +68,18 @@ def test_kill_rank_without_replicas_fails_cleanly(cluster, front) -> None:
     cluster.restore()
     ranks = cluster.ranks
     f = front(ranks, options=EPOptions(slots_per_rank=2, replan_on_failure=False))
-    threads, results = generate_all(f, 160)
-    time.sleep(0.4)
+    threads, results = generate_all(f, 400)
+    time.sleep(0.3)
     ranks[2].kill()
     _join(threads)
     errors = [results[i] for i in range(3) if results[i]["error"] is not None]
-    assert errors, "every request avoided rank 2's experts for 160 tokens"
+    assert errors, "every request avoided rank 2's experts for 400 tokens"
     for r in errors:
         assert r["finish_reason"] == "error"
         assert "without a live replica" in r["error"] and r["missing_experts"]
     for i in range(3):  # those that finished are unchanged
         if results[i]["error"] is None:
-            assert results[i]["token_ids"] == reference(160)[i]
+            assert results[i]["token_ids"] == reference(400)[i]
     t0 = time.monotonic()
     again = f.generate(PROMPTS[1], 16)  # the server still answers, at once
     assert again["error"] is not None and time.monotonic() - t0 < 5.0

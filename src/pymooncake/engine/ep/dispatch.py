@@ -235,9 +235,7 @@ class RemoteExperts:
         t0 = time.monotonic()
         with self._lock:
             loads = [list(x) for x in self.loads]
-        candidates = [r for r in self.ranks
-                      if r.alive or (r.incarnation and time.monotonic() - r.last_ok
-                                     < self.opts.deadline_s)]
+        candidates = [r for r in self.ranks if r.alive or r.joining]
         if not candidates:
             logger.error("EP re-balance (%s): no live rank", reason)
             return

@@ -3,8 +3,8 @@
 ``plan_placement`` gives every expert of a layer one copy and spends the remaining slots
 on redundant copies of the most-loaded experts (load per copy, greedy), then places the
 copies heaviest first, each on the least-loaded rank that does not already hold that
-expert (DeepSeek's EPLB, its global policy without node groups). ``assign_rows`` splits an
-expert's token rows over its live copies; ``missing_experts`` names the experts a set of
+expert (DeepSeek's EPLB, its global policy without node groups). ``assign_rows`` spreads
+the token rows over the live copies; ``missing_experts`` names the experts a set of
 dead ranks leaves without any copy.
 """
 
@@ -66,16 +66,27 @@ def missing_experts(placement: Placement, alive: set[int]) -> list[tuple[int, in
             if not any(r in alive for r in rs)]
 
 
+SPLIT_MIN_ROWS = 64
+"""An expert's rows are split over its copies only in chunks of at least this many rows;
+fewer go whole to one copy (a split costs a second GEMM and often a second rank in the
+layer call, which waits for the slowest)."""
+
+
 def assign_rows(layer: dict[int, tuple[int, ...]], counts: Sequence[int], alive: set[int],
+                split_min: int = SPLIT_MIN_ROWS,
                 ) -> tuple[dict[int, list[tuple[int, int, int]]], list[int]]:
-    """Split each expert's rows over its live copies.
+    """Spread each expert's rows over its live copies.
 
     ``counts[e]`` rows of expert ``e`` follow those of experts ``< e``. Returns
     ``(per rank: [(expert, first row, number of rows)], experts with rows but no live
-    copy)``. Rows of an expert are cut into contiguous, near-equal chunks, one per live
-    copy in placement order (a hot expert's load spreads over its replicas).
+    copy)``. An expert with at least ``2 * split_min`` rows is cut into contiguous,
+    near-equal chunks over up to ``rows // split_min`` live copies (a hot expert's load
+    spreads over its replicas); a smaller one goes whole to the live copy with the fewest
+    rows so far in this call (ties: a rank already in the call, then placement order), so
+    replicas share the load across experts.
     """
     out: dict[int, list[tuple[int, int, int]]] = {}
+    load: dict[int, int] = {}
     missing = []
     start = 0
     for e, n in enumerate(counts):
@@ -84,12 +95,17 @@ def assign_rows(layer: dict[int, tuple[int, ...]], counts: Sequence[int], alive:
             if not live:
                 missing.append(e)
             else:
-                k = min(len(live), n)
-                base, extra = divmod(n, k)
+                k = max(1, min(len(live), n // max(split_min, 1)))
+                if k == 1:
+                    r = min(live, key=lambda r: (load.get(r, 0), r not in out, live.index(r)))
+                    chunks = [(r, n)]
+                else:
+                    base, extra = divmod(n, k)
+                    chunks = [(r, base + (1 if j < extra else 0)) for j, r in enumerate(live[:k])]
                 off = start
-                for j, r in enumerate(live[:k]):
-                    m = base + (1 if j < extra else 0)
+                for r, m in chunks:
                     out.setdefault(r, []).append((e, off, m))
+                    load[r] = load.get(r, 0) + m
                     off += m
         start += n
     return out, missing

@@ -18,6 +18,7 @@ calls (all params msgpack maps):
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 import time
@@ -58,6 +59,11 @@ class RankService:
         self.computed_rows = 0
         self._metadata = ""
         self._generation = 0
+        # one compute thread with one intra-op thread: torch's thread count is per thread,
+        # and a fresh executor thread would use every core (on a busy box an OpenMP team
+        # whose second thread is descheduled makes each GEMM wait: measured 10x slower)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            1, "ep-rank-compute", initializer=torch.set_num_threads, initargs=(1,))
         for name, fn in (("ep.ping", self.ping), ("ep.hold", self.hold),
                          ("ep.compute", self.compute)):
             self.server.register(name, fn)
@@ -69,7 +75,7 @@ class RankService:
                 "computed_rows": self.computed_rows}
 
     async def hold(self, params: dict[str, Any]) -> dict[str, Any]:
-        return await asyncio.to_thread(self._hold, params)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._hold, params)
 
     def _hold(self, params: dict[str, Any]) -> dict[str, Any]:
         dtype = torch_dtype(str(params.get("dtype", "float32")))
@@ -99,7 +105,8 @@ class RankService:
         return self.ping()
 
     async def compute(self, params: dict[str, Any]) -> dict[str, Any]:
-        return await asyncio.to_thread(self._compute, params)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._compute,
+                                                                params)
 
     def _staging(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         assert self.engine is not None
@@ -136,16 +143,20 @@ class RankService:
                 TransferOp.READ, buf.data_ptr(), seg, int(params["src"]), nbytes)])[0]
             if not st.ok:
                 raise RpcError(TRANSFER, f"READ from {seg}: {st.code.value} {st.reason}")
+            t1 = time.perf_counter()
             x = buf[:numel].view(rows, hidden)
             with torch.inference_mode():
                 y = run_expert_slices(experts, x, groups)
             x.copy_(y)
+            t2 = time.perf_counter()
             st = self.engine.batch_transfer_sync([TransferRequest(
                 TransferOp.WRITE, buf.data_ptr(), seg, int(params["dst"]), nbytes)])[0]
             if not st.ok:
                 raise RpcError(TRANSFER, f"WRITE to {seg}: {st.code.value} {st.reason}")
             self.computed_rows += rows
-        return {"rows": rows, "compute_s": time.perf_counter() - t0}
+        t3 = time.perf_counter()
+        return {"rows": rows, "compute_s": t3 - t0, "read_s": t1 - t0, "mlp_s": t2 - t1,
+                "write_s": t3 - t2}
 
     # -- lifecycle -------------------------------------------------------------------
     async def serve(self, ready: Any = None) -> None:

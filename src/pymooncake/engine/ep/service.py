@@ -17,11 +17,14 @@ RPC methods (msgpack maps):
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from pymooncake.engine.config import EngineConfig
 from pymooncake.engine.engine import Engine
@@ -94,7 +97,7 @@ class EPService:
         self.backend: RemoteExperts | None = None
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._pending: dict[str, _Pending] = {}
-        self._ids = 0
+        self._ids = itertools.count(1)
         self.counters = {"ok": 0, "error": 0, "degraded": 0}
         self._thread: threading.Thread | None = None
 
@@ -124,8 +127,7 @@ class EPService:
     # -- the engine thread -----------------------------------------------------------
     def submit(self, ids: list[int], max_tokens: int, done: Any) -> None:
         """Queue a greedy request; ``done(result)`` is called from the engine thread."""
-        self._ids += 1
-        self._queue.put(_Pending(f"ep-{self._ids}", ids, max_tokens, done))
+        self._queue.put(_Pending(f"ep-{next(self._ids)}", ids, max_tokens, done))
 
     def _finish(self, p: _Pending, tokens: list[int], reason: str,
                 error: str | None) -> None:
@@ -143,6 +145,8 @@ class EPService:
         eng = self.engine
         assert eng is not None
         model: Any = eng.model
+        if self.engine_config.num_threads:  # torch's intra-op thread count is per thread
+            torch.set_num_threads(self.engine_config.num_threads)
         while True:
             block = not eng.has_unfinished()
             try:
