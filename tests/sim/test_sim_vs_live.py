@@ -104,3 +104,7 @@ def test_vs_live_on_the_recorded_real_run(cal_file) -> None:  # noqa: ANN001
     rows = compare(live, sim)
     assert [r["system"] for r in rows] == ["ours-pd", "ours-pd"]
     assert all(r["live_ttft_p90_s"] > 0 and r["sim_ttft_p90_s"] > 0 for r in rows)
+    live["traces"]["conversation"]["mean_input_tokens"] += 1.0
+    with pytest.raises(ValueError, match="sample cannot be rebuilt"):
+        simulate_like_live(live, load_calibration(cal_file), str(cal_file),
+                           trace_paths={"conversation": str(trace)})

@@ -156,9 +156,17 @@ def simulate_like_live(live: dict[str, Any], cal: Calibration, calibration_path:
                              chunk_size_tokens=int(cal.node.get("prefill_chunk_tokens", 512)))
     samples = {}
     for label in c["traces"]:
-        path = (trace_paths or {}).get(label) or live["traces"][label]["path"]
-        sample, _ = select_sample(load_trace(path), int(c["requests"]), length_scale=scale,
-                                  max_model_len=int(c["max_model_len"]), seed=int(c["seed"]))
+        info = live["traces"][label]
+        path = (trace_paths or {}).get(label) or info["path"]
+        # The draw the live run kept (``draw_seed``; older documents: one draw of ``seed``).
+        sample, got = select_sample(load_trace(path), int(c["requests"]), length_scale=scale,
+                                    max_model_len=int(c["max_model_len"]),
+                                    seed=int(info.get("draw_seed", c["seed"])), draws=1)
+        for k in ("requests", "mean_input_tokens", "mean_output_tokens"):
+            if k in info and not math.isclose(got[k], info[k], rel_tol=1e-9):
+                raise ValueError(f"{label}: the live run's sample cannot be rebuilt from "
+                                 f"{path} ({k} {got[k]:g} here, {info[k]:g} live); pass the "
+                                 "trace file the live run used")
         samples[label] = scale_lengths(sample, scale)
     bs = next(iter(samples.values())).block_size
     cfgs = {s: system_config(s, cores=cores, block_size=bs, chunk_tokens=cm.chunk_size_tokens,
