@@ -6,10 +6,9 @@ first stage and the final norm + LM head on the last. Between stages travels the
 stream ``x`` ``[T, hidden]`` *before* layer ``start``'s input RMSNorm, so that the
 concatenation of the stages computes exactly what ``LlamaForCausalLM.forward`` computes.
 
-The float32 fused step repeats ``engine.model.fused.forward``'s per-layer calls (C RMSNorm,
-RoPE + K/V write, oneDNN GEMMs with residual post-ops, ``paged_attention``): same calls,
-same order, so a stage's K/V and hidden states are those of a single worker with the same
-prefill chunks. Other dtypes run the layers' module path (``DecoderLayer.forward``).
+The float32 fused step runs its layers through ``engine.model.fused.forward_layers``, the
+single worker's own per-layer code, so a stage's K/V and hidden states are those of a single
+worker with the same prefill chunks. Other dtypes run the layers' module path (``DecoderLayer.forward``).
 """
 
 from __future__ import annotations
@@ -17,12 +16,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pymooncake.engine import kernels
-from pymooncake.engine.model.attention import AttentionMetadata, paged_attention
+from pymooncake.engine.model import fused
+from pymooncake.engine.model.attention import AttentionMetadata
 from pymooncake.engine.model.llama import LlamaForCausalLM
-
-MLP_ROWS = 1024
-"""Rows per MLP pass (``fused.MLP_ROWS``): longer chunks run their MLP in slices."""
 
 
 class StageModel:
@@ -80,36 +76,9 @@ class StageModel:
 
     def _forward_fused(self, x: torch.Tensor, positions: torch.Tensor,
                        meta: AttentionMetadata, kv_caches: list[torch.Tensor]) -> torch.Tensor:
-        model = self.model
-        model._cos_sin(positions, x.dtype)  # grows the table to cover positions
-        cos_t, sin_t = (t.view(t.shape[0], -1) for t in model._rope_table)
-        eps = self.config.rms_norm_eps
-        t = x.shape[0]
-        layers = self.layers
-        h = kernels.rms_norm(x, layers[0].input_layernorm.weight, eps)
-        for j, layer in enumerate(layers):
-            attn = layer.self_attn
-            qkv = attn.qkv_proj.forward(h)
-            kernels.rope_write(qkv, positions, cos_t, sin_t, kv_caches[j], meta.slot_mapping,
-                               attn.num_heads, attn.num_kv_heads)
-            qs, ks = attn.q_size, attn.kv_size
-            o = paged_attention(qkv[:, :qs].view(t, attn.num_heads, attn.head_dim),
-                                qkv[:, qs:qs + ks].view(t, attn.num_kv_heads, attn.head_dim),
-                                qkv[:, qs + ks:].view(t, attn.num_kv_heads, attn.head_dim),
-                                kv_caches[j], meta, attn.scale, self.start + j)
-            x = attn.o_proj.forward_add(o.reshape(t, qs), x)
-            norm_w = layer.post_attention_layernorm.weight
-            if t <= MLP_ROWS:
-                x = layer.mlp.forward_add(kernels.rms_norm(x, norm_w, eps), x)
-            else:
-                for r in range(0, t, MLP_ROWS):
-                    xr = x[r:r + MLP_ROWS]
-                    xr.copy_(layer.mlp.forward_add(kernels.rms_norm(xr, norm_w, eps), xr))
-            if j + 1 < len(layers):
-                h = kernels.rms_norm(x, layers[j + 1].input_layernorm.weight, eps)
-        if self.last:
-            return kernels.rms_norm(x, model.model.norm.weight, eps)
-        return x
+        return fused.forward_layers(self.model, list(self.layers), self.start, x, positions,
+                                    meta, kv_caches,
+                                    self.model.model.norm.weight if self.last else None)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ kernels read the paged cache in place). A one-row step (batch-1 decode) streams 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -41,27 +41,49 @@ def forward(model: LlamaForCausalLM, x: torch.Tensor, positions: torch.Tensor,
             after_layer: LayerCallback | None) -> torch.Tensor:
     """Final hidden states ``[T, hidden]`` float32 of the embedded step ``x`` ``[T, hidden]``
     (the caller's contract is ``LlamaForCausalLM.forward``'s)."""
-    model._cos_sin(positions, x.dtype)  # grows the table to cover positions
-    cos_t, sin_t = (t.view(t.shape[0], -1) for t in model._rope_table)
-    layers = model.model.layers
-    eps = model.config.rms_norm_eps
-    t = x.shape[0]
-    if t == 1 and gemv_ready(model):
+    if x.shape[0] == 1 and gemv_ready(model):
+        cos_t, sin_t = rope_tables(model, positions, x.dtype)
         return _forward_one_row(model, x, positions, meta, kv_caches, before_layer,
                                 after_layer, cos_t, sin_t)
+    return forward_layers(model, list(model.model.layers), 0, x, positions, meta, kv_caches,
+                          model.model.norm.weight, before_layer, after_layer)
+
+
+def rope_tables(model: LlamaForCausalLM, positions: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's RoPE ``cos, sin`` tables ``[P, head_dim]``, grown to cover ``positions``."""
+    model._cos_sin(positions, dtype)
+    cos_t, sin_t = model._rope_table
+    return cos_t.view(cos_t.shape[0], -1), sin_t.view(sin_t.shape[0], -1)
+
+
+def forward_layers(model: LlamaForCausalLM, layers: list[Any], first: int, x: torch.Tensor,
+                   positions: torch.Tensor, meta: AttentionMetadata,
+                   kv_caches: list[torch.Tensor], final_norm: torch.Tensor | None,
+                   before_layer: LayerCallback | None = None,
+                   after_layer: LayerCallback | None = None) -> torch.Tensor:
+    """Run ``layers`` (model layers ``first``, ``first + 1``, ...; ``kv_caches[j]`` is the
+    cache of ``layers[j]``) on the residual stream ``x`` ``[T, hidden]`` float32. Returns
+    the stream normed by ``final_norm`` (weight ``[hidden]``) after the last layer, or the
+    raw stream when ``final_norm`` is None (a pipeline stage before the last: the next
+    stage's first layer norms it). Hooks get model layer indices."""
+    cos_t, sin_t = rope_tables(model, positions, x.dtype)
+    eps = model.config.rms_norm_eps
+    t = x.shape[0]
     h = kernels.rms_norm(x, layers[0].input_layernorm.weight, eps)
-    for i, layer in enumerate(layers):
+    for j, layer in enumerate(layers):
+        i = first + j
         if before_layer is not None:
             before_layer(i)
         attn = layer.self_attn
         qkv = attn.qkv_proj.forward(h)
-        kernels.rope_write(qkv, positions, cos_t, sin_t, kv_caches[i], meta.slot_mapping,
+        kernels.rope_write(qkv, positions, cos_t, sin_t, kv_caches[j], meta.slot_mapping,
                            attn.num_heads, attn.num_kv_heads)
         qs, ks = attn.q_size, attn.kv_size
         o = paged_attention(qkv[:, :qs].view(t, attn.num_heads, attn.head_dim),
                             qkv[:, qs:qs + ks].view(t, attn.num_kv_heads, attn.head_dim),
                             qkv[:, qs + ks:].view(t, attn.num_kv_heads, attn.head_dim),
-                            kv_caches[i], meta, attn.scale, i)
+                            kv_caches[j], meta, attn.scale, i)
         x = attn.o_proj.forward_add(o.reshape(t, qs), x)
         norm_w = layer.post_attention_layernorm.weight
         if t <= MLP_ROWS:
@@ -72,9 +94,9 @@ def forward(model: LlamaForCausalLM, x: torch.Tensor, positions: torch.Tensor,
                 xr.copy_(layer.mlp.forward_add(kernels.rms_norm(xr, norm_w, eps), xr))
         if after_layer is not None:
             after_layer(i)
-        norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.model.norm
-        h = kernels.rms_norm(x, norm.weight, eps)
-    return h
+        if j + 1 < len(layers):
+            h = kernels.rms_norm(x, layers[j + 1].input_layernorm.weight, eps)
+    return kernels.rms_norm(x, final_norm, eps) if final_norm is not None else x
 
 
 def _forward_one_row(model: LlamaForCausalLM, x: torch.Tensor, positions: torch.Tensor,
