@@ -174,8 +174,8 @@ def register(sim: argparse._SubParsersAction) -> None:
     p.add_argument("--colocated", type=int, default=16)
     p.add_argument("--rates", type=float, nargs="+",
                    default=[0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 2.0, 2.4, 2.8, 3.2, 3.6,
-                            4.0, 4.8, 5.6, 6.4],
-                   help="arrival rates, req/s (default: 0.2 to 6.4)")
+                            4.0, 4.8, 5.6, 6.4, 7.2, 8.0, 9.6],
+                   help="arrival rates, req/s (default: 0.2 to 9.6)")
     p.add_argument("--requests", type=int, default=320,
                    help="requests per point (whole prefix families; default %(default)s)")
     p.add_argument("--length-scale", type=int, default=4)
