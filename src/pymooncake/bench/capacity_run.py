@@ -50,7 +50,7 @@ class RunOptions:
     length_scale: int = 4
     block_size: int = 128
     max_model_len: int = 8192
-    kv_gib: float = 2.0
+    kv_gib: int = 2
     cores: list[int] = field(default_factory=lambda: sorted(os.sched_getaffinity(0))[:2])
     vllm_python: str = ".venv-vllm/bin/python"
     vllm_threads: int = 2
@@ -79,6 +79,9 @@ def check_options(o: RunOptions) -> None:
         raise ValueError(f"--length-scale must divide 512, got {o.length_scale}")
     if o.block_size % 32 or o.block_size < 32:
         raise ValueError("--block-size must be a multiple of 32 (vLLM-CPU)")
+    if isinstance(o.kv_gib, bool) or not isinstance(o.kv_gib, int) or o.kv_gib < 1:
+        raise ValueError(f"--kv-gib must be a whole number of GiB >= 1 (vLLM's "
+                         f"VLLM_CPU_KVCACHE_SPACE takes whole GiB), got {o.kv_gib}")
     if not o.cores:
         raise ValueError("--cores: no core")
     if any(s.startswith("vllm") for s in o.systems) and not Path(o.vllm_python).exists():

@@ -57,7 +57,7 @@ class Settings:
     vllm_threads: int = 2
     block_size: int = 128
     max_model_len: int = 8192
-    kv_gib: float = 2.0
+    kv_gib: int = 2
     """KV cache bytes per engine (GiB); a one-engine system gets this times the engines of
     the others (one per core)."""
     kv_bytes_per_token: int = 0
@@ -153,7 +153,7 @@ def _start_vllm(s: Settings, server: Server, tag: str) -> Server:
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)   # the server's default layout
         bind = cores[-threads:] if threads <= len(cores) else cores
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, bind))
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv:g}"
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv))   # whole GiB only
         _popen(server, f"{tag}-{i}", _taskset(cores, _vllm_argv(s, port)), env, s.workdir)
         server.urls.append(f"http://127.0.0.1:{port}")
     _wait_http(server, s.start_timeout_s)

@@ -116,7 +116,8 @@ def _register_capacity(bench: argparse._SubParsersAction) -> None:
     p.add_argument("--length-scale", type=int, default=d.length_scale)
     p.add_argument("--block-size", type=int, default=d.block_size)
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
-    p.add_argument("--kv-gib", type=float, default=d.kv_gib, help="KV cache per engine (GiB)")
+    p.add_argument("--kv-gib", type=int, default=d.kv_gib,
+                   help="KV cache per engine, whole GiB (default %(default)s)")
     p.add_argument("--cores", default=",".join(map(str, d.cores)),
                    help="cores every system is pinned to (default %(default)s)")
     p.add_argument("--vllm-python", default=d.vllm_python)
