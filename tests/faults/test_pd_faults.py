@@ -1,0 +1,189 @@
+"""Faults injected into a P/D cluster on namespaced hosts while a replay runs (issue 17
+Build item 5): the Store master leader killed (HA on etcd), a prefill worker killed
+mid-request, the Conductor partitioned from a decode host (``tc netem loss 100%``).
+
+Every test asserts, over every request of its replay: none hung (each ended within the
+bound), none returned a wrong token (each served one equals a colocated engine's greedy
+output: a corrupt KV byte would change it), every failure was a clean one (an HTTP error
+or an error event closing the stream); and the cluster still serves afterwards.
+
+Hosts: h1 runs the Store master(s) and the Conductor, h2 and h3 the workers; a real etcd
+on the bridge is the Transfer Engine's metadata (and the HA masters' election).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from pymooncake.rpc import RpcError, SyncRpcClient
+
+from .conftest import CONTEXT, Replay, ok, one_request, prompts, reference
+from .netns import Hosts
+
+pytestmark = pytest.mark.integration
+
+MAX_TOKENS = 8
+
+
+def _rpc(host: str, port: int, method: str, timeout_s: float = 2.0) -> Any:
+    c = SyncRpcClient(host, port, timeout_s)
+    try:
+        return c.call(method)
+    except (RpcError, OSError):
+        return None
+    finally:
+        c.close()
+
+
+def _health(url: str) -> dict[str, Any]:
+    return httpx.get(url + "/health", timeout=10).json()
+
+
+def _wait(pred: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached in {timeout_s} s")
+
+
+def _cluster(h: Hosts, master: str, *, workers: tuple[tuple[int, str, str], ...],
+             cond_flags: tuple[str, ...] = ()) -> str:
+    """Conductor on h1 plus ``workers`` (host, id, kind); its URL once all registered."""
+    ip1 = h.ip(1)
+    cond = h.role(1, "conductor", "--host", ip1, "--port", "0", "--worker-port", "0",
+                  "--policy", "round-robin", "--global-store", "--model", "tiny",
+                  "--context-length", str(CONTEXT), *cond_flags).info
+    common = ["--conductor", f"{ip1}:{cond['worker_port']}", "--metadata", h.etcd,
+              "--model", "tiny", "--max-model-len", str(CONTEXT), "--num-kv-blocks", "512"]
+    for host, name, kind in workers:
+        extra = ["--master", master] if kind == "prefill" else []
+        h.role(host, kind, "--id", name, "--host", h.ip(host), *extra, *common)
+    url = cond["url"]
+    _wait(lambda: len(_health(url)["workers"]) == len(workers), 30, "workers registered")
+    return url
+
+
+def _serves_on(url: str, ps: list[list[int]], refs: list[list[int]], n: int = 4) -> None:
+    for i in range(n):
+        r = one_request(url, ps[i % len(ps)], MAX_TOKENS, 30)
+        assert ok(r), ("the cluster does not serve after the fault", r)
+        assert r["ids"] == refs[i % len(ps)]
+
+
+# -- fault 1: the Store master leader is killed (HA, two masters) ------------------------
+
+def test_master_leader_killed_under_replay_keeps_serving_and_loses_no_object(hosts):
+    h = hosts(3)
+    ip1, cid = h.ip(1), "faults"
+    masters = [h.role(1, "master", "--host", ip1, "--port", "0", "--ha", "--etcd-endpoints",
+                      h.etcd, "--cluster-id", cid, "--ha-lease-ttl", "2") for _ in range(2)]
+
+    def leader() -> Any:
+        for m in masters:
+            if m.popen.poll() is None:
+                st = _rpc(ip1, m.info["port"], "ha_status", 1.0)
+                if st and st.get("role") == "leader":
+                    return m
+        return None
+
+    old = _wait(leader, 15, "a master leads")
+    store = f"{h.etcd}/{cid}"
+    url = _cluster(h, store, cond_flags=("--store-master", store),
+                   workers=((2, "prefill-a", "prefill"), (3, "prefill-b", "prefill"),
+                            (3, "decode-c", "decode")))
+    ps = prompts(1)
+    refs = reference(ps, MAX_TOKENS)
+    replay = Replay(url, ps, refs).start()
+    try:
+        replay.wait_served(6)
+        keys = _wait(lambda: _rpc(ip1, old.info["port"], "list_keys"), 20,
+                     "published objects")
+        old.signal(signal.SIGKILL)
+        killed = time.monotonic()
+        new = _wait(lambda: (lambda m: m if m is not old else None)(leader()), 15,
+                    "a new leader")
+        failover_s = time.monotonic() - killed
+        replay.wait_served(6, after=killed + failover_s)
+    finally:
+        results = replay.stop()
+    replay.check()
+    assert all(ok(r) for r in results), replay.summary()   # Store faults stay off the path
+    assert failover_s < 5.0
+    now = set(_rpc(ip1, new.info["port"], "list_keys") or [])
+    assert set(keys) <= now, f"published objects lost: {sorted(set(keys) - now)[:5]}"
+    _serves_on(url, ps, refs)
+
+
+# -- fault 4: a prefill worker is killed mid-request -----------------------------------
+
+def test_prefill_worker_killed_mid_request_is_replaced_or_fails_cleanly(hosts):
+    h = hosts(3)
+    ip1 = h.ip(1)
+    master = h.role(1, "master", "--host", ip1, "--port", "0").info
+    url = _cluster(h, f"{ip1}:{master['port']}",
+                   workers=((2, "prefill-a", "prefill"), (3, "prefill-b", "prefill"),
+                            (3, "decode-c", "decode")))
+    ps = prompts(4, per=2, shared=1200, tail=40)           # long prefills: easy to hit
+    refs = reference(ps, MAX_TOKENS)
+    replay = Replay(url, ps, refs, threads=3).start()
+    mid = False
+    try:
+        replay.wait_served(3)
+        pid = _health(url)["workers"]
+        pid = next(w["pid"] for w in pid if w["instance_id"] == "prefill-a")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not mid:   # catch it while it prefills
+            mid = any(v[0] == "prefill-a" for v in _health(url)["requests"].values())
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        _wait(lambda: "prefill-a" not in {w["instance_id"] for w in _health(url)["workers"]},
+              15, "the dead prefill worker leaves the view")
+        replay.wait_served(6, after=time.monotonic())
+    finally:
+        replay.stop()
+    replay.check()
+    # the requests in flight at the kill ended (re-placed or a clean error) in the bound
+    hit = [r for r in replay.results if r["t0"] <= killed <= r["t1"]]
+    assert hit, "no request was running when the worker was killed"
+    assert mid, "the kill never caught a request on the killed worker"
+    _serves_on(url, ps, refs)
+
+
+# -- fault 5: the Conductor is partitioned from a decode host --------------------------
+
+def test_decode_host_partitioned_gets_clean_errors_and_the_rest_serve(hosts):
+    h = hosts(3)
+    ip1 = h.ip(1)
+    master = h.role(1, "master", "--host", ip1, "--port", "0").info
+    url = _cluster(h, f"{ip1}:{master['port']}",
+                   workers=((2, "prefill-a", "prefill"), (2, "decode-a", "decode"),
+                            (3, "decode-b", "decode")))
+    ps = prompts(5)
+    refs = reference(ps, MAX_TOKENS)
+    replay = Replay(url, ps, refs, threads=3).start()
+    try:
+        replay.wait_served(6)
+        h.netem(3, "loss 100%")                 # h3 (decode-b) is cut off from everyone
+        cut = time.monotonic()
+        _wait(lambda: "decode-b" not in {w["instance_id"] for w in _health(url)["workers"]},
+              20, "the partitioned decode worker leaves the view")
+        gone = time.monotonic()
+        replay.wait_served(8, after=gone)
+    finally:
+        h.netem(3, "")
+        replay.stop()
+    replay.check()
+    during = [r for r in replay.results if r["t0"] >= cut]
+    assert sum(ok(r) for r in during) >= 8, replay.summary()   # the rest kept serving
+    after = [r for r in replay.results if r["t0"] > gone + 0.5]
+    assert after and all(ok(r) for r in after), replay.summary()
+    _serves_on(url, ps, refs)
