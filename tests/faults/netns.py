@@ -42,6 +42,22 @@ def missing() -> str | None:
     return None
 
 
+@cache
+def netem_missing() -> str | None:
+    """Why ``tc netem`` cannot be had here (checked once), else ``None``."""
+    probe = f"pfnetem{os.getpid() % 100000}"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True)
+    if r.returncode != 0:
+        return "cannot create a network namespace"
+    try:
+        r = subprocess.run(["ip", "netns", "exec", probe, "tc", "qdisc", "replace", "dev",
+                            "lo", "root", "netem", "loss", "1%"], capture_output=True)
+        return None if r.returncode == 0 else \
+            f"no tc netem in this kernel: {r.stderr.decode().strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+
+
 def etcd_binary() -> str | None:
     return shutil.which("etcd") or next(
         (p for p in ("/usr/bin/etcd", "/usr/local/bin/etcd") if Path(p).exists()), None)
@@ -131,6 +147,15 @@ class Hosts:
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
         self.procs.append(p)
         return Role(p, _ready(p, f"{argv[0]} on host {host}", timeout_s))
+
+    def cut(self, host: int) -> None:
+        """Partition ``host`` from every other (its bridge port goes down: frames to and
+        from it are dropped silently, as with ``netem loss 100%``, which this kernel may
+        lack, see ``netem_missing``)."""
+        _sh("ip", "link", "set", self.veth(host) + "p", "down")
+
+    def heal(self, host: int) -> None:
+        subprocess.run(["ip", "link", "set", self.veth(host) + "p", "up"], capture_output=True)
 
     def netem(self, host: int, spec: str) -> None:
         """``tc netem`` on ``host``'s interface (e.g. ``loss 100%``); ``""`` removes it."""
