@@ -26,6 +26,21 @@ from pymooncake.rpc import SyncRpcClient
 PROMPTS = [[256, 72, 101, 108, 108, 111], [256, 50, 60, 70], [256, 200, 3, 9, 100, 101, 102]]
 
 
+def ready_line(proc: subprocess.Popen, timeout_s: float = 60.0) -> dict[str, Any]:
+    """The JSON ``ready`` line a ``pymooncake ep`` server prints once it listens."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if select.select([proc.stdout], [], [], 0.1)[0]:
+            line = proc.stdout.readline()
+            if line.startswith('{"event": "ready"'):
+                return json.loads(line)
+        if proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr else ""
+            pytest.fail(f"exited {proc.returncode}: {err}")
+    pytest.fail("no ready line")
+
+
 class Rank:
     def __init__(self, port: int = 0) -> None:
         self.proc = subprocess.Popen(
@@ -35,18 +50,8 @@ class Rank:
         self.port = 0
 
     def wait_ready(self, timeout_s: float = 60.0) -> Rank:
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if select.select([self.proc.stdout], [], [], 0.1)[0]:
-                line = self.proc.stdout.readline()
-                if line.startswith('{"event": "ready"'):
-                    self.port = int(json.loads(line)["port"])
-                    return self
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read() if self.proc.stderr else ""
-                pytest.fail(f"rank exited {self.proc.returncode}: {err}")
-        pytest.fail("rank gave no ready line")
+        self.port = int(ready_line(self.proc, timeout_s)["port"])
+        return self
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -97,3 +97,34 @@ def test_degraded_topk_is_reported(cluster, front) -> None:
     out = f.generate(PROMPTS[0], 8)
     assert out["error"] is None and out["degraded"] is True
     assert len(out["token_ids"]) == 8 and out["missing_experts"]
+
+
+def test_cli_serve_and_generate(cluster) -> None:
+    """``pymooncake ep serve`` over the ranks, ``ep generate`` and ``ep status`` against it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.ep.conftest import ready_line
+    cluster.restore()
+    ranks = ",".join(f"127.0.0.1:{r.port}" for r in cluster.ranks)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    serve = subprocess.Popen([sys.executable, "-m", "pymooncake", "ep", "serve", "--ranks",
+                              ranks], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env)
+    try:
+        port = ready_line(serve)["port"]
+        out = subprocess.run([sys.executable, "-m", "pymooncake", "ep", "generate", "--server",
+                              f"127.0.0.1:{port}", "--ids",
+                              ",".join(map(str, PROMPTS[2])), "--max-tokens", "12", "--json"],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["token_ids"] == reference(400)[2][:12]
+        bad = subprocess.run([sys.executable, "-m", "pymooncake", "ep", "generate", "--server",
+                              "nohost", "--ids", "1"], capture_output=True, text=True,
+                             env=env, timeout=60)
+        assert bad.returncode == 2 and bad.stderr.startswith("pymooncake: error:")
+    finally:
+        serve.terminate()
+        serve.wait(20)

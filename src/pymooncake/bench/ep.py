@@ -131,6 +131,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         same = all(list(r.output_token_ids) == d["token_ids"]
                    for r, d in zip(refs, ok_in_flight, strict=True))
         ends = [d["end"] for d in done]
+        errs = [d["end"] for d in done if d["error"] is not None and d["end"] >= t_kill]
         warm = min(1.0, args.before_s / 3)
         return {
             "load_avg_1m": round(os.getloadavg()[0], 2), "ranks": args.ranks,
@@ -148,6 +149,9 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             if replans else None,
             "requests": len(done), "errors": sum(d["error"] is not None for d in done),
             "errors_after_kill": sum(d["error"] is not None for d in done if d["end"] >= t_kill),
+            "first_error_after_kill_s": round(min(errs) - t_kill, 4) if errs else None,
+            "max_error_latency_s": round(max(d["end"] - d["start"] for d in done
+                                             if d["error"] is not None), 4) if errs else None,
             "hangs": sum(d["error"] == "client timeout (hang)" for d in done),
             "in_flight_at_kill": len(in_flight), "in_flight_ok": len(ok_in_flight),
             "in_flight_output_unchanged": same,
