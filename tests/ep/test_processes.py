@@ -128,3 +128,33 @@ def test_cli_serve_and_generate(cluster) -> None:
     finally:
         serve.terminate()
         serve.wait(20)
+
+
+def test_stopped_rank_is_timed_out_then_rejoins(cluster, front) -> None:
+    """A rank that hangs (SIGSTOP) costs at most the call timeout: its rows go to the other
+    copies, nothing hangs; once it continues it answers pings again and is re-admitted."""
+    import os
+    import signal
+    cluster.restore()
+    ranks = cluster.ranks
+    f = front(ranks, options=EPOptions(slots_per_rank=4, call_timeout_s=1.0, deadline_s=0.6))
+    pid = ranks[3].proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        threads, results = generate_all(f, 24)
+        _join(threads)
+        assert [results[i]["error"] for i in range(3)] == [None] * 3
+        assert [results[i]["token_ids"] for i in range(3)] == reference(24)
+        assert not f.client().call("ep.status")["ranks"][3]["alive"]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        st = f.client().call("ep.status")
+        if st["ranks"][3]["alive"]:
+            break
+        time.sleep(0.2)
+    assert st["ranks"][3]["alive"] and st["replans"][-1][0] == "rank 3 rejoined"
+    threads, results = generate_all(f, 24)
+    _join(threads)
+    assert [results[i]["token_ids"] for i in range(3)] == reference(24)

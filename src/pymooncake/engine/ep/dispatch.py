@@ -37,6 +37,11 @@ from pymooncake.transfer import TransferConfig, TransferEngine
 logger = init_logger(__name__)
 
 
+EXPIRY_MARGIN_S = 0.25
+"""A rank refuses to READ or WRITE for a call this long before the front's timeout of it
+(same-host clocks; across hosts keep clock skew well below it)."""
+
+
 @dataclass(slots=True)
 class EPOptions:
     """Knobs of the front's EP backend (seconds, counts)."""
@@ -345,7 +350,8 @@ class RemoteExperts:
             params = {"layer": layer, "groups": [[e, m] for e, _, m in groups],
                       "segment": self.engine.name,  # type: ignore[union-attr]
                       "src": self._send_shm.addr + addr, "dst": self._recv_shm.addr + addr,
-                      "dtype": str(self.dtype).removeprefix("torch.")}
+                      "dtype": str(self.dtype).removeprefix("torch."),
+                      "expires": time.time() + self.opts.call_timeout_s - EXPIRY_MARGIN_S}
             calls.append((self.ranks[r], params))
             spans.append((r, idx, base, rows))
             base += rows

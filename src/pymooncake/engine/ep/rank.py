@@ -11,8 +11,11 @@ calls (all params msgpack maps):
   The first call starts this rank's Transfer Engine on the front's metadata service.
 * ``ep.compute {"layer", "groups": [[expert, rows], ...], "segment", "src", "dst"}``:
   READ ``sum(rows)`` rows ``[rows, hidden]`` from the front's ``segment`` at byte address
-  ``src``, run each expert on its rows, WRITE the results to ``dst``. Errors:
-  ``EXPERT_NOT_HELD`` (an expert it does not hold), ``TRANSFER`` (a failed READ/WRITE).
+  ``src``, run each expert on its rows, WRITE the results to ``dst``. ``expires``
+  (wall-clock seconds, optional): past it the call is refused and nothing is written — the
+  front has timed the call out and may reuse that buffer (a rank that was stopped and
+  continues must not overwrite it). Errors: ``EXPERT_NOT_HELD`` (an expert it does not
+  hold), ``TRANSFER`` (a failed READ/WRITE), ``EXPIRED``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ logger = init_logger(__name__)
 
 EXPERT_NOT_HELD = "EXPERT_NOT_HELD"
 TRANSFER = "TRANSFER"
+EXPIRED = "EXPIRED"
 
 
 class RankService:
@@ -133,6 +137,9 @@ class RankService:
                 if mlp is None:
                     raise RpcError(EXPERT_NOT_HELD, f"layer {layer} expert {e} is not held here")
                 experts[e] = mlp
+            expires = float(params.get("expires", 0.0))
+            if expires and time.time() > expires:  # the front gave up on this call
+                raise RpcError(EXPIRED, "the call expired before it ran")
             rows = sum(n for _, n in groups)
             hidden = self.cfg.hidden_size
             numel = rows * hidden
@@ -149,6 +156,8 @@ class RankService:
                 y = run_expert_slices(experts, x, groups)
             x.copy_(y)
             t2 = time.perf_counter()
+            if expires and time.time() > expires:  # never write into a reused buffer
+                raise RpcError(EXPIRED, "the call expired while it ran; result dropped")
             st = self.engine.batch_transfer_sync([TransferRequest(
                 TransferOp.WRITE, buf.data_ptr(), seg, int(params["dst"]), nbytes)])[0]
             if not st.ok:
