@@ -42,9 +42,10 @@ def ready_line(proc: subprocess.Popen, timeout_s: float = 60.0) -> dict[str, Any
 
 
 class Rank:
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, model: str = "tiny-moe") -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pymooncake", "ep", "rank", "--port", str(port)],
+            [sys.executable, "-m", "pymooncake", "ep", "rank", "--port", str(port),
+             "--model", model],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=dict(os.environ, PYTHONUNBUFFERED="1"))
         self.port = 0
@@ -94,9 +95,9 @@ def cluster() -> Iterator[Cluster]:
 class Front:
     """An ``EPService`` with its RPC API served on a background event loop."""
 
-    def __init__(self, ranks: list[Rank], **kw: Any) -> None:
+    def __init__(self, ranks: list[Rank], model: str = "tiny-moe", **kw: Any) -> None:
         opts = kw.pop("options", None) or EPOptions()
-        self.svc = EPService("tiny-moe", [("127.0.0.1", r.port) for r in ranks],
+        self.svc = EPService(model, [("127.0.0.1", r.port) for r in ranks],
                              options=opts, **kw).start()
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()

@@ -158,3 +158,22 @@ def test_stopped_rank_is_timed_out_then_rejoins(cluster, front) -> None:
     threads, results = generate_all(f, 24)
     _join(threads)
     assert [results[i]["token_ids"] for i in range(3)] == reference(24)
+
+
+def test_hf_checkpoint_directory_over_two_ranks(front, tmp_path) -> None:
+    """A Qwen2-MoE safetensors directory: the front loads no routed experts, each rank reads
+    only its experts' tensors; greedy output equals the single-process ``tiny-moe``'s."""
+    from pymooncake.engine.model.moe_io import build_tiny_moe, save_hf_checkpoint
+    from tests.ep.conftest import Rank
+    d = save_hf_checkpoint(build_tiny_moe(), tmp_path / "tiny-moe-hf")
+    ranks = [Rank(model=str(d)) for _ in range(2)]
+    try:
+        for r in ranks:
+            r.wait_ready()
+        f = front(ranks, model=str(d), options=EPOptions(slots_per_rank=4))
+        threads, results = generate_all(f, 24)
+        _join(threads)
+        assert [results[i]["token_ids"] for i in range(3)] == reference(24)
+    finally:
+        for r in ranks:
+            r.kill()

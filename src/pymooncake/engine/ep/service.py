@@ -102,7 +102,8 @@ class EPService:
         self._thread: threading.Thread | None = None
 
     def start(self) -> EPService:
-        self.engine = build_engine(self.model_spec, self.engine_config, hooks=[self.rowmap])
+        self.engine = build_engine(self.model_spec, self.engine_config,  # experts on ranks
+                                   with_experts=not self.rank_addrs, hooks=[self.rowmap])
         model: Any = self.engine.model
         if self.rank_addrs:
             cfg = model.config
