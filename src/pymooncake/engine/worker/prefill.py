@@ -71,7 +71,7 @@ class PrefillWorker(EngineWorker):
         self._parked: dict[str, tuple[float, _Pending, Any, Stages]] = {}
         """Engine thread: finished ``target_follows`` prefills whose ``KVTarget`` has not come
         yet (monotonic park time, request, engine output, stage windows)."""
-        self._puts: queue.Queue[tuple[float, list[str], list[bytes]] | None] = queue.Queue()
+        self._puts: queue.Queue[tuple[float, list[str], list[Any]] | None] = queue.Queue()
         self._put_thread: threading.Thread | None = None
         self.clock = StageClock("prefill", "queue")
 
@@ -80,12 +80,15 @@ class PrefillWorker(EngineWorker):
         c = self.config
         self.engine = self.build_engine("prefill")
         self.engine.runner.hooks.insert(0, self.clock)
+        # one Transfer Engine per process (issue 16): P->D sends and the Store client's
+        # data path share it, and with it one segment table, one endpoint pool, one loop
+        self.transfer = TransferEngine(f"{c.instance_id}-kv", c.metadata_url,
+                                       config=TransferConfig(host=c.host)).start()
         if c.master:
             from pymooncake.store.client import StoreClient
             self.store = StoreClient(c.master, c.metadata_url, local_hostname=c.host,
                                      global_segment_size=self.sizing.global_segment_size_bytes,
-                                     transfer_config=TransferConfig(host=c.host),
-                                     name=f"{c.instance_id}-store").start()
+                                     transfer_engine=self.transfer).start()
             self.loader = StoreKVLoader(self.store, self.engine.kv,
                                         self.engine.namespace.digest())
             self.loader.clock = self.clock
@@ -94,8 +97,6 @@ class PrefillWorker(EngineWorker):
             self._put_thread = threading.Thread(target=self._put_main, daemon=True,
                                                 name=f"store-put-{c.instance_id}")
             self._put_thread.start()
-        self.transfer = TransferEngine(f"{c.instance_id}-kv", c.metadata_url,
-                                       config=TransferConfig(host=c.host)).start()
         self.sender = KVSender(self.transfer, self.engine.kv)
         if c.layerwise_kv:
             self.layerwise = LayerwiseKVSender(self.sender)
@@ -133,6 +134,8 @@ class PrefillWorker(EngineWorker):
                         seen.add(k)
                         keys.append(k)
                         data.append(d)
+                    elif self.loader is not None:  # a duplicate: its staging slot goes back
+                        self.loader.discard_staged([d])
             try:
                 assert self.loader is not None
                 self.add_store_keys(self.loader.put_blocks(keys, data))
@@ -145,7 +148,7 @@ class PrefillWorker(EngineWorker):
         if self._put_thread is not None:
             self._puts.put(None)
             self._put_thread.join(5.0)
-        for closer in (self.transfer, self.store):
+        for closer in (self.store, self.transfer):  # the Store client's segment first
             if closer is not None:
                 try:
                     closer.close()
@@ -317,7 +320,9 @@ class PrefillWorker(EngineWorker):
             new_from = cached // bs
             if new_from < len(block_ids):
                 put_keys = [str(k) for k in keys[new_from:len(block_ids)]]
-                data = [e.kv.export_block_bytes(b) for b in block_ids[new_from:]]
+                # copied once, into the loader's registered staging slots; the put thread
+                # writes them from there (batch_put_from: no bytes in between)
+                data = self.loader.stage_for_put(block_ids[new_from:])
                 self._puts.put((time.monotonic(), put_keys, data))
         first = out.output_token_ids[0]
         finish = "stop" if out.finish_reason == FinishReason.STOP else None
