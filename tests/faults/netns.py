@@ -109,6 +109,15 @@ class Hosts:
         return f"{self.net}.1{i}"
 
     @property
+    def topology(self) -> str:
+        """A Transfer Engine topology file for a process in the root namespace: its paths
+        leave through the bridge (discovery would bind them to the machine's NIC, whose
+        address the hosts cannot answer)."""
+        path = Path(self._dir) / "topology.json"
+        path.write_text(json.dumps({"cpu:0": [[self.bridge], []]}))
+        return str(path)
+
+    @property
     def etcd(self) -> str:
         return f"etcd://{self.net}.1:2379"
 
