@@ -116,6 +116,13 @@ class RemoteExperts:
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> RemoteExperts:
+        try:
+            return self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> RemoteExperts:
         self._thread.start()
         self.engine = TransferEngine(f"ep-front-{os.getpid()}-{id(self) & 0xffff:x}",
                                      self.metadata, config=TransferConfig(max_retries=1))
