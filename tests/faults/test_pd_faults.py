@@ -1,5 +1,6 @@
 """Faults injected into a P/D cluster on namespaced hosts while a replay runs (issue 17
-Build item 5): the Store master leader killed (HA on etcd), a prefill worker killed
+Build item 5): the Store master leader killed or frozen with SIGSTOP past its lease (HA
+on etcd), a prefill worker killed
 mid-request, the Conductor partitioned from a decode host (its bridge port down: frames
 dropped silently, like ``tc netem loss 100%``, which the CI kernel lacks).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -80,10 +82,11 @@ def _serves_on(url: str, ps: list[list[int]], refs: list[list[int]], n: int = 4)
         assert r["ids"] == refs[i % len(ps)]
 
 
-# -- fault 1: the Store master leader is killed (HA, two masters) ------------------------
+# -- faults 1 and 2: the Store master leader killed / frozen (HA, two masters) ----------
 
-def test_master_leader_killed_under_replay_keeps_serving_and_loses_no_object(hosts):
-    h = hosts(3)
+def _ha_cluster(h: Hosts) -> tuple[str, list[Any], Any]:
+    """Two HA masters on h1 (lease 2 s), the P/D cluster following their leader: the URL,
+    the masters and ``leader()`` (the one that says it leads, or ``None``)."""
     ip1, cid = h.ip(1), "faults"
     masters = [h.role(1, "master", "--host", ip1, "--port", "0", "--ha", "--etcd-endpoints",
                       h.etcd, "--cluster-id", cid, "--ha-lease-ttl", "2") for _ in range(2)]
@@ -96,11 +99,19 @@ def test_master_leader_killed_under_replay_keeps_serving_and_loses_no_object(hos
                     return m
         return None
 
-    old = _wait(leader, 15, "a master leads")
+    _wait(leader, 15, "a master leads")
     store = f"{h.etcd}/{cid}"
     url = _cluster(h, store, cond_flags=("--store-master", store),
                    workers=((2, "prefill-a", "prefill"), (3, "prefill-b", "prefill"),
                             (3, "decode-c", "decode")))
+    return url, masters, leader
+
+
+def test_master_leader_killed_under_replay_keeps_serving_and_loses_no_object(hosts):
+    h = hosts(3)
+    ip1 = h.ip(1)
+    url, _masters, leader = _ha_cluster(h)
+    old = leader()
     ps = prompts(1)
     refs = reference(ps, MAX_TOKENS)
     replay = Replay(url, ps, refs).start()
@@ -119,6 +130,63 @@ def test_master_leader_killed_under_replay_keeps_serving_and_loses_no_object(hos
     replay.check()
     assert all(ok(r) for r in results), replay.summary()   # Store faults stay off the path
     assert failover_s < 5.0
+    now = set(_rpc(ip1, new.info["port"], "list_keys") or [])
+    assert set(keys) <= now, f"published objects lost: {sorted(set(keys) - now)[:5]}"
+    _serves_on(url, ps, refs)
+
+
+def test_master_leader_frozen_past_its_lease_steps_down_without_split_brain(hosts):
+    h = hosts(3)
+    ip1 = h.ip(1)
+    url, _masters, leader = _ha_cluster(h)
+    old = leader()
+    ps = prompts(2)
+    refs = reference(ps, MAX_TOKENS)
+    attempts: list[Any] = []
+
+    def attempt() -> None:           # a writer still talking to the frozen leader
+        c = SyncRpcClient(ip1, old.info["port"], 30.0)
+        try:
+            attempts.append(c.call("put_start", {"client_id": "fault-probe",
+                                                 "key": f"late-{len(attempts)}",
+                                                 "size_bytes": 4096, "config": None}))
+        except RpcError as e:
+            attempts.append(e)
+        finally:
+            c.close()
+
+    replay = Replay(url, ps, refs).start()
+    try:
+        replay.wait_served(6)
+        keys = _wait(lambda: _rpc(ip1, old.info["port"], "list_keys"), 20,
+                     "published objects")
+        old.signal(signal.SIGSTOP)
+        frozen = time.monotonic()
+        queued = [threading.Thread(target=attempt) for _ in range(3)]   # land at resume
+        for t in queued:
+            t.start()
+        new = _wait(lambda: (lambda m: m if m is not old else None)(leader()), 15,
+                    "a successor")
+        time.sleep(max(0.0, frozen + 3.0 - time.monotonic()))   # frozen > its 2 s lease
+        replay.wait_served(4, after=time.monotonic())            # served by the successor
+        old.signal(signal.SIGCONT)
+        for t in queued:
+            t.join(35)
+        for _ in range(3):
+            attempt()
+        st = _wait(lambda: _rpc(ip1, old.info["port"], "ha_status"), 10, "old answers")
+        replay.wait_served(4, after=time.monotonic())
+    finally:
+        old.signal(signal.SIGCONT)
+        results = replay.stop()
+    replay.check()
+    assert all(ok(r) for r in results), replay.summary()
+    assert len(attempts) == 6
+    for out in attempts:             # not one write accepted after the successor won
+        assert isinstance(out, RpcError), f"the frozen leader accepted a write: {out}"
+        assert out.code == "UNAVAILABLE_IN_CURRENT_STATUS", out
+    assert st["role"] != "leader"
+    assert leader() is new
     now = set(_rpc(ip1, new.info["port"], "list_keys") or [])
     assert set(keys) <= now, f"published objects lost: {sorted(set(keys) - now)[:5]}"
     _serves_on(url, ps, refs)
