@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
 from pathlib import Path
 
-import blake3
-import msgpack
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -27,6 +24,7 @@ from safetensors.torch import save_file
 from pymooncake.engine.model.layers import SwiGLU
 from pymooncake.engine.model.loader import ModelLoadError, weight_files
 from pymooncake.engine.model.moe import MOE_ARCHITECTURES, MoEConfig, MoEForCausalLM
+from pymooncake.engine.model.tiny import seed_weights, tiny_weight_revision
 from pymooncake.engine.model.tokenizer import ByteTokenizer
 
 TINY_MOE = "tiny-moe"
@@ -43,33 +41,23 @@ def tiny_moe_config() -> MoEConfig:
                      bos_token_id=ByteTokenizer.BOS, eos_token_ids=(ByteTokenizer.EOS,))
 
 
-def moe_weight_revision(cfg: MoEConfig, seed: int) -> str:
-    """The weight revision of a seeded MoE: BLAKE3 of (seed, config fields)."""
-    fields = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
-    blob = msgpack.packb({"seed": seed, "config": fields}, use_bin_type=True, default=str)
-    return "seeded-" + blake3.blake3(blob).hexdigest()
+moe_weight_revision = tiny_weight_revision
+"""The weight revision of a seeded MoE: BLAKE3 of (seed, config fields)."""
 
 
 def build_tiny_moe(cfg: MoEConfig | None = None, seed: int = TINY_MOE_SEED,
                    dtype: torch.dtype = torch.float32) -> MoEForCausalLM:
-    """A ``MoEForCausalLM`` with seeded weights (deterministic across machines)."""
-    cfg = cfg or tiny_moe_config()
-    gen = torch.Generator().manual_seed(seed)
-    model = MoEForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif name.endswith("bias"):
-                p.copy_(0.02 * torch.randn(p.shape, generator=gen))
-            elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=gen))
-            elif name == "lm_head.weight":
-                p.copy_(4.0 / math.sqrt(p.shape[1]) * torch.randn(p.shape, generator=gen))
-            elif name.endswith("mlp.gate.weight"):  # router: spread but decisive choices
-                p.copy_(2.0 / math.sqrt(p.shape[1]) * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
+    """A ``MoEForCausalLM`` with seeded weights (deterministic across machines); the router
+    gets spread but decisive logits, the rest ``tiny.seed_weights``' rules."""
+    model = MoEForCausalLM(cfg or tiny_moe_config())
+
+    def router(name: str, p: torch.Tensor, gen: torch.Generator) -> bool:
+        if not name.endswith("mlp.gate.weight"):
+            return False
+        p.copy_(2.0 / math.sqrt(p.shape[1]) * torch.randn(p.shape, generator=gen))
+        return True
+
+    seed_weights(model, seed, router)
     return model.to(dtype).eval()
 
 

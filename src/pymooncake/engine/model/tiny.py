@@ -9,11 +9,14 @@ O(1) and give peaked logits (std ≈ 4) so greedy choices are rarely near-ties.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 import blake3
 import msgpack
 import torch
+from torch import nn
 
 from pymooncake.engine.model.llama import LlamaForCausalLM, ModelConfig
 from pymooncake.engine.model.tokenizer import ByteTokenizer
@@ -30,21 +33,25 @@ def tiny_config(num_layers: int = 4) -> ModelConfig:
                        eos_token_ids=(ByteTokenizer.EOS,))
 
 
-def tiny_weight_revision(cfg: ModelConfig, seed: int) -> str:
-    """The weight revision of a seeded model: BLAKE3 of (seed, config fields)."""
+def tiny_weight_revision(cfg: Any, seed: int) -> str:
+    """The weight revision of a seeded model (any config dataclass: this tiny model's, the
+    tiny MoE's): BLAKE3 of (seed, config fields)."""
     fields = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
     blob = msgpack.packb({"seed": seed, "config": fields}, use_bin_type=True, default=str)
     return "seeded-" + blake3.blake3(blob).hexdigest()
 
 
-def build_tiny_model(cfg: ModelConfig | None = None, seed: int = TINY_SEED,
-                     dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
-    """A ``LlamaForCausalLM`` with seeded weights (deterministic across machines)."""
-    cfg = cfg or tiny_config()
+def seed_weights(model: nn.Module, seed: int,
+                 rule: Callable[[str, torch.Tensor, torch.Generator], bool] | None = None) -> None:
+    """Fill ``model``'s parameters from ``seed`` in sorted name order (deterministic across
+    machines): norms ~1, biases small, embeddings N(0, 1), the LM head scaled for decisive
+    logits, other matrices N(0, 1/fan_in). ``rule(name, param, gen)`` may fill a parameter
+    itself first (returns True when it did)."""
     gen = torch.Generator().manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
+            if rule is not None and rule(name, p, gen):
+                continue
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
             elif name.endswith("bias"):
@@ -55,4 +62,11 @@ def build_tiny_model(cfg: ModelConfig | None = None, seed: int = TINY_SEED,
                 p.copy_(4.0 / math.sqrt(p.shape[1]) * torch.randn(p.shape, generator=gen))
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
+
+
+def build_tiny_model(cfg: ModelConfig | None = None, seed: int = TINY_SEED,
+                     dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    """A ``LlamaForCausalLM`` with seeded weights (deterministic across machines)."""
+    model = LlamaForCausalLM(cfg or tiny_config())
+    seed_weights(model, seed)
     return model.to(dtype).eval()
