@@ -1,5 +1,7 @@
 """Store faults on namespaced hosts under a stream of reads and puts (issue 17 Build
-item 5): a storage host killed; a segment filled to its watermark by concurrent puts.
+item 5): a storage host killed; one of two TCP paths dropped mid-transfer (``ss -K`` on
+one of the Transfer Engine's two connections); a segment filled to its watermark by
+concurrent puts.
 
 Hosts: h1 runs the Store master, h2 and h3 a ``store-server`` each (TCP only: they are
 different hosts); the test process, on the bridge, is the client. Every read is checked
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import subprocess
 import threading
 import time
 from typing import Any
@@ -48,11 +51,11 @@ def _store(h: Hosts, *master_flags: str, size: int = 8 * MiB) -> tuple[str, list
     return master, servers
 
 
-def _client(h: Hosts, master: str) -> Any:
+def _client(h: Hosts, master: str, **cfg_kw: Any) -> Any:
     from pymooncake.store.client import StoreClient
-    cfg = TransferConfig(transports=("tcp",), max_retries=2, path_retry_interval_s=0.05,
-                         connect_timeout_s=4.0, slice_timeout_s=4.0,
-                         topology_file=h.topology)
+    kw: dict[str, Any] = {"max_retries": 2, "path_retry_interval_s": 0.05,
+                          "connect_timeout_s": 4.0, "slice_timeout_s": 4.0, **cfg_kw}
+    cfg = TransferConfig(transports=("tcp",), topology_file=h.topology, **kw)
     return StoreClient(master, h.etcd, local_hostname=f"{h.net}.1", transfer_config=cfg,
                        heartbeat_interval_s=0.2).start()
 
@@ -194,5 +197,61 @@ def test_segment_filled_under_concurrent_puts_no_overwrite_and_rejected_puts_suc
             time.sleep(0.2)
         for k in outcome:                  # all 20 stored (pinned), each with its own bytes
             assert c.get(k) == _value(k, size), k
+    finally:
+        c.close()
+
+
+# -- fault 6: one of two TCP paths dropped mid-transfer ----------------------------------
+
+def _lanes_to(ip: str, busy: bool = False) -> list[str]:
+    """Local ports of the root namespace's established TCP connections to ``ip``, but
+    etcd's (the server side of the host's own etcd client); ``busy``: only those with
+    bytes in flight (a non-empty send queue)."""
+    out = subprocess.run(["ss", "-Htn", "state", "established", "dst", ip],
+                         capture_output=True, text=True).stdout
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    return [r[-2].rsplit(":", 1)[1] for r in rows
+            if r[-2].rsplit(":", 1)[1] not in ("2379", "2380") and (not busy or r[1] != "0")]
+
+
+def test_one_of_two_tcp_paths_dropped_mid_transfer_slices_retried_bytes_verified(hosts):
+    from pymooncake.obs.metrics import REGISTRY
+
+    def retries() -> float:
+        return sum(s.value for fam in REGISTRY.collect() for s in fam.samples
+                   if s.name == "pymooncake_transfer_retries_total")
+
+    h = hosts(3)
+    master, servers = _store(h, size=160 * MiB)
+    c = _client(h, master, num_paths=2, slice_timeout_s=8.0)
+    ip2 = h.ip(2)
+    try:
+        seg2 = servers[0].info["segment"]
+        c.put("warm", _value("warm", 4 * MiB), ReplicateConfig(preferred_segment=seg2))
+        lanes = _lanes_to(ip2)          # only the Transfer Engine (and etcd) talk to h2
+        assert len(lanes) == 2, f"expected two TCP paths to h2, got {lanes}"
+        size = 64 * MiB
+        big = _value("big", size)
+        r0 = retries()
+        done: dict[str, Any] = {}
+
+        def put() -> None:
+            done["out"], done["dt"] = _timed(
+                c.put, "big", big, ReplicateConfig(preferred_segment=seg2))
+        t = threading.Thread(target=put, daemon=True)
+        t.start()
+        busy: list[str] = []
+        while t.is_alive() and not busy:   # wait for slices in flight on a path
+            busy = _lanes_to(ip2, busy=True)
+        assert busy, "the transfer ended before a path could be dropped"
+        subprocess.run(["ss", "-K", "dst", ip2, "sport", "=", f":{busy[0]}"],
+                       capture_output=True, check=True)   # drop that path, mid-transfer
+        t.join(BOUND_S * 3)
+        assert not t.is_alive(), "the transfer hung after a path was dropped"
+        assert done["out"] is None, done
+        assert retries() > r0, "no slice was retried"
+        assert _digest(c.get("big")) == _digest(big)    # every byte as put
+        c.put("after", _value("after", MiB))            # still serving
+        assert c.get("after") == _value("after", MiB)
     finally:
         c.close()
