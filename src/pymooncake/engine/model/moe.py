@@ -25,7 +25,7 @@ from torch import nn
 
 from pymooncake.engine.model.attention import AttentionMetadata
 from pymooncake.engine.model.layers import Linear, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
-from pymooncake.engine.model.llama import Attention, LayerCallback, ModelConfig
+from pymooncake.engine.model.llama import DecoderLayer, LayerCallback, ModelConfig
 
 MOE_ARCHITECTURES: dict[str, str] = {
     "Qwen2MoeForCausalLM": "qwen2_moe",
@@ -226,19 +226,14 @@ class SparseMoeBlock(nn.Module):
         return out
 
 
-class MoEDecoderLayer(nn.Module):
-    def __init__(self, cfg: MoEConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg.attention_config(), layer_idx)  # type: ignore[arg-type]
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp: nn.Module = (SparseMoeBlock(cfg, layer_idx) if cfg.is_moe_layer(layer_idx)
-                               else SwiGLU(cfg.hidden_size, cfg.intermediate_size))
+class MoEDecoderLayer(DecoderLayer):
+    """``DecoderLayer`` (its attention, norms and forward) with the MLP of a MoE layer
+    replaced by ``SparseMoeBlock``."""
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, kv_cache, meta)
-        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+    def __init__(self, cfg: MoEConfig, layer_idx: int) -> None:
+        super().__init__(cfg.attention_config(), layer_idx)
+        if cfg.is_moe_layer(layer_idx):
+            self.mlp: nn.Module = SparseMoeBlock(cfg, layer_idx)
 
 
 class MoEModel(nn.Module):
