@@ -144,6 +144,7 @@ class Replay:
     def check(self) -> None:
         """No hung request (each ended within the bound), no corrupt token (every served
         request equals the colocated engine's greedy output), every failure a clean one."""
+        print("replay:", self.summary())
         for r in self.results:
             assert r["t1"] - r["t0"] < self.bound_s, ("request took too long", r)
             if ok(r):

@@ -182,9 +182,10 @@ class Hosts:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signal.SIGCONT)
                 p.terminate()
+        deadline = time.monotonic() + 4.0       # one grace period for all, then SIGKILL
         for p in reversed(self.procs):
             try:
-                p.wait(timeout=5)
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=5)
