@@ -139,6 +139,8 @@ class _FakeMaster:
         self.calls: list[tuple[str, Any]] = []
 
     async def call(self, method: str, params: Any) -> Any:
+        if method == "segment_names":
+            return ["d0-x", "p0-kv", "p1-kv", "p2-kv"]
         self.calls.append((method, params))
         return [{"r": 1000} for _ in params["keys"]]
 
@@ -159,7 +161,7 @@ def test_replicator_respects_the_budget_and_gives_bytes_back() -> None:
         # 2500 B of budget, 1000 B per block: both blocks (2000 B) go to p1's segment
         assert fake.calls == [("replicate", {
             "keys": [store_object_key("abcdef0123456789ff", k) for k in ("k0", "k1")],
-            "segment": segment_of("p1")})]
+            "segment": "p1-kv"})]
         assert (rep.used_bytes, rep.num_replicated) == (2000, 2)
         assert st.workers["p1"].replica_keys == {"k0", "k1"}
         # a third instance joins: 500 B left is less than a block, nothing is copied
@@ -174,12 +176,20 @@ def test_replicator_respects_the_budget_and_gives_bytes_back() -> None:
         st.kv_events(KVEvents("store", ("k1",), ()))
         rep.on_placement(["k0", "k1"], "p0", 2.0)
         await asyncio.gather(*rep._tasks)
-        assert fake.calls[-1][1]["segment"] == segment_of("p1")   # p1 lacks k1 again
+        assert fake.calls[-1][1]["segment"] == "p1-kv"   # p1 lacks k1 again
         assert fake.calls[-1][1]["keys"] == [store_object_key("abcdef0123456789ff", "k1")]
         assert rep.used_bytes == 2000 <= cfg.hot_replication_budget_bytes
         await rep.close()
 
     asyncio.run(run())
+
+
+def test_segment_of_an_instance() -> None:
+    assert segment_of("p1", ["p0-kv", "p1-kv"]) == "p1-kv"
+    assert segment_of("p1", ["p1-store"]) == "p1-store"
+    assert segment_of("p1", ["p1-x", "p10-kv"]) == "p1-x"       # the only "p1-…"
+    assert segment_of("p1", ["p1-x", "p1-y"]) is None             # ambiguous
+    assert segment_of("p1", ["p10-kv"]) is None
 
 
 def test_off_means_no_replicator() -> None:

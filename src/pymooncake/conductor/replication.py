@@ -53,9 +53,20 @@ def store_object_key(namespace_digest: str, block_key: str) -> str:
     return f"kv/{namespace_digest[:16]}/{block_key}"
 
 
-def segment_of(instance_id: str) -> str:
-    """The Store segment a prefill worker mounts (``engine.worker.prefill``)."""
-    return f"{instance_id}-store"
+SEGMENT_SUFFIXES = ("-kv", "-store")
+"""How a prefill worker names the Store segment it mounts: its Transfer Engine's name,
+``<instance id>-kv`` (``engine.worker.prefill``; ``-store`` before it shared one)."""
+
+
+def segment_of(instance_id: str, mounted: list[str]) -> str | None:
+    """The segment of ``mounted`` that prefill instance ``instance_id`` contributes:
+    ``<id>-kv`` or ``<id>-store``, else the only one named ``<id>-…``; None if none is."""
+    names = set(mounted)
+    for suffix in SEGMENT_SUFFIXES:
+        if instance_id + suffix in names:
+            return instance_id + suffix
+    rest = [n for n in mounted if n.startswith(instance_id + "-")]
+    return rest[0] if len(rest) == 1 else None
 
 
 class HotBlockReplicator:
@@ -74,6 +85,8 @@ class HotBlockReplicator:
         self.block_bytes = 0
         """Estimated bytes of one block (set with the cluster's namespace)."""
         self.namespace_digest = ""
+        self._segments: list[str] = []
+        """Segment names the master had mounted when last asked."""
         self.num_replicated = 0
         self._inflight: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -136,8 +149,13 @@ class HotBlockReplicator:
     async def _copy(self, instance_id: str, keys: list[str]) -> None:
         skeys = [store_object_key(self.namespace_digest, k) for k in keys]
         try:
-            res = await self._client.call("replicate", {"keys": skeys,
-                                                        "segment": segment_of(instance_id)})
+            seg = segment_of(instance_id, self._segments)
+            if seg is None:       # a new worker (or the first copy): ask the master
+                self._segments = list(await self._client.call("segment_names", {}))
+                seg = segment_of(instance_id, self._segments)
+            if seg is None:
+                raise RpcError("NO_SEGMENT", f"no Store segment of {instance_id} is mounted")
+            res = await self._client.call("replicate", {"keys": skeys, "segment": seg})
         except RpcError as e:
             REPLICATION_FAILURES.inc(len(keys))
             logger.warning("hot-block replication to %s failed: %s", instance_id, e)
@@ -155,6 +173,7 @@ class HotBlockReplicator:
                     REPLICATED_BYTES.inc(nbytes)
             else:
                 REPLICATION_FAILURES.inc()
+                logger.info("hot block %s not copied to %s: %s", k, instance_id, r)
         REPLICA_BYTES.set(self.used_bytes)
         if done and not self.state.add_replicas(instance_id, done):
             self.forget(instance_id=instance_id)

@@ -2,6 +2,7 @@
 
 Two RPC methods, served by ``MasterService``:
 
+* ``segment_names`` → the mounted segments' names (where a replica may go);
 * ``replica_segments`` ``{"keys": [...]}`` → per key the segments holding a readable DRAM
   replica (``None`` when absent); no lease.
 * ``replicate`` ``{"keys": [...], "segment": name}`` → per key ``{"r": bytes copied}``
@@ -52,6 +53,7 @@ class ReplicaCopier:
 
     def register(self, s: Any) -> None:
         s.register("replica_segments", self._replica_segments)
+        s.register("segment_names", lambda p: sorted(self.service.core.pool.segments))
         s.register("replicate", self._replicate)
 
     def close(self) -> None:
