@@ -15,6 +15,8 @@ and the cluster still serving afterwards):
 4. prefill worker killed mid-request: ``test_pd_faults.py::test_prefill_worker_killed_...``
    (decode worker, loopback: ``tests/serving/test_pd_cluster.py::test_decode_worker_killed...``)
 5. Conductor partitioned from a decode host: ``test_pd_faults.py::test_decode_host_partitioned_...``
+   and ``test_decode_host_cut_during_its_kv_write_...`` (both xfail, not strict: a cut during
+   a KV write stalls the prefill worker ~30 s, see ``test_pd_faults.STALL``)
 6. one of two TCP paths dropped mid-transfer:
    ``test_store_faults.py::test_one_of_two_tcp_paths_...``
    (loopback, a peer that drops its connection: ``tests/transfer/test_failures.py::

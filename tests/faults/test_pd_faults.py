@@ -32,6 +32,13 @@ from .netns import Hosts
 pytestmark = pytest.mark.integration
 
 MAX_TOKENS = 8
+# The hang the partition tests reveal (reproduced by the second one about 1 run in 2):
+STALL = ("a decode host cut off while a prefill worker writes a request's KV to it stalls "
+         "that prefill worker: the write waits the KV sender's whole timeout "
+         "(engine/kv_sender.py timeout_s=30 s; slices time out at 5 s and are retried) and "
+         "every request queued on the worker, those for the healthy decode host too, waits "
+         "~30 s with no answer; the Conductor does not abort the prefill when the decode "
+         "worker leaves its view (conductor/service.py _expire_loop fails token streams only)")
 
 
 def _rpc(host: str, port: int, method: str, timeout_s: float = 2.0) -> Any:
@@ -230,14 +237,7 @@ def test_prefill_worker_killed_mid_request_is_replaced_or_fails_cleanly(hosts):
 
 # -- fault 5: the Conductor is partitioned from a decode host --------------------------
 
-@pytest.mark.xfail(strict=False, reason=(
-    "intermittent (1 run in ~12): when the cut lands while the prefill worker writes a "
-    "request's KV to the partitioned decode host, that write waits the full KV sender "
-    "timeout (engine/kv_sender.py timeout_s=30 s; its slices time out at 5 s and are "
-    "retried), the prefill worker serves nothing meanwhile, so every request queued on it "
-    "(those for the healthy decode host too) stalls ~30 s; the Conductor does not abort "
-    "the prefill when the decode worker leaves its view (conductor/service.py "
-    "_expire_loop fails only token streams)"))
+@pytest.mark.xfail(strict=False, reason=STALL)
 def test_decode_host_partitioned_gets_clean_errors_and_the_rest_serve(hosts):
     h = hosts(3)
     ip1 = h.ip(1)
@@ -267,3 +267,33 @@ def test_decode_host_partitioned_gets_clean_errors_and_the_rest_serve(hosts):
     after = [r for r in replay.results if r["t0"] > gone]
     assert after and all(ok(r) for r in after), [r for r in after if not ok(r)][:3]
     _serves_on(url, ps, refs, n=8)          # healed: decode-b may be back; all still exact
+
+
+@pytest.mark.xfail(strict=False, reason=STALL)
+def test_decode_host_cut_during_its_kv_write_does_not_stall_other_requests(hosts):
+    """The race above, forced: cut h3 while a long prompt's KV is on its way to decode-b;
+    requests for decode-a must still be answered well within the bound."""
+    h = hosts(3)
+    ip1 = h.ip(1)
+    master = h.role(1, "master", "--host", ip1, "--port", "0").info
+    url = _cluster(h, f"{ip1}:{master['port']}",
+                   workers=((2, "prefill-a", "prefill"), (2, "decode-a", "decode"),
+                            (3, "decode-b", "decode")))
+    ps = prompts(6, per=2, shared=1200, tail=40)
+    refs = reference(ps, MAX_TOKENS)
+    replay = Replay(url, ps, refs, threads=3, bound_s=12.0).start()
+    caught = False
+    try:
+        replay.wait_served(3)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not caught:
+            caught = any(v[1] == "decode-b" for v in _health(url)["requests"].values())
+        h.cut(3)
+        cut = time.monotonic()
+        replay.wait_served(6, after=cut, timeout_s=15.0)
+    finally:
+        replay.stop()
+        h.heal(3)
+    assert caught
+    replay.check()      # bound 12 s: nothing waits out a 30 s KV timeout
+    _serves_on(url, ps, refs)
