@@ -243,10 +243,14 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """Embedding, ``num_layers`` decoder layers (``layer_cls(cfg, i)``: ``DecoderLayer``, or
+    the MoE's), final norm."""
+
+    def __init__(self, cfg: Any, layer_cls: Callable[[Any, int], nn.Module] = DecoderLayer
+                 ) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(layer_cls(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 

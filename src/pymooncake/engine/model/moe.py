@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from pymooncake.engine.model.attention import AttentionMetadata
-from pymooncake.engine.model.layers import Linear, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
-from pymooncake.engine.model.llama import DecoderLayer, LayerCallback, ModelConfig
+from pymooncake.engine.model.layers import Linear, SwiGLU, rope_cos_sin, rope_inv_freq
+from pymooncake.engine.model.llama import DecoderLayer, LayerCallback, LlamaModel, ModelConfig
 
 MOE_ARCHITECTURES: dict[str, str] = {
     "Qwen2MoeForCausalLM": "qwen2_moe",
@@ -236,14 +236,6 @@ class MoEDecoderLayer(DecoderLayer):
             self.mlp: nn.Module = SparseMoeBlock(cfg, layer_idx)
 
 
-class MoEModel(nn.Module):
-    def __init__(self, cfg: MoEConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(MoEDecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-
 class MoEForCausalLM(nn.Module):
     """A MoE decoder + LM head with ``LlamaForCausalLM``'s interface, so ``Engine`` runs it.
 
@@ -258,7 +250,7 @@ class MoEForCausalLM(nn.Module):
     def __init__(self, cfg: MoEConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.model = MoEModel(cfg)
+        self.model = LlamaModel(cfg, MoEDecoderLayer)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
