@@ -44,7 +44,12 @@ def _single_main(argv: Sequence[str]) -> int:
     for line in sys.stdin:
         ids = json.loads(line)["ids"]
         t0, c0 = time.perf_counter(), time.process_time()
-        out = eng.generate([ids], SamplingParams(max_tokens=1))[0]
+        try:
+            out = eng.generate([ids], SamplingParams(max_tokens=1))[0]
+        except Exception as e:  # noqa: BLE001 - relayed to the parent as one line
+            print(json.dumps({"error": " ".join(f"{type(e).__name__}: {e}".split())}),
+                  flush=True)
+            continue
         print(json.dumps({"ttft_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                           "token": out.output_token_ids[0]}), flush=True)
     return 0
@@ -71,7 +76,10 @@ class _Single:
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError("the single-worker child exited; see its stderr")
-        return json.loads(line)
+        doc = json.loads(line)
+        if "error" in doc:
+            raise RuntimeError(f"single worker: {doc['error']}")
+        return doc
 
     def close(self) -> None:
         if self.proc.stdin is not None:
@@ -130,7 +138,10 @@ def run_cpp_bench(model: str, num_stages: int, prompt_lens: Sequence[int], repea
     if len(cores) < num_stages:
         raise ValueError(f"{num_stages} stages need {num_stages} cores, {len(cores)} given")
     lens = sorted(set(prompt_lens))
-    num_blocks = -(-max(lens) // 16) + 16
+    warm_len = min(lens[0], chunk_tokens) + chunk_tokens  # the warm-up prompt (below)
+    # every prompt sent, the warm-up included, must fit the single worker's max_model_len
+    # (num_blocks * 16) with its one output token
+    num_blocks = -(-(max(max(lens), warm_len) + 1) // 16) + 16
     s_cores = list(single_cores) if single_cores else cores[:num_stages]
     progress(f"starting one worker on each of cores {s_cores} and {num_stages} stages on "
              f"{cores[:num_stages]}")
@@ -151,7 +162,7 @@ def run_cpp_bench(model: str, num_stages: int, prompt_lens: Sequence[int], repea
 
         def prompt(n: int) -> list[int]:
             return [rng.randrange(3, vocab) for _ in range(n)]
-        warm = prompt(min(lens[0], chunk_tokens) + chunk_tokens)
+        warm = prompt(warm_len)
         for single in singles:
             single.prefill(warm)
         group.release(group.prefill(warm).request_id)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pymooncake.engine.cpp.stage import READY_PREFIX
+from pymooncake.engine.cpp.stage import ERROR_PREFIX, READY_PREFIX
 from pymooncake.engine.engine import ExportedBlock
 from pymooncake.identity import CacheNamespace, block_keys
 from pymooncake.rpc import SyncRpcClient
@@ -111,6 +111,8 @@ class CppGroup:
                 line = proc.stdout.readline()
                 if line.startswith(READY_PREFIX):
                     return int(line.split()[1])
+                if line.startswith(ERROR_PREFIX):
+                    raise CppError(f"CPP {line[len(ERROR_PREFIX):].strip()}")
                 if not line and proc.poll() is not None:
                     break
             elif proc.poll() is not None:

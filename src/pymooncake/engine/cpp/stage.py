@@ -32,6 +32,9 @@ from pymooncake.rpc import RpcServer, SyncRpcClient
 from pymooncake.rpc.errors import ErrorCode, RpcError
 
 READY_PREFIX = "CPP_STAGE_READY"
+ERROR_PREFIX = "CPP_STAGE_ERROR"
+"""``CPP_STAGE_ERROR <one line>`` on stdout: the stage could not start (the group relays
+the line instead of a traceback)."""
 
 
 class StageServer:
@@ -231,6 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--core", type=int, default=None, help="pin the process to this core")
     args = p.parse_args(argv)
+    try:
+        return _main(args)
+    except Exception as e:  # noqa: BLE001 - reported to the group as one line
+        msg = " ".join(f"{type(e).__name__}: {e}".split())
+        print(f"{ERROR_PREFIX} stage {args.stage}: {msg}", flush=True)
+        return 1
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.core is not None:  # before torch starts its threads: they inherit it
         os.sched_setaffinity(0, {args.core})
     os.environ.setdefault("OMP_NUM_THREADS", "1")
