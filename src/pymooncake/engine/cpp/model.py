@@ -7,8 +7,8 @@ stream ``x`` ``[T, hidden]`` *before* layer ``start``'s input RMSNorm, so that t
 concatenation of the stages computes exactly what ``LlamaForCausalLM.forward`` computes.
 
 The float32 fused step runs its layers through ``engine.model.fused.forward_layers``, the
-single worker's own per-layer code, so a stage's K/V and hidden states are those of a single
-worker with the same prefill chunks. Other dtypes run the layers' module path (``DecoderLayer.forward``).
+single worker's own per-layer code, so a stage's K/V and hidden states are those of a
+single worker with the same prefill chunks. Other dtypes run the layers' module path (``DecoderLayer.forward``).
 """
 
 from __future__ import annotations
