@@ -8,7 +8,8 @@ concatenation of the stages computes exactly what ``LlamaForCausalLM.forward`` c
 
 The float32 fused step runs its layers through ``engine.model.fused.forward_layers``, the
 single worker's own per-layer code, so a stage's K/V and hidden states are those of a
-single worker with the same prefill chunks. Other dtypes run the layers' module path (``DecoderLayer.forward``).
+single worker with the same prefill chunks. Other dtypes run the layers' module path
+(``DecoderLayer.forward``).
 """
 
 from __future__ import annotations
