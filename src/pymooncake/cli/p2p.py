@@ -112,8 +112,16 @@ def _open(args: argparse.Namespace, host: bool = True) -> Any:
 def _errors() -> tuple[type[BaseException], ...]:
     from pymooncake.metadata import MetadataError
     from pymooncake.p2p import P2PError
-    return (P2PError, MetadataError, FileNotFoundError, NotADirectoryError, ValueError,
-            TimeoutError)
+    return (P2PError, MetadataError, OSError, ValueError)   # OSError: TimeoutError too
+
+
+def _line(e: BaseException, doing: str = "") -> str:
+    """One line for an expected failure: an ``OSError`` from a path (a directory that is a
+    file, no permission, disk full) as ``DOING: REASON: 'PATH'``, anything else as is."""
+    if isinstance(e, OSError) and e.strerror and not isinstance(e, TimeoutError):
+        where = f": {str(e.filename)!r}" if e.filename is not None else ""
+        return f"{doing + ': ' if doing else ''}{e.strerror[:1].lower()}{e.strerror[1:]}{where}"
+    return str(e) or type(e).__name__
 
 
 def _serve_forever(store: Any, while_pid: int | None = None) -> int:
@@ -150,7 +158,7 @@ def _cmd_register(args: argparse.Namespace) -> int:
             m = store.register(args.name, args.paths,
                                shard_bytes=max(1, int(args.shard_size * (1 << 20))))
         except _errors() as e:
-            raise CommandError(str(e)) from None
+            raise CommandError(_line(e, f"cannot register {args.name!r}")) from None
         _ready({"name": m.name, "segment": store.segment, "manifest_id": m.manifest_id,
                 "total_bytes": m.total_bytes, "num_shards": len(m.shards), "pid": os.getpid()})
         return _serve_forever(store)
@@ -177,7 +185,7 @@ def _cmd_get(args: argparse.Namespace) -> int:
         try:
             rep = store.get_replica(args.name, args.dir, opts)
         except _errors() as e:
-            raise CommandError(str(e)) from None
+            raise CommandError(_line(e, f"cannot pull {args.name!r} into {args.dir}")) from None
         s = rep.stats
         doc = {"name": args.name, "dir": str(rep.path), "segment": store.segment,
                "bytes": s.bytes, "shards": s.shards, "seconds": round(s.seconds, 4),
@@ -207,7 +215,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         try:
             infos = [asdict(i) for i in store.list(args.prefix)]
         except _errors() as e:
-            raise CommandError(str(e)) from None
+            raise CommandError(_line(e)) from None
     finally:
         store.close()
     emit(infos, args.json, lambda xs: "\n".join(
@@ -224,7 +232,7 @@ def _cmd_unregister(args: argparse.Namespace) -> int:
         try:
             existed = store.unregister(args.name)
         except _errors() as e:
-            raise CommandError(str(e)) from None
+            raise CommandError(_line(e)) from None
     finally:
         store.close()
     if not existed:

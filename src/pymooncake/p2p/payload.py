@@ -10,6 +10,7 @@ every shard of the payload is verified.
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 from collections.abc import Mapping
@@ -116,45 +117,89 @@ def open_tensors(tensors: Mapping[str, Any]) -> Payload:
     return Payload(entries, bufs)
 
 
-def create_files(manifest: Manifest, into: Path) -> tuple[Payload, list[Path]]:
+@dataclass(slots=True)
+class Target:
+    """Where a file payload is being pulled to: the final paths and the directories the
+    pull created (removed again, if still empty, when the pull fails)."""
+
+    finals: list[Path] = field(default_factory=list)
+    made_dirs: list[Path] = field(default_factory=list)
+    """Created by this pull, parents before children."""
+
+
+def _make_dirs(d: Path, made: list[Path]) -> None:
+    """Create ``d`` and its missing parents, appending each one created to ``made``.
+    Raises ``NotADirectoryError`` naming the path when ``d`` or a parent exists as a
+    non-directory, ``OSError`` (e.g. ``PermissionError``) when one cannot be created."""
+    missing = []
+    p = d
+    while not p.is_dir():
+        if p.exists() or p.is_symlink():
+            raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(p))
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for m in reversed(missing):
+        m.mkdir()
+        made.append(m)
+
+
+def create_files(manifest: Manifest, into: Path) -> tuple[Payload, Target]:
     """``<into>/<entry>.p2p-part`` files of the right sizes, mapped shared; returns the
-    payload and the final paths. Raises ``ValueError`` for an entry path escaping ``into``
-    and ``OSError`` when a file cannot be created."""
-    into.mkdir(parents=True, exist_ok=True)
-    root = into.resolve()
+    payload and the :class:`Target` (final paths, directories created). Raises
+    ``ValueError`` for an entry path escaping ``into``, ``NotADirectoryError`` when
+    ``into`` (or a directory an entry needs) exists as a file, ``IsADirectoryError`` when
+    an entry's final path is a directory, and ``OSError`` when a file cannot be created.
+    On failure nothing it created is left behind."""
+    target = Target()
     pl = Payload(list(manifest.entries), [])
-    finals = []
-    for e in manifest.entries:
-        final = (root / e.path).resolve()
-        if root not in final.parents:
-            raise ValueError(f"entry path {e.path!r} escapes the target directory")
-        final.parent.mkdir(parents=True, exist_ok=True)
-        finals.append(final)
-        part = final.with_name(final.name + PART_SUFFIX)
-        fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, e.size)
-            if e.size:
-                m = mmap.mmap(fd, e.size, access=mmap.ACCESS_WRITE)
-                pl._maps.append(m)
-                pl.buffers.append(m)
-            else:
-                pl.buffers.append(None)
-        finally:
-            os.close(fd)
-    return pl, finals
+    try:
+        _make_dirs(into, target.made_dirs)
+        root = into.resolve()
+        for e in manifest.entries:
+            final = (root / e.path).resolve()
+            if root not in final.parents:
+                raise ValueError(f"entry path {e.path!r} escapes the target directory")
+            if final.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "is a directory, the payload has a file "
+                                        "there", str(final))
+            _make_dirs(final.parent, target.made_dirs)
+            target.finals.append(final)
+            part = final.with_name(final.name + PART_SUFFIX)
+            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.ftruncate(fd, e.size)
+                if e.size:
+                    m = mmap.mmap(fd, e.size, access=mmap.ACCESS_WRITE)
+                    pl._maps.append(m)
+                    pl.buffers.append(m)
+                else:
+                    pl.buffers.append(None)
+            finally:
+                os.close(fd)
+    except BaseException:
+        pl.close()
+        remove_parts(target)
+        raise
+    return pl, target
 
 
-def finish_files(finals: list[Path]) -> None:
+def finish_files(target: Target) -> None:
     """Rename every ``.p2p-part`` to its final name (after every shard was verified)."""
-    for f in finals:
+    for f in target.finals:
         os.replace(f.with_name(f.name + PART_SUFFIX), f)
 
 
-def remove_parts(finals: list[Path]) -> None:
-    for f in finals:
+def remove_parts(target: Target) -> None:
+    """Remove the ``.p2p-part`` files, then the directories the pull created if they are
+    empty (a directory that existed before, or that holds anything else, stays)."""
+    for f in target.finals:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(f.with_name(f.name + PART_SUFFIX))
+    for d in reversed(target.made_dirs):
+        with contextlib.suppress(OSError):      # not empty (someone else's file), gone
+            d.rmdir()
 
 
 def destination_buffers(manifest: Manifest, into: Mapping[str, Any] | None) -> Payload:

@@ -4,12 +4,16 @@ Every record of a peer is put under one lease of ``ttl_s`` that is kept alive ev
 ``ttl_s / 3`` on this module's own event-loop thread (metadata clients are per loop). If
 the lease lapses while the peer lives (a stalled process, a restarted metadata server),
 a new one is granted and every record whose payload still exists is put again.
+
+A record is never written without a lease (it would never expire): every put happens on
+the loop under ``_put_lock`` with the current lease, and :meth:`revoke` marks the records
+revoked before anything else, then drops the lease under the same lock, so a put still
+queued (``publish_soon``) or asked for later is dropped, never written lease-less.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -35,7 +39,8 @@ class HolderRecords:
         self._dirty: set[str] = set()
         self._publishing: set[str] = set()
         self._lease: LeaseId | None = None
-        self._keepalive: Any = None
+        self._revoked = False
+        self._keepalive: asyncio.Task[None] | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name=f"p2p-loop-{segment}")
@@ -49,17 +54,25 @@ class HolderRecords:
     def start(self) -> None:
         """Grant the lease and start keeping it alive (``MetadataError`` if unreachable)."""
         self._lease = self.run(self.metadata.grant_lease(self.ttl_s))
-        self._keepalive = asyncio.run_coroutine_threadsafe(self._keep_alive(), self._loop)
+        self.run(self._spawn_keepalive())
+
+    async def _spawn_keepalive(self) -> None:
+        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
 
     async def _keep_alive(self) -> None:
-        while True:
+        while not self._revoked:
             await asyncio.sleep(self.ttl_s / 3)
             try:
-                assert self._lease is not None
-                await self.metadata.keep_alive(self._lease)
+                lease = self._lease
+                if lease is None or self._revoked:
+                    return
+                await self.metadata.keep_alive(lease)
             except LeaseNotFound:       # expired while we were stalled: advertise again
                 logger.warning("p2p: holder lease of %s lapsed; publishing again", self.segment)
-                self._lease = await self.metadata.grant_lease(self.ttl_s)
+                async with self._put_lock:
+                    if self._revoked:
+                        return
+                    self._lease = await self.metadata.grant_lease(self.ttl_s)
                 for name in self.names():
                     if await self.metadata.get(manifest_key(name)) is not None:
                         await self._put(name)
@@ -68,6 +81,8 @@ class HolderRecords:
 
     async def _put(self, name: str) -> None:
         async with self._put_lock:       # the value is read here: the last put is the newest
+            if self._revoked or self._lease is None:
+                return                   # revoked (closing): never put a lease-less record
             value = self.value_of(name)
             if value is None:
                 return
@@ -75,6 +90,8 @@ class HolderRecords:
             try:
                 await self.metadata.put(key, value, lease_id=self._lease)
             except LeaseNotFound:
+                if self._revoked:
+                    return
                 self._lease = await self.metadata.grant_lease(self.ttl_s)
                 await self.metadata.put(key, value, lease_id=self._lease)
 
@@ -84,8 +101,11 @@ class HolderRecords:
 
     def publish_soon(self, name: str) -> None:
         """Put ``name``'s record without waiting: puts are coalesced and the last one carries
-        the newest state (a pulling worker never waits for the metadata service)."""
+        the newest state (a pulling worker never waits for the metadata service). Dropped
+        after :meth:`revoke`."""
         with self._lock:
+            if self._revoked:
+                return
             self._dirty.add(name)
             if name in self._publishing:
                 return
@@ -123,30 +143,54 @@ class HolderRecords:
             logger.warning("p2p: cannot withdraw holder record of %s: %s", name, e)
 
     def revoke(self) -> None:
-        """Stop the keep-alive and revoke the lease: every record of this peer goes."""
+        """Stop the keep-alive and revoke the lease: every record of this peer goes, and no
+        record is put any more (a publish still queued, or asked for later, is dropped)."""
+        with self._lock:
+            self._revoked = True        # first: no queued or later put may run from here on
+        try:
+            self.run(self._revoke(), timeout_s=5)
+        except Exception as e:          # noqa: BLE001 - closing: the lease lapses anyway
+            logger.warning("p2p: cannot revoke lease of %s: %s", self.segment, e)
+
+    async def _revoke(self) -> None:
         if self._keepalive is not None:
             self._keepalive.cancel()
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            try:
-                self.run(self.metadata.revoke_lease(lease), timeout_s=5)
-            except Exception as e:      # noqa: BLE001 - closing: the lease lapses anyway
-                logger.warning("p2p: cannot revoke lease of %s: %s", self.segment, e)
+            await asyncio.wait([self._keepalive])
+        async with self._put_lock:      # after any put in flight, which used the lease
+            lease, self._lease = self._lease, None
+            if lease is not None:
+                await self.metadata.revoke_lease(lease)
 
     def close(self) -> None:
         """Close this loop's metadata client, reap its leftover tasks, stop the loop."""
-        with contextlib.suppress(Exception):    # this loop's client (etcd: a grpc channel)
-            self.run(self.metadata.close(), timeout_s=5)
-            self.run(_cancel_pending(), timeout_s=5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-        if not self._thread.is_alive():
-            self._loop.close()
+        stop_loop(self._loop, self._thread, self.metadata)
+
+
+def stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread,
+              metadata: MetadataStore) -> None:
+    """Close ``metadata``'s client of ``loop`` (etcd: a grpc channel), then cancel and reap
+    every task left on the loop (grpc's call-status tasks among them), stop the loop and
+    close it: no task is left to be "destroyed but pending" at exit."""
+    if loop.is_closed():
+        return
+    for coro in (metadata.close, _cancel_pending):
+        try:
+            asyncio.run_coroutine_threadsafe(coro(), loop).result(5)
+        except Exception as e:          # noqa: BLE001 - closing: report, carry on
+            logger.debug("p2p: closing the records loop: %r", e)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    if not thread.is_alive():
+        loop.close()
 
 
 async def _cancel_pending() -> None:
-    """Cancel and reap every other task of the loop, so none is destroyed pending."""
-    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    """Cancel and reap every other task of the loop, so none is destroyed pending. A few
+    rounds: a cancelled task may leave another behind (a grpc call and its status task)."""
+    for _ in range(3):
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if not tasks:
+            return
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

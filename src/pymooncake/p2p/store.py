@@ -16,7 +16,7 @@ import os
 import socket
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -77,7 +77,7 @@ class _Held:
     payload: pl.Payload
     record: Holder
     addrs: list[int]
-    finals: list[Path] = field(default_factory=list)
+    target: pl.Target | None = None
     root: Path | None = None
     complete: bool = False
 
@@ -212,12 +212,14 @@ class P2PStore:
         """Pull ``name`` from every current holder in parallel and become a holder.
 
         ``into``: the directory for a file payload (files appear there only once every shard
-        is verified; partial files are ``*.p2p-part`` and removed on failure); for a tensor
+        is verified; partial files are ``*.p2p-part``; on failure they are removed, and so
+        are the directories this pull created, if empty); for a tensor
         payload a mapping name → writable buffer of the entry's size, or ``None`` to get new
         tensors. Each shard is advertised as soon as it is verified. Raises
         :class:`P2PNotFound` (unknown or unregistered name), :class:`NoHolderError` (no live
         holder serves verified bytes for some shard for ``options.stall_timeout_s``),
-        ``ValueError`` for a bad ``into``, :class:`P2PError` otherwise.
+        ``ValueError`` for a bad ``into``, ``OSError`` when the files cannot be created
+        there (``NotADirectoryError``: ``into`` is a file), :class:`P2PError` otherwise.
         """
         opts = options or PullOptions()
         if opts.parallel < 1 or opts.per_holder < 1:
@@ -228,11 +230,11 @@ class P2PStore:
             if held.complete and held.manifest.manifest_id == manifest.manifest_id:
                 return self._replica(held, PullStats())
             raise P2PError(f"this peer already holds {name!r} (delete_replica first)")
-        finals: list[Path] = []
+        target = pl.Target()
         if manifest.kind == "files":
             if into is None or isinstance(into, Mapping):
                 raise ValueError(f"{name!r} is a file payload: give a directory as into=")
-            payload, finals = pl.create_files(manifest, Path(into))
+            payload, target = pl.create_files(manifest, Path(into))
         else:
             if into is not None and not isinstance(into, Mapping):
                 raise ValueError(f"{name!r} is a tensor payload: into= must be a mapping "
@@ -241,9 +243,9 @@ class P2PStore:
         try:
             held = self._hold(manifest, payload, 0)
         except BaseException:
-            pl.remove_parts(finals)
+            pl.remove_parts(target)
             raise
-        held.finals = finals
+        held.target = target
         held.root = Path(into) if manifest.kind == "files" else None  # type: ignore[arg-type]
         if opts.share:
             self._records.publish(name)
@@ -254,11 +256,11 @@ class P2PStore:
                         publish=lambda: self._records.publish_soon(name), opts=opts)
         try:
             stats = puller.run_pull()
+            pl.finish_files(target)
         except BaseException:
             self._withdraw(name)
-            pl.remove_parts(finals)
+            pl.remove_parts(target)
             raise
-        pl.finish_files(finals)
         held.complete = True
         if not opts.share:
             self._withdraw(name)

@@ -88,6 +88,8 @@ class SegmentPublisher:
             self.run(self._withdraw())
         with contextlib.suppress(Exception):
             self.run(self.metadata.close())
+        with contextlib.suppress(Exception):  # the watch, grpc's call-status tasks, ...
+            self.run(_reap_tasks())
         self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -244,3 +246,16 @@ def _describe_owner(value: bytes) -> str:
     except ValueError:
         return "an engine with an unreadable descriptor"
     return f"pid {d.pid} on {d.host} (tcp port {d.tcp_port}, host id {d.host_id})"
+
+
+async def _reap_tasks() -> None:
+    """Cancel and await every other task of the running loop, so that none is left to be
+    "destroyed but it is pending" when the loop closes (a cancelled task may leave another
+    behind, e.g. a grpc call its status task: a few rounds)."""
+    for _ in range(3):
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if not tasks:
+            return
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
