@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +60,13 @@ class EPOptions:
     """Re-place a dead rank's experts on the survivors (loaded from the checkpoint)."""
     max_rows: int = 4096
     """Rows (tokens x top-k) one layer call may carry: sizes the registered buffers."""
+    take_over: bool = False
+    """Claim ranks that still belong to another live front (ranks refuse it otherwise)."""
+
+    @property
+    def lease_s(self) -> float:
+        """How long a rank keeps this front as its owner without hearing from it."""
+        return max(3.0, 3 * self.deadline_s)
 
 
 @dataclass(slots=True)
@@ -113,6 +122,8 @@ class RemoteExperts:
         self._replan_reason = ""
         self._closed = threading.Event()
         self.engine: TransferEngine | None = None
+        self.owner = uuid.uuid4().hex
+        """This front's token: ranks serve only it (``rank.OWNED`` otherwise)."""
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> RemoteExperts:
@@ -134,10 +145,19 @@ class RemoteExperts:
         self._recv = torch.frombuffer(self._recv_shm.view(), dtype=self.dtype)
         for r in self.ranks:
             try:
-                pong = self._call(r, "ep.ping", None, self.opts.deadline_s * 5, mark=False)
+                pong = self._call(r, "ep.ping", {"owner": self.owner}, self.opts.deadline_s * 5,
+                                  mark=False)
             except RpcError as e:
                 raise RuntimeError(f"EP rank {r.rank} at {r.host}:{r.port} is not answering "
                                    f"({e.message})") from None
+            if not isinstance(pong, dict) or "incarnation" not in pong:
+                raise RuntimeError(f"{r.host}:{r.port} (rank {r.rank}) is not an EP rank")
+            age = pong.get("owner_age_s")
+            if (pong.get("owner") not in (None, self.owner) and age is not None
+                    and age < float(pong.get("lease_s") or 3.0) and not self.opts.take_over):
+                raise RuntimeError(f"EP rank {r.rank} at {r.host}:{r.port} belongs to another "
+                                   f"live front (heard from it {age:.1f} s ago); stop that "
+                                   "front or pass --take-over")
             r.alive, r.last_ok = True, time.monotonic()
             r.incarnation, r.pid = str(pong["incarnation"]), int(pong.get("pid", 0))
         self._rebalance("start")
@@ -158,6 +178,8 @@ class RemoteExperts:
                 await asyncio.gather(hb, return_exceptions=True)
             for r in self.ranks:
                 if r.client is not None:
+                    with contextlib.suppress(Exception):  # best effort: the lease ends anyway
+                        await r.client.call("ep.release", {"owner": self.owner}, 1.0)
                     await r.client.close()
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(_close(), self._loop).result(5)
@@ -213,10 +235,15 @@ class RemoteExperts:
     async def _beat(self, r: RankState) -> None:
         now = time.monotonic()
         try:
-            pong = await self._acall(r, "ep.ping", None, self.opts.deadline_s)
+            pong = await self._acall(r, "ep.ping", {"owner": self.owner}, self.opts.deadline_s)
         except RpcError:
             if r.alive and now - r.last_ok > self.opts.deadline_s:
                 self._mark_dead(r, f"no heartbeat for {now - r.last_ok:.2f} s")
+            return
+        owner = pong.get("owner")
+        if owner is not None and owner != self.owner and not r.joining:
+            if r.alive:  # another front took this rank over: not ours any more
+                self._mark_dead(r, "taken over by another front")
             return
         r.last_ok = time.monotonic()
         inc = str(pong.get("incarnation", ""))
@@ -260,7 +287,7 @@ class RemoteExperts:
             try:
                 self._call(r, "ep.hold", {"metadata": self.metadata, "experts": want,
                                           "dtype": str(self.dtype).removeprefix("torch."),
-                                          "exact": False}, 30.0, mark=False)
+                                          "exact": False, **self._claim()}, 30.0, mark=False)
                 ok.append(r)
             except RpcError as e:
                 logger.warning("EP rank %d could not load its experts: %s", r.rank, e.message)
@@ -279,12 +306,16 @@ class RemoteExperts:
             try:
                 self._call(r, "ep.hold", {"metadata": self.metadata, "experts": want,
                                           "dtype": str(self.dtype).removeprefix("torch."),
-                                          "exact": True}, 30.0, mark=False)
+                                          "exact": True, **self._claim()}, 30.0, mark=False)
             except RpcError as e:
                 logger.warning("EP rank %d could not drop experts: %s", r.rank, e.message)
         self.events.replans.append((reason, t0, time.monotonic()))
         logger.info("EP placement (%s) over ranks %s in %.3f s", reason,
                     [r.rank for r in ok], time.monotonic() - t0)
+
+    def _claim(self) -> dict[str, Any]:
+        return {"owner": self.owner, "take_over": self.opts.take_over,
+                "lease_s": self.opts.lease_s}
 
     def _to_decoder(self, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
         return [(self.moe_layers[i], e) for i, e in pairs]
@@ -357,7 +388,7 @@ class RemoteExperts:
             params = {"layer": layer, "groups": [[e, m] for e, _, m in groups],
                       "segment": self.engine.name,  # type: ignore[union-attr]
                       "src": self._send_shm.addr + addr, "dst": self._recv_shm.addr + addr,
-                      "dtype": str(self.dtype).removeprefix("torch."),
+                      "dtype": str(self.dtype).removeprefix("torch."), "owner": self.owner,
                       "expires": time.time() + self.opts.call_timeout_s - EXPIRY_MARGIN_S}
             calls.append((self.ranks[r], params))
             spans.append((r, idx, base, rows))

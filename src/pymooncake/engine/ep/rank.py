@@ -3,9 +3,17 @@
 Control is the project's RPC layer; token rows move over the Transfer Engine. The front
 calls (all params msgpack maps):
 
-* ``ep.ping`` -> ``{"incarnation", "held": [[layer, expert], ...], "computed_rows"}``:
-  the heartbeat. ``incarnation`` is new for every process, so a replaced rank is seen as
-  one.
+* ``ep.ping {"owner"}`` -> ``{"incarnation", "held": [[layer, expert], ...], "computed_rows",
+  "owner", "owner_age_s"}``: the heartbeat. ``incarnation`` is new for every process, so a
+  replaced rank is seen as one. ``owner`` is the token of the front this rank serves (None
+  before the first ``ep.hold``) and ``owner_age_s`` how long ago it last heard from it; a
+  ping carrying the owner's token refreshes that.
+* Ownership: every ``ep.hold`` / ``ep.compute`` carries the front's ``owner`` token. A rank
+  refuses (``OWNED``) a token other than its owner's while the owner is live (heard from
+  within its ``lease_s``, given with ``ep.hold``), unless the ``ep.hold`` says
+  ``take_over``; then the caller becomes the owner and the old front's calls are refused.
+  ``ep.release {"owner"}``: the owner gives the rank up (a front closing cleanly), so the
+  next front need not wait for the lease.
 * ``ep.hold {"metadata", "dtype", "experts": [[layer, expert], ...], "exact"}``: load
   those experts (from the rank's ``--model``); with ``exact`` also drop every other one.
   The first call starts this rank's Transfer Engine on the front's metadata service.
@@ -43,6 +51,8 @@ logger = init_logger(__name__)
 EXPERT_NOT_HELD = "EXPERT_NOT_HELD"
 TRANSFER = "TRANSFER"
 EXPIRED = "EXPIRED"
+OWNED = "OWNED"
+DEFAULT_LEASE_S = 3.0
 
 
 class RankService:
@@ -63,20 +73,54 @@ class RankService:
         self.computed_rows = 0
         self._metadata = ""
         self._generation = 0
+        self.owner: str | None = None
+        self._owner_seen = 0.0
+        self._lease_s = DEFAULT_LEASE_S
         # one compute thread with one intra-op thread: torch's thread count is per thread,
         # and a fresh executor thread would use every core (on a busy box an OpenMP team
         # whose second thread is descheduled makes each GEMM wait: measured 10x slower)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             1, "ep-rank-compute", initializer=torch.set_num_threads, initargs=(1,))
         for name, fn in (("ep.ping", self.ping), ("ep.hold", self.hold),
-                         ("ep.compute", self.compute)):
+                         ("ep.compute", self.compute), ("ep.release", self.release)):
             self.server.register(name, fn)
 
     # -- handlers --------------------------------------------------------------------
     def ping(self, params: Any = None) -> dict[str, Any]:
+        if isinstance(params, dict) and self.owner is not None \
+                and params.get("owner") == self.owner:
+            self._owner_seen = time.monotonic()
         return {"incarnation": self.incarnation, "pid": os.getpid(),
                 "held": sorted([list(k) for k in self.experts]),
-                "computed_rows": self.computed_rows}
+                "computed_rows": self.computed_rows, "owner": self.owner,
+                "owner_age_s": None if self.owner is None
+                else time.monotonic() - self._owner_seen,
+                "lease_s": self._lease_s}
+
+    def release(self, params: Any = None) -> dict[str, Any]:
+        if isinstance(params, dict) and params.get("owner") == self.owner:
+            self.owner = None
+        return {"owner": self.owner}
+
+    def _check_owner(self, params: dict[str, Any], claim: bool) -> None:
+        """Refuse a caller that is not this rank's front while that front is live;
+        ``claim`` (``ep.hold``): an unowned rank, one whose owner went silent past its
+        lease, or an explicit ``take_over`` makes the caller the owner."""
+        token = params.get("owner")
+        token = None if token is None else str(token)
+        now = time.monotonic()
+        if token == self.owner:
+            self._owner_seen = now
+            return
+        live = self.owner is not None and now - self._owner_seen < self._lease_s
+        if claim and (not live or params.get("take_over")):
+            if self.owner is not None:
+                logger.warning("EP rank: front %s takes over from %s", token, self.owner)
+            self.owner, self._owner_seen = token, now
+            return
+        raise RpcError(OWNED, f"this rank belongs to another live front (owner {self.owner}, "
+                              f"heard from {now - self._owner_seen:.1f} s ago); "
+                              "take it over explicitly (ep serve --take-over)")
 
     async def hold(self, params: dict[str, Any]) -> dict[str, Any]:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._hold, params)
@@ -85,6 +129,9 @@ class RankService:
         dtype = torch_dtype(str(params.get("dtype", "float32")))
         metadata = str(params["metadata"])
         with self._lock:
+            self._check_owner(params, claim=True)
+            if params.get("lease_s") is not None:
+                self._lease_s = float(params["lease_s"])
             if self.engine is not None and self._metadata != metadata:  # a new front
                 self.engine.close()
                 self.engine, self._buf = None, None
@@ -129,6 +176,7 @@ class RankService:
         groups = [(int(e), int(n)) for e, n in params["groups"]]
         dtype = torch_dtype(str(params.get("dtype", "float32")))
         with self._lock:
+            self._check_owner(params, claim=False)
             if self.engine is None:
                 raise RpcError(EXPERT_NOT_HELD, "this rank holds no experts yet")
             experts: dict[int, SwiGLU] = {}
@@ -169,8 +217,10 @@ class RankService:
 
     # -- lifecycle -------------------------------------------------------------------
     async def serve(self, ready: Any = None) -> None:
-        """Serve until cancelled; ``ready(port)`` is called once bound."""
-        await self.server.start()
+        """Serve until cancelled; ``ready(port)`` is called once bound (binds unless
+        ``self.server.start()`` was awaited already)."""
+        if getattr(self.server, "_server", None) is None:
+            await self.server.start()
         if ready is not None:
             ready(self.server.port)
         try:

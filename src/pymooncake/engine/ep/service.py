@@ -218,9 +218,21 @@ class EPService:
             ids = tok.encode(text)
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
             raise RpcError(ErrorCode.INVALID_ARGUMENT, "prompt_token_ids: non-empty ints")
+        vocab = getattr(getattr(self.engine, "model", None), "config", None)
+        vocab = getattr(vocab, "vocab_size", None)
+        bad = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
+        if bad:
+            raise RpcError(ErrorCode.INVALID_ARGUMENT,
+                           f"prompt token ids out of the vocabulary [0, {vocab}): "
+                           f"{', '.join(map(str, bad[:5]))}")
         max_tokens = params.get("max_tokens", 16)
         if not isinstance(max_tokens, int) or max_tokens <= 0:
             raise RpcError(ErrorCode.INVALID_ARGUMENT, "max_tokens must be a positive int")
+        limit = self.engine_config.max_model_len
+        if len(ids) + max_tokens > limit:
+            raise RpcError(ErrorCode.INVALID_ARGUMENT,
+                           f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds "
+                           f"the model length limit ({limit})")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[dict[str, Any]] = loop.create_future()
 
@@ -229,12 +241,20 @@ class EPService:
         self.submit(ids, max_tokens, done)
         return await fut
 
-    async def serve(self, host: str, port: int, ready: Any = None) -> None:
-        """Serve the RPC API until cancelled; ``ready(port)`` once bound."""
+    async def listen(self, host: str, port: int) -> RpcServer:
+        """Bind the RPC API's port (``OSError`` if taken); ``serve(server=...)`` serves it.
+        Call before ``start`` so a taken port fails before any rank is touched."""
         server = RpcServer(host, port)
         server.register("ep.generate", self.generate)
         server.register("ep.status", self.status)
         await server.start()
+        return server
+
+    async def serve(self, host: str = "127.0.0.1", port: int = 0, ready: Any = None,
+                    server: RpcServer | None = None) -> None:
+        """Serve the RPC API until cancelled; ``ready(port)`` once bound."""
+        if server is None:
+            server = await self.listen(host, port)
         if ready is not None:
             ready(server.port)
         try:
