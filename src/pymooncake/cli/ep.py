@@ -103,7 +103,8 @@ def _ranks(spec: str) -> list[tuple[str, int]]:
 
 def _bind_error(what: str, host: str, port: int, e: OSError) -> Any:
     from pymooncake.cli.main import CommandError
-    return CommandError(f"{what}: cannot listen on {host}:{port}: {e.strerror or e}")
+    why = os.strerror(e.errno).lower() if e.errno else str(e)
+    return CommandError(f"{what}: cannot listen on {host}:{port}: {why}")
 
 
 def _ready(info: dict[str, Any]) -> None:
