@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import logging
 import os
 import shutil
 import subprocess
@@ -28,7 +27,9 @@ from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+from pymooncake.obs.logging import init_logger
+
+log = init_logger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
 CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=fast", "-std=gnu11", "-fPIC",

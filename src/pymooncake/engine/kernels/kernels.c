@@ -1,8 +1,11 @@
-/* Attention kernels over pymooncake's paged KV cache (float32, one thread).
+/* The engine's C kernels (float32, one thread): attention over pymooncake's paged KV cache
+ * (decode and causal prefill, read in place), RMSNorm, RoPE + K/V write, the one-row GEMV
+ * and SwiGLU's SiLU-multiply.
  *
  * Built at first use by pymooncake/engine/kernels/__init__.py with the system C compiler
- * (-O3 -march=native -fopenmp-simd -ffp-contract=fast, no -ffast-math) and called through ctypes; the engine
- * falls back to PyTorch when no compiler is found. No Python or PyTorch headers: plain C (GNU C11).
+ * (-O3 -march=native -fopenmp-simd -ffp-contract=fast, no -ffast-math) and called through
+ * ctypes; the engine falls back to PyTorch when no compiler is found. No Python or PyTorch
+ * headers: plain C (GNU C11); AVX-512 paths where the CPU has it, portable C otherwise.
  *
  * Cache layout of one layer (engine/kv/kv_tensors.py, KV_LAYOUT "paged_l2hnbd"):
  * K plane [kv_heads, num_blocks, block_size, head_dim], the V plane right after it. A
