@@ -262,7 +262,9 @@ class P2PStore:
             pl.remove_parts(target)
             raise
         held.complete = True
-        if not opts.share:
+        if opts.share:  # the complete record is out before this returns (a list() right
+            self._records.publish(name)  # after sees it; queued puts may still be in flight)
+        else:
             self._withdraw(name)
         return self._replica(held, stats)
 
