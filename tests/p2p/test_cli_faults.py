@@ -9,10 +9,7 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,37 +17,9 @@ import pytest
 from pymooncake.metadata import open_metadata
 from pymooncake.p2p.manifest import holders_prefix
 
+from .conftest import finish, start_p2p, wait_ready
+
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture()
-def procs() -> Iterator[list[subprocess.Popen]]:
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait(timeout=10)
-
-
-def _p2p(procs: list, etcd: str, *argv: str) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-m", "pymooncake", "p2p", *argv, "--metadata", etcd],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    procs.append(p)
-    return p
-
-
-def _ready(p: subprocess.Popen) -> dict:
-    assert p.stdout is not None
-    line = p.stdout.readline()
-    assert line.startswith('{"event": "ready"'), (line, p.stderr.read() if p.stderr else "")
-    return json.loads(line)
-
-
-def _finish(p: subprocess.Popen) -> tuple[int, str, str]:
-    out, err = p.communicate(timeout=60)
-    return p.returncode, out, err
 
 
 def _holder_leases(etcd: str, name: str) -> list[tuple[str, object]]:
@@ -74,19 +43,19 @@ def payload(tmp_path: Path) -> Path:
 
 def test_plain_gets_leave_no_holder_behind_and_print_nothing(etcd_url, procs, payload,
                                                              tmp_path) -> None:
-    seed = _p2p(procs, etcd_url, "register", "f1", str(payload), "--shard-size", "0.125")
-    _ready(seed)
+    seed = start_p2p(procs, etcd_url, "register", "f1", str(payload), "--shard-size", "0.125")
+    wait_ready(seed)
     for i in range(6):
-        rc, out, err = _finish(_p2p(procs, etcd_url, "get", "f1", str(tmp_path / f"d{i}")))
+        rc, out, err = finish(start_p2p(procs, etcd_url, "get", "f1", str(tmp_path / f"d{i}")))
         assert rc == 0 and out.startswith("pulled f1 into"), err
         assert err == "", err                       # no "Task was destroyed ..." either
     leases = _holder_leases(etcd_url, "f1")
     assert len(leases) == 1 and leases[0][1] is not None, leases    # the seed's, leased
-    rc, out, err = _finish(_p2p(procs, etcd_url, "list", "--json"))
+    rc, out, err = finish(start_p2p(procs, etcd_url, "list", "--json"))
     assert (rc, err) == (0, "")
     assert [(i["name"], i["holders"]) for i in json.loads(out)] == [("f1", 1)]
     seed.send_signal(signal.SIGTERM)
-    rc, out, err = _finish(seed)
+    rc, out, err = finish(seed)
     assert (rc, err) == (0, "")
     deadline = time.monotonic() + 5
     while _holder_leases(etcd_url, "f1"):           # the seed revoked its lease at exit
@@ -95,10 +64,10 @@ def test_plain_gets_leave_no_holder_behind_and_print_nothing(etcd_url, procs, pa
 
 
 def test_target_that_is_a_file_is_one_line_error(etcd_url, procs, payload, tmp_path) -> None:
-    _ready(_p2p(procs, etcd_url, "register", "f2", str(payload)))
+    wait_ready(start_p2p(procs, etcd_url, "register", "f2", str(payload)))
     f = tmp_path / "f"
     f.write_text("x\n")
-    rc, out, err = _finish(_p2p(procs, etcd_url, "get", "f2", str(f)))
+    rc, out, err = finish(start_p2p(procs, etcd_url, "get", "f2", str(f)))
     assert (rc, out) == (1, "")
     assert err == (f"pymooncake: error: cannot pull 'f2' into {f}: exists and is not a "
                    f"directory: '{f}'\n"), err
@@ -106,12 +75,12 @@ def test_target_that_is_a_file_is_one_line_error(etcd_url, procs, payload, tmp_p
 
 
 def test_failed_pull_leaves_no_directory_it_made(etcd_url, procs, payload, tmp_path) -> None:
-    seed = _p2p(procs, etcd_url, "register", "f3", str(payload), "--ttl", "1")
-    _ready(seed)
+    seed = start_p2p(procs, etcd_url, "register", "f3", str(payload), "--ttl", "1")
+    wait_ready(seed)
     seed.send_signal(signal.SIGKILL)
     seed.wait(10)
     into = tmp_path / "new" / "dir"
-    rc, out, err = _finish(_p2p(procs, etcd_url, "get", "f3", str(into), "--stall-timeout",
+    rc, out, err = finish(start_p2p(procs, etcd_url, "get", "f3", str(into), "--stall-timeout",
                                 "1.5"))
     assert (rc, out) == (1, "")
     assert err.startswith("pymooncake: error: payload 'f3': no holder could serve"), err

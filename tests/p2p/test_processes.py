@@ -6,54 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from .conftest import finish, start_p2p, wait_ready
+
 pytestmark = pytest.mark.integration
 SHARD_MIB = "0.25"
-
-
-@pytest.fixture()
-def procs() -> Iterator[list[subprocess.Popen]]:
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait(timeout=10)
-
-
-def _p2p(procs: list, etcd: str, *argv: str) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-m", "pymooncake", "p2p", *argv, "--metadata", etcd],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    procs.append(p)
-    return p
-
-
-def _ready(p: subprocess.Popen, timeout_s: float = 30.0) -> dict:
-    assert p.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if select.select([p.stdout], [], [], 0.1)[0]:
-            line = p.stdout.readline()
-            if line.startswith('{"event": "ready"'):
-                return json.loads(line)
-        if p.poll() is not None:
-            pytest.fail(f"exited {p.returncode}: {p.stderr.read() if p.stderr else ''}")
-    pytest.fail("no ready line")
-
-
-def _finish(p: subprocess.Popen, timeout_s: float = 60.0) -> tuple[int, str, str]:
-    out, err = p.communicate(timeout=timeout_s)
-    return p.returncode, out, err
 
 
 def _error_line(err: str) -> str:
@@ -83,32 +45,32 @@ def _same(a: Path, b: Path) -> None:
 
 
 def test_one_seed_three_receivers_every_byte(etcd_url, procs, model, tmp_path) -> None:
-    _ready(_p2p(procs, etcd_url, "register", "m1", str(model), "--shard-size", SHARD_MIB))
-    getters = [_p2p(procs, etcd_url, "get", "m1", str(tmp_path / f"r{i}"), "--json")
+    wait_ready(start_p2p(procs, etcd_url, "register", "m1", str(model), "--shard-size", SHARD_MIB))
+    getters = [start_p2p(procs, etcd_url, "get", "m1", str(tmp_path / f"r{i}"), "--json")
                for i in range(3)]
     total = sum(f.stat().st_size for f in model.iterdir())
     for i, g in enumerate(getters):
-        rc, out, err = _finish(g)
+        rc, out, err = finish(g)
         assert rc == 0, err
         doc = json.loads(out)
         assert doc["bytes"] == total and doc["checksum_failures"] == 0
         _same(model, tmp_path / f"r{i}")
-    ls = _p2p(procs, etcd_url, "list", "--json")
-    rc, out, _ = _finish(ls)
+    ls = start_p2p(procs, etcd_url, "list", "--json")
+    rc, out, _ = finish(ls)
     [info] = [i for i in json.loads(out) if i["name"] == "m1"]
     assert info["total_bytes"] == total and info["complete_holders"] >= 1
 
 
 def test_holder_killed_mid_pull_still_completes(etcd_url, procs, model, tmp_path) -> None:
-    seed = _p2p(procs, etcd_url, "register", "m2", str(model), "--shard-size", SHARD_MIB)
-    _ready(seed)
-    _ready(_p2p(procs, etcd_url, "get", "m2", str(tmp_path / "a"), "--hold"))
+    seed = start_p2p(procs, etcd_url, "register", "m2", str(model), "--shard-size", SHARD_MIB)
+    wait_ready(seed)
+    wait_ready(start_p2p(procs, etcd_url, "get", "m2", str(tmp_path / "a"), "--hold"))
     # ~2.5 s at 2 MiB/s: the seed dies while b pulls from both
-    b = _p2p(procs, etcd_url, "get", "m2", str(tmp_path / "b"), "--json", "--max-rate", "2",
+    b = start_p2p(procs, etcd_url, "get", "m2", str(tmp_path / "b"), "--json", "--max-rate", "2",
              "--parallel", "2")
     time.sleep(1.5)
     seed.send_signal(signal.SIGKILL)
-    rc, out, err = _finish(b)
+    rc, out, err = finish(b)
     assert rc == 0, err
     _same(model, tmp_path / "b")
     doc = json.loads(out)
@@ -116,10 +78,10 @@ def test_holder_killed_mid_pull_still_completes(etcd_url, procs, model, tmp_path
 
 
 def test_no_holder_left_is_one_line_error(etcd_url, procs, model, tmp_path) -> None:
-    seed = _p2p(procs, etcd_url, "register", "m3", str(model), "--ttl", "1")
-    _ready(seed)
+    seed = start_p2p(procs, etcd_url, "register", "m3", str(model), "--ttl", "1")
+    wait_ready(seed)
     seed.send_signal(signal.SIGKILL)
-    rc, out, err = _finish(_p2p(procs, etcd_url, "get", "m3", str(tmp_path / "x"),
+    rc, out, err = finish(start_p2p(procs, etcd_url, "get", "m3", str(tmp_path / "x"),
                                 "--stall-timeout", "1.5"))
     assert rc == 1 and out == ""
     assert _error_line(err).startswith("pymooncake: error: payload 'm3': no holder could serve")
@@ -127,8 +89,8 @@ def test_no_holder_left_is_one_line_error(etcd_url, procs, model, tmp_path) -> N
 
 
 def test_corrupt_holder_repulled_elsewhere(etcd_url, procs, model, tmp_path) -> None:
-    _ready(_p2p(procs, etcd_url, "register", "m4", str(model), "--shard-size", SHARD_MIB))
-    _ready(_p2p(procs, etcd_url, "get", "m4", str(tmp_path / "a"), "--hold"))
+    wait_ready(start_p2p(procs, etcd_url, "register", "m4", str(model), "--shard-size", SHARD_MIB))
+    wait_ready(start_p2p(procs, etcd_url, "get", "m4", str(tmp_path / "a"), "--hold"))
     for f in (tmp_path / "a").iterdir():         # a serves its (shared) file mapping
         with open(f, "r+b") as fh:
             for off in range(0, f.stat().st_size, 65536):
@@ -136,20 +98,20 @@ def test_corrupt_holder_repulled_elsewhere(etcd_url, procs, model, tmp_path) -> 
                 byte = fh.read(1)
                 fh.seek(off)
                 fh.write(bytes([byte[0] ^ 0x5A]))
-    rc, out, err = _finish(_p2p(procs, etcd_url, "get", "m4", str(tmp_path / "b"), "--json"))
+    rc, out, err = finish(start_p2p(procs, etcd_url, "get", "m4", str(tmp_path / "b"), "--json"))
     assert rc == 0, err
     _same(model, tmp_path / "b")
     assert json.loads(out)["checksum_failures"] >= 1
 
 
 def test_bad_inputs(etcd_url, procs, model, tmp_path) -> None:
-    rc, out, err = _finish(_p2p(procs, etcd_url, "get", "ghost", str(tmp_path / "g")))
+    rc, out, err = finish(start_p2p(procs, etcd_url, "get", "ghost", str(tmp_path / "g")))
     assert (rc, out) == (1, "")
     assert _error_line(err) == "pymooncake: error: no payload named 'ghost' is registered"
-    rc, _, err = _finish(_p2p(procs, etcd_url, "register", "x", str(tmp_path / "missing")))
+    rc, _, err = finish(start_p2p(procs, etcd_url, "register", "x", str(tmp_path / "missing")))
     assert rc == 1 and "no such file or directory" in _error_line(err)
-    rc, _, err = _finish(_p2p(procs, etcd_url, "register", "x", str(model), "--shard-size",
+    rc, _, err = finish(start_p2p(procs, etcd_url, "register", "x", str(model), "--shard-size",
                               "0"))
     assert rc == 2 and "--shard-size" in err
-    rc, _, err = _finish(_p2p(procs, etcd_url, "unregister", "ghost"))
+    rc, _, err = finish(start_p2p(procs, etcd_url, "unregister", "ghost"))
     assert rc == 1 and "ghost" in err
