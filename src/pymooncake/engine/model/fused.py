@@ -35,13 +35,22 @@ def gemv_ready(model: LlamaForCausalLM) -> bool:
     return all(m.weight.is_contiguous() and m.weight.dtype == torch.float32 for m in linears)
 
 
+def _gemv_ok(model: LlamaForCausalLM) -> bool:
+    """``gemv_ready(model)``, checked once per model (the weights' layout is set at load),
+    not on every one-row step."""
+    ok = model.__dict__.get("_gemv_ok")
+    if ok is None:
+        ok = model.__dict__["_gemv_ok"] = gemv_ready(model)
+    return ok
+
+
 def forward(model: LlamaForCausalLM, x: torch.Tensor, positions: torch.Tensor,
             meta: AttentionMetadata, kv_caches: list[torch.Tensor],
             before_layer: LayerCallback | None,
             after_layer: LayerCallback | None) -> torch.Tensor:
     """Final hidden states ``[T, hidden]`` float32 of the embedded step ``x`` ``[T, hidden]``
     (the caller's contract is ``LlamaForCausalLM.forward``'s)."""
-    if x.shape[0] == 1 and gemv_ready(model):
+    if x.shape[0] == 1 and _gemv_ok(model):
         cos_t, sin_t = rope_tables(model, positions, x.dtype)
         return _forward_one_row(model, x, positions, meta, kv_caches, before_layer,
                                 after_layer, cos_t, sin_t)
