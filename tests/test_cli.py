@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pymooncake.cli.main import build_parser
+from pymooncake.cli.main import build_parser, main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -21,12 +21,25 @@ def test_top_level_help() -> None:
     assert "usage: pymooncake" in out.stdout
 
 
+def _main_rc(args: list[str]) -> int:
+    """``main(args)`` in process: its return value, or argparse's exit status."""
+    try:
+        return main(args)
+    except SystemExit as e:
+        return int(e.code or 0)
+
+
 @pytest.mark.parametrize("args", [["--no-such-flag"], ["no-such-command"], []])
-def test_bad_arguments_exit_2_with_one_line(args: list[str]) -> None:
-    out = run_cli(*args)
-    assert out.returncode == 2
-    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, out.stderr
+def test_bad_arguments_exit_2_with_one_line(args: list[str], capsys) -> None:
+    # the entry point itself for the first; the others in process (no interpreter start)
+    if args == ["--no-such-flag"]:
+        out = run_cli(*args)
+        rc, err = out.returncode, out.stderr
+    else:
+        rc, err = _main_rc(args), capsys.readouterr().err
+    assert rc == 2
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
     assert lines[0].startswith("pymooncake: error:")
 
 
@@ -47,12 +60,15 @@ def _all_subcommands() -> list[list[str]]:
     return paths
 
 
-def test_every_subcommand_has_help() -> None:
-    paths = _all_subcommands()
-    for path in paths:
-        out = run_cli(*path, "--help")
-        assert out.returncode == 0, (path, out.stderr)
-        assert "usage:" in out.stdout
+def test_every_subcommand_has_help(capsys) -> None:
+    # in one process, on the parser `main` builds (test_top_level_help runs the entry point)
+    parser = build_parser()
+    for path in _all_subcommands():
+        with pytest.raises(SystemExit) as exit_:
+            parser.parse_args([*path, "--help"])
+        out = capsys.readouterr()
+        assert exit_.value.code == 0, (path, out.err)
+        assert "usage:" in out.out, path
 
 
 def test_bench_serving_cpu_accounting_reads_proc_stat() -> None:

@@ -61,6 +61,18 @@ def test_run_module_and_path() -> None:
     assert _run(["run"]).returncode != 0  # nothing to run: a usage error
 
 
+def test_run_of_a_missing_script_or_module_is_one_line(tmp_path) -> None:
+    """As ``python SCRIPT`` (exit 2) and ``python -m MODULE`` (exit 1): one line, no
+    traceback."""
+    missing = str(tmp_path / "nonexistent.py")
+    r = _run(["run", missing])
+    assert (r.returncode, r.stderr) == (
+        2, f"pymooncake.compat run: can't open file {missing!r}: no such file\n")
+    r = _run(["run", "-m", "no_such_module_xyz"])
+    assert (r.returncode, r.stderr) == (
+        1, "pymooncake.compat run: no module named 'no_such_module_xyz'\n")
+
+
 def test_real_mooncake_is_not_shadowed(tmp_path) -> None:
     fake = tmp_path / "site" / "mooncake"
     fake.mkdir(parents=True)

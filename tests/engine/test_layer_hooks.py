@@ -4,6 +4,8 @@ computed or shared block)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -145,3 +147,49 @@ def test_after_layer_hook_sees_each_layers_new_kv() -> None:
     ref = torch.cat([torch.frombuffer(bytearray(b.data), dtype=torch.float32)
                      .view(4, 2, 2, 1, 16, 32) for b in ids], dim=3)
     assert torch.equal(whole, ref)
+
+
+class _PendingTier(FakeExternalTier):
+    """An external tier whose lookup is in flight until ``ready`` is set: it answers None
+    (issue 16: the request waits for its remote KV while the engine steps the others)."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.ready = threading.Event()
+        self.asked = 0
+
+    def get_num_matched_tokens(self, req, num_local_computed_tokens: int) -> int | None:
+        n = super().get_num_matched_tokens(req, num_local_computed_tokens)
+        if n == 0:
+            return 0  # nothing to load: answered at once
+        self.asked += 1
+        return n if self.ready.is_set() else None
+
+
+def test_request_waiting_for_its_external_kv_is_skipped_while_others_run() -> None:
+    from pymooncake.engine.request import RequestStatus
+    (prompt,) = random_prompts(1, 70, 70, seed=16)  # 4 full blocks loadable + 6 tokens
+    (other,) = random_prompts(1, 30, 30, seed=17)
+    blocks, kv = _prefill_blocks(prompt)
+    single = make_engine().generate([prompt, other], GREEDY16)
+    tier = _PendingTier(blocks, kv)
+    engine = _decode_engine(tier)
+    engine.add_request(prompt, GREEDY16, request_id="loading")  # first in FCFS order
+    engine.add_request(other, GREEDY16, request_id="other")
+    for _ in range(3):  # "other" is admitted and decodes; "loading" keeps waiting
+        engine.step()
+    req = engine.requests["loading"]
+    assert req.status == RequestStatus.WAITING and req.num_computed_tokens == 0
+    assert [r.request_id for r in engine.scheduler.running] == ["other"]
+    assert len(engine.requests["other"].output_token_ids) == 3
+    assert tier.asked == 3 and tier.num_loaded_tokens == 0
+    queried = engine.kv_manager.num_queried_blocks
+    tier.ready.set()
+    outs = {}
+    while engine.has_unfinished():
+        outs.update({o.request_id: o for o in engine.step()})
+    assert tier.num_loaded_tokens == 64 and outs["loading"].num_cached_tokens == 64
+    # a skipped admission is not counted as a prefix-cache query (asked again each step)
+    assert engine.kv_manager.num_queried_blocks == queried + len(prompt) // 16
+    assert outs["loading"].output_token_ids == single[0].output_token_ids
+    assert outs["other"].output_token_ids == single[1].output_token_ids

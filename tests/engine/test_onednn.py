@@ -37,7 +37,9 @@ def _model(k: int, n: int, bias: bool) -> nn.Module:
 def test_onednn_matches_f_linear(monkeypatch, k, n, bias):
     monkeypatch.delenv("PYMOONCAKE_ONEDNN", raising=False)
     m = _model(k, n, bias)
-    assert use_onednn_weights(m) == 1
+    # a biased layer whose width is not a multiple of 16 stays on F.linear (oneDNN's biased
+    # kernel took 85 s at 257 x 576 -> 4099): packed or not, the output is checked below
+    assert use_onednn_weights(m) == (0 if bias and n % 16 else 1)
     lin = m[0]
     for rows in (1, 2, 3, 16, 64, 257):
         x = torch.randn(rows, k)

@@ -22,7 +22,7 @@ from pymooncake.cli import ep as ep_cli
 from pymooncake.cli.main import main
 from pymooncake.engine.ep.dispatch import EPOptions
 from pymooncake.rpc import SyncRpcClient
-from tests.ep.conftest import Rank, ready_line
+from tests.ep.conftest import Cluster, Rank, ready_line
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +100,7 @@ def test_client_times_out_on_a_silent_server(capsys) -> None:
             assert "is it an `ep serve` front?" in _one_error_line(err)
 
 
-def test_client_against_a_metadata_server() -> None:
+def test_client_against_a_metadata_server(capsys) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -117,8 +117,10 @@ def test_client_against_a_metadata_server() -> None:
                                 "--timeout", "2")
         assert rc == 1 and took < 20, err
         _one_error_line(err)
-        rc, _, err, took = _cli("status", "--server", f"127.0.0.1:{port}", "--timeout", "2")
-        assert rc == 1 and took < 20, err
+        t0 = time.monotonic()  # (status in process: `generate` above ran the entry point)
+        rc, _, err = _in_proc(capsys, "status", "--server", f"127.0.0.1:{port}",
+                              "--timeout", "2")
+        assert rc == 1 and time.monotonic() - t0 < 20, err
         _one_error_line(err)
     finally:
         ms.kill()
@@ -132,11 +134,12 @@ def test_bad_timeout_is_a_usage_error(capsys) -> None:
 
 # -- E2: a port already in use --------------------------------------------------------------
 
-def test_rank_and_serve_on_a_taken_port() -> None:
+def test_rank_and_serve_on_a_taken_port(capsys) -> None:
+    # in process (the real entry point's serve is run by test_second_front_...)
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         for cmd in (["rank"], ["serve"]):
-            rc, _, err, _ = _cli(*cmd, "--port", str(port))
+            rc, _, err = _in_proc(capsys, *cmd, "--port", str(port))
             assert rc == 1, err
             assert f"cannot listen on 127.0.0.1:{port}" in _one_error_line(err)
 
@@ -144,46 +147,52 @@ def test_rank_and_serve_on_a_taken_port() -> None:
 # -- E3: a second front on the same ranks ---------------------------------------------------
 
 @pytest.fixture(scope="module")
-def two_ranks() -> Iterator[list[Rank]]:
-    ranks = [Rank(), Rank()]
-    for r in ranks:
-        r.wait_ready()
-    yield ranks
-    for r in ranks:
-        r.kill()
+def _rank_pair() -> Iterator[Cluster]:
+    c = Cluster(2)
+    yield c
+    c.close()
+
+
+@pytest.fixture()
+def two_ranks(_rank_pair: Cluster) -> list[Rank]:
+    """Two rank processes shared by the module (a test that killed one gets it back)."""
+    _rank_pair.restore()
+    return _rank_pair.ranks
 
 
 def _status(port: int) -> dict:
     return SyncRpcClient("127.0.0.1", port, timeout_s=10).call("ep.status")
 
 
-def test_second_front_does_not_break_the_first(two_ranks) -> None:
+def test_second_front_does_not_break_the_first(two_ranks, capsys) -> None:
+    # the fronts are real `ep serve` processes; the clients and the refused second
+    # `serve`s run in process (no torch import per call)
     spec = ",".join(f"127.0.0.1:{r.port}" for r in two_ranks)
     first = _start(["serve", "--ranks", spec])
     try:
         port = int(ready_line(first)["port"])
-        rc, out, err, _ = _cli("generate", "--server", f"127.0.0.1:{port}", "--ids", "256,72",
-                               "--max-tokens", "4", "--json")
+        rc, out, err = _in_proc(capsys, "generate", "--server", f"127.0.0.1:{port}", "--ids",
+                                "256,72", "--max-tokens", "4", "--json")
         assert rc == 0, err
         # 1) same port: fails on its own bind, before touching the ranks
-        rc, _, err, _ = _cli("serve", "--ranks", spec, "--port", str(port))
+        rc, _, err = _in_proc(capsys, "serve", "--ranks", spec, "--port", str(port))
         assert rc == 1 and "cannot listen" in _one_error_line(err)
         # 2) own port, but ranks of a live front: refused without --take-over
-        rc, _, err, _ = _cli("serve", "--ranks", spec)
+        rc, _, err = _in_proc(capsys, "serve", "--ranks", spec)
         assert rc == 1 and "--take-over" in _one_error_line(err)
         time.sleep(1.0)  # past several heartbeats: the first front still owns both ranks
         st = _status(port)
         assert [r["alive"] for r in st["ranks"]] == [True, True] and st["missing"] == [], st
-        rc, out2, err, _ = _cli("generate", "--server", f"127.0.0.1:{port}", "--ids",
-                                "256,72", "--max-tokens", "4", "--json")
+        rc, out2, err = _in_proc(capsys, "generate", "--server", f"127.0.0.1:{port}", "--ids",
+                                 "256,72", "--max-tokens", "4", "--json")
         assert rc == 0, err
         assert json.loads(out2)["token_ids"] == json.loads(out)["token_ids"]
         # 3) --take-over: the second front gets the ranks, the first sees them go
         second = _start(["serve", "--ranks", spec, "--take-over"])
         try:
             port2 = int(ready_line(second)["port"])
-            rc, _, err, _ = _cli("generate", "--server", f"127.0.0.1:{port2}", "--ids",
-                                 "256,72", "--max-tokens", "4")
+            rc, _, err = _in_proc(capsys, "generate", "--server", f"127.0.0.1:{port2}",
+                                  "--ids", "256,72", "--max-tokens", "4")
             assert rc == 0, err
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
@@ -259,28 +268,52 @@ def test_request_errors_have_the_standard_prefix(front, capsys) -> None:
     assert rc == 0 and err == "" and "degraded" not in out
 
 
-def test_plain_text_says_degraded(front, capsys) -> None:
-    ranks = [Rank().wait_ready(), Rank().wait_ready()]
-    try:
-        # 8 experts on 2 ranks x 4 slots: no copies; no re-plan: a dead rank's experts stay lost
-        f = front(ranks, options=EPOptions(slots_per_rank=4, replan_on_failure=False),
-                  degraded_topk=True)
-        ranks[1].kill()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not f.client().call("ep.status")["missing"]:
-            time.sleep(0.2)
-        rc, out, err = _in_proc(capsys, "generate", "--server", f"127.0.0.1:{f.port}",
-                                "--ids", "256,72,101,108", "--max-tokens", "4")
-        assert rc == 0, err
-        assert "[degraded:" in out and "layer " in out, out
-    finally:
-        for r in ranks:
-            r.kill()
-
-
 def test_text_of_a_normal_and_a_degraded_result() -> None:
     ok = {"text": "abc", "token_ids": [1], "degraded": False, "missing_experts": []}
     assert ep_cli._text(ok) == "abc"
     deg = dict(ok, degraded=True, missing_experts=[[1, 3]])
     assert ep_cli._text(deg).startswith("abc\n[degraded:") and "layer 1 expert 3" in \
         ep_cli._text(deg)
+
+
+@pytest.mark.parametrize(("flag", "value", "line"), [
+    ("--slots-per-rank", "0", "--slots-per-rank must be >= 1, got 0"),
+    ("--heartbeat", "0", "--heartbeat must be > 0 seconds, got 0"),
+    ("--deadline", "-1", "--deadline must be > 0 seconds, got -1"),
+])
+def test_serve_names_the_one_bad_flag_and_its_value(capsys, flag, value, line) -> None:
+    """Issue 19 item 9: one line naming the flag and the value, not the three flags."""
+    rc, out, err = _in_proc(capsys, "serve", flag, value, "--port", "0")
+    assert (rc, out) == (2, "")
+    assert _one_error_line(err) == f"pymooncake: error: {line}"
+
+
+def test_serve_with_an_unreachable_metadata_service_is_one_line(capsys, two_ranks) -> None:
+    """Issue 19 item 6 for the EP front: its Transfer Engine cannot publish its segment."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]            # closed again: connections are refused
+    url = f"http://127.0.0.1:{port}/metadata"
+    # in process; the segment is published before any rank is contacted
+    rc, out, err = _in_proc(capsys, "serve", "--ranks", f"127.0.0.1:{two_ranks[0].port}",
+                            "--port", "0", "--metadata", url)
+    assert (rc, out) == (1, "")
+    assert _one_error_line(err) == (
+        f"pymooncake: error: ep serve: cannot use the metadata service --metadata {url}: "
+        f"metadata server http://127.0.0.1:{port} unreachable: ConnectError('All connection "
+        "attempts failed')")
+
+
+def test_plain_text_says_degraded(front, capsys, two_ranks) -> None:
+    ranks = two_ranks  # the module's pair: an earlier test's front may still hold the lease
+    # 8 experts on 2 ranks x 4 slots: no copies; no re-plan: a dead rank's experts stay lost
+    f = front(ranks, options=EPOptions(slots_per_rank=4, replan_on_failure=False,
+                                       take_over=True), degraded_topk=True)
+    ranks[1].kill()  # (the next test using the pair starts it again)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not f.client().call("ep.status")["missing"]:
+        time.sleep(0.2)
+    rc, out, err = _in_proc(capsys, "generate", "--server", f"127.0.0.1:{f.port}",
+                            "--ids", "256,72,101,108", "--max-tokens", "4")
+    assert rc == 0, err
+    assert "[degraded:" in out and "layer " in out, out

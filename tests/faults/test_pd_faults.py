@@ -2,7 +2,10 @@
 Build item 5): the Store master leader killed or frozen with SIGSTOP past its lease (HA
 on etcd), a prefill worker killed
 mid-request, the Conductor partitioned from a decode host (its bridge port down: frames
-dropped silently, like ``tc netem loss 100%``, which the CI kernel lacks).
+dropped silently, like ``tc netem loss 100%``, which the CI kernel lacks). A cut decode
+host's requests fail with a clean 503 once the Conductor misses its load reports (3 s):
+``conductor.worker_loss`` fails them and aborts their prefill, whose KV write the prefill
+worker then gives up at once (``engine.kv_writes``), so its other requests move on.
 
 Every test asserts, over every request of its replay: none hung (each ended within the
 bound), none returned a wrong token (each served one equals a colocated engine's greedy
@@ -10,7 +13,9 @@ output: a corrupt KV byte would change it), every failure was a clean one (an HT
 or an error event closing the stream); and the cluster still serves afterwards.
 
 Hosts: h1 runs the Store master(s) and the Conductor, h2 and h3 the workers; a real etcd
-on the bridge is the Transfer Engine's metadata (and the HA masters' election).
+on the bridge is the Transfer Engine's metadata (and the HA masters' election). The
+tests share two clusters (``pd_cluster.Clusters``), one at a time: each test leaves the
+cluster whole again or has the next one start a fresh cluster.
 """
 
 from __future__ import annotations
@@ -19,67 +24,33 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from pymooncake.rpc import RpcError, SyncRpcClient
+from pymooncake.rpc.messages import SetTarget
 
-from .conftest import CONTEXT, Replay, ok, one_request, prompts, reference
-from .netns import Hosts
+from .conftest import Replay, ok, one_request, prompts, reference
+from .netns import Hosts, missing
+from .pd_cluster import Clusters, _health, _rpc, _wait
 
 pytestmark = pytest.mark.integration
 
 MAX_TOKENS = 8
-# The hang the partition tests reveal (reproduced by the second one about 1 run in 2):
-STALL = ("a decode host cut off while a prefill worker writes a request's KV to it stalls "
-         "that prefill worker: the write waits the KV sender's whole timeout "
-         "(engine/kv_sender.py timeout_s=30 s; slices time out at 5 s and are retried) and "
-         "every request queued on the worker, those for the healthy decode host too, waits "
-         "~30 s with no answer; the Conductor does not abort the prefill when the decode "
-         "worker leaves its view (conductor/service.py _expire_loop fails token streams only)")
 
 
-def _rpc(host: str, port: int, method: str, timeout_s: float = 2.0) -> Any:
-    c = SyncRpcClient(host, port, timeout_s)
+@pytest.fixture(scope="module")
+def clusters() -> Iterator[Clusters]:
+    why = missing()
+    if why:
+        pytest.skip(why)
+    cs = Clusters()
     try:
-        return c.call(method)
-    except (RpcError, OSError):
-        return None
+        yield cs
     finally:
-        c.close()
-
-
-def _health(url: str) -> dict[str, Any]:
-    return httpx.get(url + "/health", timeout=10).json()
-
-
-def _wait(pred: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached in {timeout_s} s")
-
-
-def _cluster(h: Hosts, master: str, *, workers: tuple[tuple[int, str, str], ...],
-             cond_flags: tuple[str, ...] = ()) -> str:
-    """Conductor on h1 plus ``workers`` (host, id, kind); its URL once all registered."""
-    ip1 = h.ip(1)
-    cond = h.role(1, "conductor", "--host", ip1, "--port", "0", "--worker-port", "0",
-                  "--policy", "round-robin", "--global-store", "--model", "tiny",
-                  "--context-length", str(CONTEXT), *cond_flags).info
-    common = ["--conductor", f"{ip1}:{cond['worker_port']}", "--metadata", h.etcd,
-              "--model", "tiny", "--max-model-len", str(CONTEXT), "--num-kv-blocks", "512"]
-    for host, name, kind in workers:
-        extra = ["--master", master] if kind == "prefill" else []
-        h.role(host, kind, "--id", name, "--host", h.ip(host), *extra, *common)
-    url = cond["url"]
-    _wait(lambda: len(_health(url)["workers"]) == len(workers), 30, "workers registered")
-    return url
+        cs.close()
 
 
 def _serves_on(url: str, ps: list[list[int]], refs: list[list[int]], n: int = 4) -> None:
@@ -91,33 +62,14 @@ def _serves_on(url: str, ps: list[list[int]], refs: list[list[int]], n: int = 4)
 
 # -- faults 1 and 2: the Store master leader killed / frozen (HA, two masters) ----------
 
-def _ha_cluster(h: Hosts) -> tuple[str, list[Any], Any]:
-    """Two HA masters on h1 (lease 2 s), the P/D cluster following their leader: the URL,
-    the masters and ``leader()`` (the one that says it leads, or ``None``)."""
-    ip1, cid = h.ip(1), "faults"
-    masters = [h.role(1, "master", "--host", ip1, "--port", "0", "--ha", "--etcd-endpoints",
-                      h.etcd, "--cluster-id", cid, "--ha-lease-ttl", "2") for _ in range(2)]
-
-    def leader() -> Any:
-        for m in masters:
-            if m.popen.poll() is None:
-                st = _rpc(ip1, m.info["port"], "ha_status", 1.0)
-                if st and st.get("role") == "leader":
-                    return m
-        return None
-
-    _wait(leader, 15, "a master leads")
-    store = f"{h.etcd}/{cid}"
-    url = _cluster(h, store, cond_flags=("--store-master", store),
-                   workers=((2, "prefill-a", "prefill"), (3, "prefill-b", "prefill"),
-                            (3, "decode-c", "decode")))
-    return url, masters, leader
+def test_master_leader_killed_under_replay_keeps_serving_and_loses_no_object(clusters):
+    with clusters.use("ha") as c:
+        _leader_killed(c)
 
 
-def test_master_leader_killed_under_replay_keeps_serving_and_loses_no_object(hosts):
-    h = hosts(3)
+def _leader_killed(c: dict[str, Any]) -> None:
+    h, url, leader = c["h"], c["url"], c["leader"]
     ip1 = h.ip(1)
-    url, _masters, leader = _ha_cluster(h)
     old = leader()
     ps = prompts(1)
     refs = reference(ps, MAX_TOKENS)
@@ -140,12 +92,18 @@ def test_master_leader_killed_under_replay_keeps_serving_and_loses_no_object(hos
     now = set(_rpc(ip1, new.info["port"], "list_keys") or [])
     assert set(keys) <= now, f"published objects lost: {sorted(set(keys) - now)[:5]}"
     _serves_on(url, ps, refs)
+    c["masters"].remove(old)                     # two masters again for the next test
+    c["masters"].append(c["new_master"]())
 
 
-def test_master_leader_frozen_past_its_lease_steps_down_without_split_brain(hosts):
-    h = hosts(3)
+def test_master_leader_frozen_past_its_lease_steps_down_without_split_brain(clusters):
+    with clusters.use("ha") as c:
+        _leader_frozen(c)
+
+
+def _leader_frozen(c: dict[str, Any]) -> None:
+    h, url, leader = c["h"], c["url"], c["leader"]
     ip1 = h.ip(1)
-    url, _masters, leader = _ha_cluster(h)
     old = leader()
     ps = prompts(2)
     refs = reference(ps, MAX_TOKENS)
@@ -201,13 +159,14 @@ def test_master_leader_frozen_past_its_lease_steps_down_without_split_brain(host
 
 # -- fault 4: a prefill worker is killed mid-request -----------------------------------
 
-def test_prefill_worker_killed_mid_request_is_replaced_or_fails_cleanly(hosts):
-    h = hosts(3)
-    ip1 = h.ip(1)
-    master = h.role(1, "master", "--host", ip1, "--port", "0").info
-    url = _cluster(h, f"{ip1}:{master['port']}",
-                   workers=((2, "prefill-a", "prefill"), (3, "prefill-b", "prefill"),
-                            (3, "decode-c", "decode")))
+def test_prefill_worker_killed_mid_request_is_replaced_or_fails_cleanly(clusters):
+    # the HA cluster's workers (its masters play no part here); prefill-a is not started
+    # again (its segment name stays claimed ~10 s): the next test gets a fresh cluster
+    with clusters.use("ha", restores=False) as c:
+        _prefill_killed(c["url"])
+
+
+def _prefill_killed(url: str) -> None:
     ps = prompts(4, per=2, shared=1200, tail=40)           # long prefills: easy to hit
     refs = reference(ps, MAX_TOKENS)
     replay = Replay(url, ps, refs, threads=3).start()
@@ -237,14 +196,27 @@ def test_prefill_worker_killed_mid_request_is_replaced_or_fails_cleanly(hosts):
 
 # -- fault 5: the Conductor is partitioned from a decode host --------------------------
 
-@pytest.mark.xfail(strict=False, reason=STALL)
-def test_decode_host_partitioned_gets_clean_errors_and_the_rest_serve(hosts):
-    h = hosts(3)
-    ip1 = h.ip(1)
-    master = h.role(1, "master", "--host", ip1, "--port", "0").info
-    url = _cluster(h, f"{ip1}:{master['port']}",
-                   workers=((2, "prefill-a", "prefill"), (2, "decode-a", "decode"),
-                            (3, "decode-b", "decode")))
+def _only_cut_host_failed(replay: Replay, h: Hosts, host: int, name: str) -> None:
+    """Every failed request was one of the cut host's, and failed cleanly: a 503
+    ``worker_failed`` (or an error event ending its stream) naming that host or worker."""
+    for r in replay.results:
+        if ok(r):
+            continue
+        text = (r.get("body") or "") + repr(r["errors"])
+        assert r["status"] in (200, 503) and (name in text or h.ip(host) in text), \
+            ("a request failed that was not on the cut host", r)
+        if r["status"] == 503:
+            assert "worker_failed" in text, r
+
+
+def test_decode_host_partitioned_gets_clean_errors_and_the_rest_serve(clusters):
+    # the next test is not given this cluster: after the partition, load state left on
+    # it (a run got a 429 there) would change what the next test measures
+    with clusters.use("pd", restores=False) as c:
+        _partitioned(c["h"], c["url"])
+
+
+def _partitioned(h: Hosts, url: str) -> None:
     ps = prompts(5)
     refs = reference(ps, MAX_TOKENS)
     replay = Replay(url, ps, refs, threads=3).start()
@@ -260,8 +232,12 @@ def test_decode_host_partitioned_gets_clean_errors_and_the_rest_serve(hosts):
         replay.stop()
         h.heal(3)
     replay.check()
+    _only_cut_host_failed(replay, h, 3, "decode-b")
     hit = [r for r in replay.results if r["t0"] <= cut <= r["t1"]]
-    assert all(r["t1"] - cut < 15.0 for r in hit), "a request outlived the partition bound"
+    # a hung request would wait out the 30 s KV write timeout; a healthy one on decode-a
+    # can take several seconds on the loaded 2-core machine (CI: 8 s was too tight)
+    late = [round(r["t1"] - cut, 2) for r in hit if r["t1"] - cut >= 12.0]
+    assert not late, f"requests outlived the partition bound (s after the cut): {late}"
     during = [r for r in replay.results if r["t0"] >= cut]
     assert sum(ok(r) for r in during) >= 8, replay.summary()   # the rest kept serving
     after = [r for r in replay.results if r["t0"] > gone]
@@ -269,31 +245,90 @@ def test_decode_host_partitioned_gets_clean_errors_and_the_rest_serve(hosts):
     _serves_on(url, ps, refs, n=8)          # healed: decode-b may be back; all still exact
 
 
-@pytest.mark.xfail(strict=False, reason=STALL)
-def test_decode_host_cut_during_its_kv_write_does_not_stall_other_requests(hosts):
+def _parked_prefill(h: Hosts, url: str, prompt: list[int]) -> tuple[Any, dict[str, Any]]:
+    """Play the Conductor for one request: a ``target_follows`` prefill on prefill-a that
+    ends before its ``KVTarget`` comes (it is parked) and the receive buffer decode-b
+    reserved for it. Returns the target and the prefill RPC's outcome (filled once the
+    prefill RPC, run on a thread, answers: ``"t1"`` and ``"error"`` or ``"result"``)."""
+    from pymooncake.rpc.codec import from_wire
+    from pymooncake.rpc.messages import DecodeTask, KVTarget, PrefillTask, SamplingOptions
+    ws = {w["instance_id"]: w for w in _health(url)["workers"]}
+    sampling = SamplingOptions(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    outcome: dict[str, Any] = {}
+
+    def prefill() -> None:
+        c = SyncRpcClient(h.ip(2), ws["prefill-a"]["rpc_port"], 60.0)
+        try:
+            outcome["result"] = c.call("prefill", PrefillTask(
+                "parked-1", tuple(prompt), sampling, None, False, target_follows=True))
+        except (RpcError, OSError) as e:
+            outcome["error"] = repr(e)
+        finally:
+            outcome["t1"] = time.monotonic()
+            c.close()
+    outcome["thread"] = threading.Thread(target=prefill, daemon=True)
+    outcome["thread"].start()
+    c = SyncRpcClient(h.ip(3), ws["decode-b"]["rpc_port"], 10.0)
+    try:
+        target = from_wire(KVTarget, c.call("prepare_decode", DecodeTask(
+            "parked-1", tuple(prompt), sampling, len(prompt) // 16)))
+    finally:
+        c.close()
+    time.sleep(1.0)         # its prompt is in the prefix cache: the prefill is over, parked
+    assert "t1" not in outcome, ("a target_follows prefill answered before its target",
+                                 outcome)
+    return target, outcome
+
+
+def test_decode_host_cut_during_its_kv_write_does_not_stall_other_requests(clusters):
     """The race above, forced: cut h3 while a long prompt's KV is on its way to decode-b;
-    requests for decode-a must still be answered well within the bound."""
-    h = hosts(3)
-    ip1 = h.ip(1)
-    master = h.role(1, "master", "--host", ip1, "--port", "0").info
-    url = _cluster(h, f"{ip1}:{master['port']}",
-                   workers=((2, "prefill-a", "prefill"), (2, "decode-a", "decode"),
-                            (3, "decode-b", "decode")))
+    requests for decode-a must still be answered well within the bound. One write towards
+    the cut host is forced for sure: a parked prefill (done before its ``KVTarget`` came)
+    gets decode-b's receive buffer only after the cut and ships its whole prompt then."""
+    with clusters.use("pd", restores=False) as c:
+        _cut_during_write(c["h"], c["url"])
+
+
+def _cut_during_write(h: Hosts, url: str) -> None:
     ps = prompts(6, per=2, shared=1200, tail=40)
     refs = reference(ps, MAX_TOKENS)
     replay = Replay(url, ps, refs, threads=3, bound_s=12.0).start()
     caught = False
     try:
         replay.wait_served(3)
+        target, parked = _parked_prefill(h, url, ps[0])
+        pre = {w["instance_id"]: w for w in _health(url)["workers"]}["prefill-a"]
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not caught:
             caught = any(v[1] == "decode-b" for v in _health(url)["requests"].values())
         h.cut(3)
         cut = time.monotonic()
+        c = SyncRpcClient(h.ip(2), pre["rpc_port"], 30.0)
+        try:        # the parked prefill's write to the cut host starts now
+            assert c.call("set_target", SetTarget("parked-1", target)) is True
+        finally:
+            c.close()
+        set_target_s = time.monotonic() - cut
         replay.wait_served(6, after=cut, timeout_s=15.0)
+        parked["thread"].join(15.0)
     finally:
         replay.stop()
         h.heal(3)
     assert caught
+    # the engine thread of prefill-a shipped the parked prompt without waiting for the
+    # cut host; that request alone fails, cleanly, by its KV write deadline (10 s)
+    assert set_target_s < 2.5, f"set_target waited {set_target_s:.1f} s for the cut host"
+    assert "error" in parked and "decode-b" in parked["error"], parked
+    assert parked["t1"] - cut < 12.0, parked
     replay.check()      # bound 12 s: nothing waits out a 30 s KV timeout
+    _only_cut_host_failed(replay, h, 3, "decode-b")
+    # the rest kept being served all along: decode-b's writes left the prefill worker's
+    # step loop (deferred, their blocks pinned) instead of stalling it until the Conductor
+    # aborts them (3 s) or a KV write deadline (10 s) — layer-wise writes and a parked
+    # prompt's one batch alike (a CI run stalled two until cut + 10.08 s); measured
+    # ~0.1-1.0 s each on a shared 2-core machine, bound 2.5 s
+    served = [r for r in replay.results if ok(r) and r["t1"] > cut]
+    assert len(served) >= 6, replay.summary()
+    slow = [(r["t0"] - cut, r["t1"] - cut) for r in served if r["t1"] - max(r["t0"], cut) > 2.5]
+    assert not slow, f"requests for decode-a stalled behind decode-b's KV write: {slow}"
     _serves_on(url, ps, refs)

@@ -217,9 +217,9 @@ def _lanes_to(ip: str, busy: bool = False) -> list[str]:
 def test_one_of_two_tcp_paths_dropped_mid_transfer_slices_retried_bytes_verified(hosts):
     from pymooncake.obs.metrics import REGISTRY
 
-    def retries() -> float:
+    def counted(name: str) -> float:
         return sum(s.value for fam in REGISTRY.collect() for s in fam.samples
-                   if s.name == "pymooncake_transfer_retries_total")
+                   if s.name == name)
 
     h = hosts(3)
     master, servers = _store(h, size=160 * MiB)
@@ -230,8 +230,11 @@ def test_one_of_two_tcp_paths_dropped_mid_transfer_slices_retried_bytes_verified
         c.put("warm", _value("warm", 4 * MiB), ReplicateConfig(preferred_segment=seg2))
         lanes = _lanes_to(ip2)          # only the Transfer Engine (and etcd) talk to h2
         assert len(lanes) == 2, f"expected two TCP paths to h2, got {lanes}"
+        # h2 receives at 400 Mbit/s: a 64 MiB put takes >= 1.3 s however fast this machine
+        # is, so a path can be dropped while most of it is still to be sent
+        h.shape(2, 400)
         size = 64 * MiB
-        r0 = retries()
+        r0 = counted("pymooncake_transfer_retries_total")
         # a drop can land just after the path's last slice (nothing left to retry): up to
         # three puts, each dropped mid-transfer and each checked; one must show a retry
         for attempt in range(3):
@@ -242,21 +245,30 @@ def test_one_of_two_tcp_paths_dropped_mid_transfer_slices_retried_bytes_verified
             def put(key: str = key, big: bytes = big, done: dict = done) -> None:
                 done["out"], done["dt"] = _timed(
                     c.put, key, big, ReplicateConfig(preferred_segment=seg2))
+            b0 = counted("pymooncake_transfer_bytes_total")
             t = threading.Thread(target=put, daemon=True)
             t.start()
-            busy: list[str] = []
-            while t.is_alive() and not busy:   # wait for slices in flight on a path
-                busy = _lanes_to(ip2, busy=True)
-            assert busy, "the transfer ended before a path could be dropped"
-            subprocess.run(["ss", "-K", "dst", ip2, "sport", "=", f":{busy[0]}"],
+            moved = 0.0     # in flight: the transfer's first window is acknowledged
+            while t.is_alive() and not moved:
+                time.sleep(0.005)
+                moved = counted("pymooncake_transfer_bytes_total") - b0
+            assert t.is_alive() and moved < size, \
+                f"the transfer ended before a path could be dropped ({moved:.0f} B moved)"
+            lanes = _lanes_to(ip2, busy=True) or _lanes_to(ip2)   # prefer one with unsent bytes
+            assert lanes, "no TCP path to h2 while the transfer is in flight"
+            subprocess.run(["ss", "-K", "dst", ip2, "sport", "=", f":{lanes[0]}"],
                            capture_output=True, check=True)   # drop that path, mid-transfer
             t.join(BOUND_S * 3)
             assert not t.is_alive(), "the transfer hung after a path was dropped"
             assert done["out"] is None, done
+            print(f"fault 6: attempt {attempt}: dropped after {moved / MiB:.0f} of "
+                  f"{size // MiB} MiB; put took {done['dt']:.2f} s")
             assert _digest(c.get(key)) == _digest(big)    # every byte as put
-            if retries() > r0:
+            if counted("pymooncake_transfer_retries_total") > r0:
                 break
-        assert retries() > r0, "no slice was retried in 3 mid-transfer path drops"
+        assert counted("pymooncake_transfer_retries_total") > r0, \
+            "no slice was retried in 3 mid-transfer path drops"
+        h.shape(2, 0)
         c.put("after", _value("after", MiB))            # still serving
         assert c.get("after") == _value("after", MiB)
     finally:

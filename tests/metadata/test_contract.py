@@ -293,3 +293,24 @@ def test_election_revision_fences_the_loser(url: str, prefix: str) -> None:
             await md.close()
 
     asyncio.run(main())
+
+
+def test_watch_keeps_delivering_after_a_wait_for_times_out(url: str, prefix: str) -> None:
+    """HA followers and candidates wait on ``watch.__anext__()`` with a timeout: a timed-out
+    wait must not end the watch (an async generator cancelled mid-await is closed for good,
+    which made every later wait end at once, and the HA loops spin or reconnect)."""
+    async def main() -> None:
+        md = await _open(url)
+        watch = await md.watch_prefix(prefix + "w/")
+        try:
+            for i in range(3):
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(watch.__anext__(), timeout=0.2)
+                await md.put(prefix + f"w/{i}", b"v")
+                ev = await _next(watch)
+                assert (ev.kind, ev.key) == (EventKind.PUT, prefix + f"w/{i}")
+        finally:
+            await watch.close()
+            await md.close()
+
+    asyncio.run(main())

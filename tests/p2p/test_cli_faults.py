@@ -45,7 +45,7 @@ def test_plain_gets_leave_no_holder_behind_and_print_nothing(etcd_url, procs, pa
                                                              tmp_path) -> None:
     seed = start_p2p(procs, etcd_url, "register", "f1", str(payload), "--shard-size", "0.125")
     wait_ready(seed)
-    for i in range(6):
+    for i in range(3):   # each plain get once left a holder record behind
         rc, out, err = finish(start_p2p(procs, etcd_url, "get", "f1", str(tmp_path / f"d{i}")))
         assert rc == 0 and out.startswith("pulled f1 into"), err
         assert err == "", err                       # no "Task was destroyed ..." either
@@ -53,7 +53,9 @@ def test_plain_gets_leave_no_holder_behind_and_print_nothing(etcd_url, procs, pa
     assert len(leases) == 1 and leases[0][1] is not None, leases    # the seed's, leased
     rc, out, err = finish(start_p2p(procs, etcd_url, "list", "--json"))
     assert (rc, err) == (0, "")
-    assert [(i["name"], i["holders"]) for i in json.loads(out)] == [("f1", 1)]
+    # (the session's etcd may hold other files' payloads: only f1's row is this test's)
+    assert [(i["name"], i["holders"]) for i in json.loads(out) if i["name"] == "f1"] == [
+        ("f1", 1)]
     seed.send_signal(signal.SIGTERM)
     rc, out, err = finish(seed)
     assert (rc, err) == (0, "")

@@ -4,13 +4,18 @@ a corrupt holder, bad inputs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+from pymooncake.metadata import open_metadata
+from pymooncake.p2p.manifest import Holder, holders_prefix
 
 from .conftest import finish, start_p2p, wait_ready
 
@@ -61,15 +66,51 @@ def test_one_seed_three_receivers_every_byte(etcd_url, procs, model, tmp_path) -
     assert info["total_bytes"] == total and info["complete_holders"] >= 1
 
 
+def _records(etcd: str, name: str) -> list[Holder]:
+    """Every holder record of ``name`` in the metadata service (what pullers publish)."""
+    async def go() -> list[Holder]:
+        md = open_metadata(etcd)
+        try:
+            return [Holder.decode(kv.value) for kv in
+                    await md.get_prefix(holders_prefix(name))]
+        finally:
+            await md.close()
+    return asyncio.run(go())
+
+
+def _wait_pulled_from(etcd: str, name: str, known: set[str], seg: str, b: subprocess.Popen,
+                      timeout_s: float = 60.0) -> Holder:
+    """Poll the new puller's holder record (the one not in ``known``) until a shard it
+    fetched while it had a pull in flight from ``seg`` is verified: every shard of that
+    record's ``fetching`` is in a later record's ``have`` (a record is published after each
+    verified shard). Returns that later record."""
+    deadline = time.monotonic() + timeout_s
+    fetching = 0
+    while time.monotonic() < deadline:
+        assert b.poll() is None, "the puller ended before it was seen pulling from the seed"
+        for h in _records(etcd, name):
+            if h.segment in known:
+                continue
+            if fetching and h.have & fetching == fetching:
+                return h
+            if not fetching and h.pulling.get(seg, 0) > 0:
+                fetching = sum(1 << i for i in h.fetching)
+        time.sleep(0.05)
+    raise AssertionError(f"the puller was not seen pulling from {seg} in {timeout_s} s")
+
+
 def test_holder_killed_mid_pull_still_completes(etcd_url, procs, model, tmp_path) -> None:
     seed = start_p2p(procs, etcd_url, "register", "m2", str(model), "--shard-size", SHARD_MIB)
-    wait_ready(seed)
-    wait_ready(start_p2p(procs, etcd_url, "get", "m2", str(tmp_path / "a"), "--hold"))
-    # ~2.5 s at 2 MiB/s: the seed dies while b pulls from both
-    b = start_p2p(procs, etcd_url, "get", "m2", str(tmp_path / "b"), "--json", "--max-rate", "2",
-             "--parallel", "2")
-    time.sleep(1.5)
+    seed_seg = wait_ready(seed)["segment"]
+    a_seg = wait_ready(start_p2p(procs, etcd_url, "get", "m2", str(tmp_path / "a"),
+                                 "--hold"))["segment"]
+    # ~4 s at 1 MiB/s: the seed dies once b has verified a shard pulled from it, mid-pull
+    b = start_p2p(procs, etcd_url, "get", "m2", str(tmp_path / "b"), "--json", "--max-rate", "1",
+                  "--parallel", "2")
+    seen = _wait_pulled_from(etcd_url, "m2", {seed_seg, a_seg}, seed_seg, b)
     seed.send_signal(signal.SIGKILL)
+    num_shards = sum(-(-f.stat().st_size // (256 * 1024)) for f in model.iterdir())  # 17
+    assert bin(seen.have).count("1") < num_shards      # b was still pulling at the kill
     rc, out, err = finish(b)
     assert rc == 0, err
     _same(model, tmp_path / "b")
@@ -104,14 +145,18 @@ def test_corrupt_holder_repulled_elsewhere(etcd_url, procs, model, tmp_path) -> 
     assert json.loads(out)["checksum_failures"] >= 1
 
 
-def test_bad_inputs(etcd_url, procs, model, tmp_path) -> None:
+def test_bad_inputs(etcd_url, procs, model, tmp_path, capsys) -> None:
+    from pymooncake.cli.main import main
+
+    def in_proc(*argv: str) -> tuple[int, str]:   # the first one below runs the entry point
+        rc = main(["p2p", *argv, "--metadata", etcd_url])
+        return rc, capsys.readouterr().err
     rc, out, err = finish(start_p2p(procs, etcd_url, "get", "ghost", str(tmp_path / "g")))
     assert (rc, out) == (1, "")
     assert _error_line(err) == "pymooncake: error: no payload named 'ghost' is registered"
     rc, _, err = finish(start_p2p(procs, etcd_url, "register", "x", str(tmp_path / "missing")))
     assert rc == 1 and "no such file or directory" in _error_line(err)
-    rc, _, err = finish(start_p2p(procs, etcd_url, "register", "x", str(model), "--shard-size",
-                              "0"))
+    rc, err = in_proc("register", "x", str(model), "--shard-size", "0")
     assert rc == 2 and "--shard-size" in err
-    rc, _, err = finish(start_p2p(procs, etcd_url, "unregister", "ghost"))
+    rc, err = in_proc("unregister", "ghost")
     assert rc == 1 and "ghost" in err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -29,6 +30,8 @@ def test_pulls_the_model_dir_and_points_model_at_it(etcd_url: str, tmp_path: Pat
 
     src = tmp_path / "tiny-hf"
     save_hf_dir(Engine.from_model_name("tiny").model, src)
+    # apply_p2p_model checks the payload has config, weights and a tokenizer file (names)
+    (src / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
     name = f"tiny-hf-{uuid.uuid4().hex[:6]}"
     with P2PStore(etcd_url) as seed:
         seed.register(name, [src], shard_bytes=64 * 1024)
@@ -57,3 +60,30 @@ def test_serve_with_an_unknown_p2p_model_is_one_line_before_any_child(etcd_url) 
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("pymooncake: error:")]
     assert lines == ["pymooncake: error: --p2p-model ghost: no payload named 'ghost' is "
                      "registered"], r.stderr
+
+
+def test_serve_with_a_payload_that_is_not_a_model_is_one_line_after_the_pull(
+        etcd_url, tmp_path: Path) -> None:
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "notes.txt").write_text("not a model\n")
+    name = f"junk-{uuid.uuid4().hex[:6]}"
+    pulled = tmp_path / "pulled"
+    with P2PStore(etcd_url) as seed:
+        seed.register(name, [junk])
+        r = subprocess.run([sys.executable, "-m", "pymooncake", "serve", "--p2p-model", name,
+                            "--p2p-metadata", etcd_url, "--p2p-dir", str(pulled),
+                            "--port", "0"], capture_output=True, text=True, timeout=90)
+        assert (pulled / "notes.txt").read_text() == "not a model\n"   # it was pulled
+        # the holder child was stopped: only the seed still holds it
+        deadline = time.monotonic() + 15
+        while len(seed.holders(name)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(seed.holders(name)) == 1
+    assert (r.returncode, r.stdout) == (1, ""), r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("pymooncake: error:")]
+    assert lines == [f"pymooncake: error: --p2p-model {name}: the payload pulled into "
+                     f"{pulled} is not a model directory: no config.json, no tokenizer file "
+                     "(tokenizer.json, tokenizer_config.json, ...), no *.safetensors weights "
+                     "(register a HF model directory under that name)"], r.stderr
+    assert "Traceback" not in r.stderr and "(P2P Store)" not in r.stderr   # no "serving it"

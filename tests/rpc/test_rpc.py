@@ -176,6 +176,10 @@ def test_malformed_frames_do_not_disturb_other_clients() -> None:
                 "MALFORMED_FRAME", "MALFORMED_FRAME", "MALFORMED_FRAME", None,
                 "MALFORMED_FRAME"]
             assert replies[3] == {"i": 5, "r": 1}
+            # the reply names what was wrong with the frame, not just that it was
+            assert replies[0]["e"]["s"] == (
+                "malformed msgpack frame of 9 bytes, starting c1 c1 67 61 72 62 61 67: "
+                "FormatError (a byte that begins no msgpack value)"), replies[0]
             assert await good.call("add", {"a": 20, "b": 22}) == 42
         finally:
             await good.close()
@@ -263,3 +267,64 @@ def test_fixed_length_tuple_fields_keep_their_values() -> None:
         from_wire(Windows, {"windows": [["queue", "soon", 2.0]]})
     with pytest.raises(ValueError, match="expected 3 items, got 2"):
         from_wire(Windows, {"windows": [["queue", 1.0]]})
+
+
+UVLOOP_SERVER_SCRIPT = textwrap.dedent("""
+    import asyncio, uvloop
+    from pymooncake.rpc import RpcServer
+    async def later(p):
+        await asyncio.sleep(0.05)
+        return p + 1
+    async def sleep(p):
+        await asyncio.sleep(p)
+        return "slept"
+    async def main():
+        s = RpcServer("127.0.0.1", 0)
+        s.register("mul", lambda p: p[0] * p[1])
+        # a plain handler whose slow path is a coroutine (as the master's put_start)
+        s.register("maybe_later", lambda p: p + 1 if p >= 0 else later(p))
+        s.register("sleep", sleep)
+        await s.start()
+        print(s.port, flush=True)
+        await s.serve_forever()
+    uvloop.run(main())
+""")
+
+
+def test_sync_client_timeouts_and_pipelined_frames_on_uvloop() -> None:
+    """The master's setting (uvloop): kernel-side timeouts of ``SyncRpcClient`` (set per
+    call, the connection dropped and re-made after one), a plain handler answering through
+    a coroutine, and several frames in one segment each answered."""
+    proc = subprocess.Popen([sys.executable, "-c", UVLOOP_SERVER_SCRIPT],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        client = SyncRpcClient("127.0.0.1", port, timeout_s=5)
+        assert client.call("maybe_later", 4) == 5          # inline
+        assert client.call("maybe_later", -4) == -3        # through the coroutine
+        t0 = time.monotonic()
+        with pytest.raises(RpcTimeout):
+            client.call("sleep", 2.0, timeout_s=0.3)
+        assert 0.25 < time.monotonic() - t0 < 1.5
+        # the late answer of the timed-out call is not taken for the next call's
+        assert client.call("mul", [6, 7], timeout_s=5) == 42
+        assert client.call("sleep", 0.4) == "slept"        # back at the 5 s default
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            frames = b"".join(
+                struct.pack(">I", len(b)) + b for b in (
+                    msgpack.packb({"i": i, "m": "mul", "p": [i, 10]}) for i in range(1, 4)))
+            s.sendall(frames)
+            buf = b""
+            got = {}
+            while len(got) < 3:
+                buf += s.recv(65536)
+                while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+                    n = struct.unpack(">I", buf[:4])[0]
+                    msg = msgpack.unpackb(buf[4:4 + n])
+                    got[msg["i"]] = msg["r"]
+                    buf = buf[4 + n:]
+            assert got == {1: 10, 2: 20, 3: 30}
+        client.close()
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -109,12 +109,23 @@ def test_store_lookup_is_skipped_when_the_hint_says_local_covers_it() -> None:
     assert len(req.block_keys) == 5
     blob = bytes(eng.kv.block_nbytes)
     store = _CountingStore({store_key(ns, str(k)): blob for k in req.block_keys[:3]})
-    loader = StoreKVLoader(store, eng.kv, ns)
+    loader = StoreKVLoader(store, eng.kv, ns, mode="async")  # answers once all is read
     loader.hint("r", 3)
     assert loader.get_num_matched_tokens(req, 48) == 0    # local has 3 blocks: no round trip
     assert store.calls == 0
-    assert loader.get_num_matched_tokens(req, 16) == 32   # local 1 block: the Store has 2 more
+    assert _matched(loader, req, 16) == 32                # local 1 block: the Store has 2 more
     assert store.calls == 2
     loader.forget("r")
     loader.hint("r", -1)                                  # unknown: always look
-    assert loader.get_num_matched_tokens(req, 48) == 0 and store.calls == 3
+    assert _matched(loader, req, 48) == 0 and store.calls == 3
+    loader.close()
+
+
+def _matched(loader, req, num_local: int) -> int:
+    """Asked until the loader's fetch thread has the answer (None = still loading)."""
+    import time
+    deadline = time.monotonic() + 10.0
+    while (n := loader.get_num_matched_tokens(req, num_local)) is None:
+        assert time.monotonic() < deadline, "store lookup never finished"
+        time.sleep(0.002)
+    return n

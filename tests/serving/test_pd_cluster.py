@@ -241,7 +241,8 @@ def test_every_stage_of_a_request_is_measured(cluster):
     after = _stage_counts(url)
     grew = {k for k, (n, _) in after.items() if n > before.get(k, (0.0, 0.0))[0]}
     want = {"tokenize", "schedule", "prepare_decode", "prefill_rpc", "ttft", "queue",
-            "store_lookup", "cache_load", "prefill", "p2d_transfer", "decode_queue",
+            "store_lookup", "store_load", "cache_load", "prefill", "p2d_transfer",
+            "decode_queue",
             "decode_load", "decode", "decode_stream"}
     assert want <= grew, f"missing stages: {sorted(want - grew)}"
     # the worker-measured prefill is part of what the Conductor waited for

@@ -21,7 +21,8 @@ def _health(url: str) -> httpx.Response:
     return httpx.get(url + "/health", timeout=10)
 
 
-def test_health_is_503_until_a_prefill_and_a_decode_worker_registered():
+def test_health_503_until_workers_registered_then_models_lists_the_name_and_404s_another():
+    """One cluster for both checks: once it is ready, ``/v1/models`` and the 404."""
     c = LocalCluster(ClusterSpec(quiet=True))
     try:
         m = c._spawn("master", ["master", "--port", "0", "--enable-http-metadata-server",
@@ -61,12 +62,12 @@ def test_health_is_503_until_a_prefill_and_a_decode_worker_registered():
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] >= 1
         assert r.json()["model"] == "tiny"
+        _models_lists_the_served_name_and_another_name_is_404(url)
     finally:
         c.stop()
 
 
-def test_models_lists_the_served_name_and_another_name_is_404(make_cluster):
-    url = make_cluster(num_prefill=1, num_decode=1, colocated=False).url
+def _models_lists_the_served_name_and_another_name_is_404(url: str) -> None:
     assert _health(url).status_code == 200
     models = httpx.get(url + "/v1/models", timeout=10).json()
     assert [m["id"] for m in models["data"]] == ["tiny"]

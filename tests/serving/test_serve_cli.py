@@ -121,22 +121,49 @@ def test_serve_stops_and_exits_1_when_a_role_has_no_worker_left(tmp_path):
     assert "no decode worker is left; stopping the cluster" in err, err
 
 
+def _main_rc(args: list[str]) -> int:
+    """``pymooncake`` in process: main's return value, or argparse's exit status."""
+    from pymooncake.cli.main import main
+    try:
+        return main(args)
+    except SystemExit as e:
+        return int(e.code or 0)
+
+
 @pytest.mark.parametrize("flag", ["--port", "--worker-port"])
-def test_conductor_on_a_used_port_is_a_one_line_error(flag):
+def test_conductor_on_a_used_port_is_a_one_line_error(flag, capsys):
     import socket
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)
     try:
         other = "--worker-port" if flag == "--port" else "--port"
-        r = subprocess.run([sys.executable, "-m", "pymooncake", "conductor", flag,
-                            str(busy.getsockname()[1]), other, "0"],
-                           capture_output=True, text=True, timeout=60)
+        argv = ["conductor", flag, str(busy.getsockname()[1]), other, "0"]
+        if flag == "--port":  # the entry point once; the other in process
+            r = subprocess.run([sys.executable, "-m", "pymooncake", *argv],
+                               capture_output=True, text=True, timeout=60)
+            rc, err = r.returncode, r.stderr
+        else:
+            rc, err = _main_rc(argv), capsys.readouterr().err
     finally:
         busy.close()
-    assert r.returncode == 1
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and flag in lines[0] and "in use" in lines[0], r.stderr
+    assert rc == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and "in use" in lines[0], err
+
+
+def _run_bg(argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(p: subprocess.Popen, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
+    try:
+        out, err = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def test_worker_that_cannot_join_exits_with_one_line():
@@ -144,32 +171,41 @@ def test_worker_that_cannot_join_exits_with_one_line():
     never reaches exits 1 with one line instead of printing "ready" and hanging."""
     from pymooncake.cli.cluster import ClusterSpec, LocalCluster
     cluster = LocalCluster(ClusterSpec(port=0, quiet=True, num_prefill=1, num_decode=1))
+    procs: list[subprocess.Popen] = []
     try:
         cluster.start()
         base = [sys.executable, "-m", "pymooncake", "decode", "--model", "tiny", "--metadata",
                 cluster.metadata_url, "--register-timeout", "2"]
-        r = subprocess.run([*base, "--id", "d-odd", "--conductor", cluster.worker_addr,
-                            "--block-size", "32"], capture_output=True, text=True, timeout=90)
+        # the three workers run at once (each spends seconds importing torch)
+        lost = _run_bg([*base, "--id", "d-lost", "--conductor", "127.0.0.1:1"])
+        procs.append(lost)
+        odd = _run_bg([*base, "--id", "d-odd", "--conductor", cluster.worker_addr,
+                       "--block-size", "32"])
+        # the Conductor admits 8192-token requests (serve: --context-length = max-model-len)
+        short = _run_bg([*base, "--id", "d-short", "--conductor", cluster.worker_addr,
+                         "--max-model-len", "4096"])
+        procs += [odd, short]
+        r = _finish(odd)
         assert r.returncode == 1, r.stderr
         last = r.stderr.strip().splitlines()[-1]
         assert "refused this worker" in last and "namespace" in last, r.stderr
         assert "block_size 32 (cluster: 16)" in last, r.stderr
         assert '"ready"' not in r.stdout, "a refused worker printed its ready line"
-        assert set(workers(cluster.url)) == {"prefill-0", "decode-0"}
-        # the Conductor admits 8192-token requests (serve: --context-length = max-model-len)
-        r = subprocess.run([*base, "--id", "d-short", "--conductor", cluster.worker_addr,
-                            "--max-model-len", "4096"], capture_output=True, text=True,
-                           timeout=90)
+        r = _finish(short)
         assert r.returncode == 1, r.stderr
         last = r.stderr.strip().splitlines()[-1]
         assert "refused this worker" in last and "--max-model-len >= 8192" in last, r.stderr
         assert '"ready"' not in r.stdout
-        r = subprocess.run([*base, "--id", "d-lost", "--conductor", "127.0.0.1:1"],
-                           capture_output=True, text=True, timeout=90)
+        assert set(workers(cluster.url)) == {"prefill-0", "decode-0"}
+        r = _finish(lost)
         assert r.returncode == 1
         assert "not reachable for" in r.stderr.strip().splitlines()[-1], r.stderr
         assert '"ready"' not in r.stdout
     finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(5)
         cluster.stop()
 
 
@@ -180,11 +216,15 @@ def test_worker_that_cannot_join_exits_with_one_line():
     (["--colocated", "--decode", "2"], "--decode"), (["--no-prefix-cache"], "--no-prefix-cache"),
     (["--json"], "--json"),
 ])
-def test_serve_refuses_bad_flags_before_starting_anything(flags, named):
-    r = subprocess.run([sys.executable, "-m", "pymooncake", "serve", *flags],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and named in lines[0], r.stderr
+def test_serve_refuses_bad_flags_before_starting_anything(flags, named, capsys):
+    if named == "--port":  # the entry point once; the others in process
+        r = subprocess.run([sys.executable, "-m", "pymooncake", "serve", *flags],
+                           capture_output=True, text=True, timeout=60)
+        rc, err = r.returncode, r.stderr
+    else:
+        rc, err = _main_rc(["serve", *flags]), capsys.readouterr().err
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], err
     # (a --model that cannot be read is exit 1, like any unreadable input:
     # tests/serving/test_bad_model.py)

@@ -137,3 +137,38 @@ def wait_for_port(port: int, timeout_s: float = 15.0, settle_s: float = 0.3) -> 
         except OSError:
             time.sleep(0.1)
     time.sleep(settle_s)
+
+
+def mooncake_python() -> str:
+    """The Python with Mooncake's wheel (``PYMOONCAKE_MOONCAKE_PYTHON``) for the opt-in
+    side-by-side tests; skips the calling test unless ``PYMOONCAKE_COMPAT_VS_MOONCAKE=1``."""
+    import pytest
+
+    py = os.environ.get("PYMOONCAKE_MOONCAKE_PYTHON")
+    if os.environ.get("PYMOONCAKE_COMPAT_VS_MOONCAKE") != "1" or not py:
+        pytest.skip("set PYMOONCAKE_COMPAT_VS_MOONCAKE=1 and PYMOONCAKE_MOONCAKE_PYTHON")
+    return py
+
+
+def run_against_mooncake_master(py: str, cmd: list[str], after: list[str] | None = None,
+                                input: str | None = None,
+                                master_flags: tuple[str, ...] = ()) -> str:
+    """Start the wheel's ``mooncake_master`` (beside ``py``, with its HTTP metadata server)
+    on free ports, run ``[py, *cmd, MASTER_ADDR, METADATA_URL, *after]`` against it and
+    return its stdout; the master is killed afterwards. Fails the test on a non-zero exit."""
+    mport, hport = free_port(), free_port()
+    master = subprocess.Popen(
+        [str(Path(py).parent / "mooncake_master"), f"--rpc_port={mport}",
+         "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
+         f"--http_metadata_server_port={hport}", f"--metrics_port={free_port()}",
+         *master_flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(mport)
+        res = subprocess.run([py, *cmd, f"127.0.0.1:{mport}",
+                              f"http://127.0.0.1:{hport}/metadata", *(after or [])],
+                             input=input, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-2000:]
+        return res.stdout
+    finally:
+        master.kill()
+        master.wait(5)

@@ -18,14 +18,16 @@ def test_bench_store_json_is_a_list_of_rows():
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, "-m", "pymooncake", "bench", "store", "--size", "4K",
                         "--size", "64K", "--count", "4", "--mode", "embedded",
-                        "--metadata-ops", "400", "--no-mooncake", "--json"],
+                        "--metadata-ops", "400", "--metadata-clients", "2", "--no-mooncake",
+                        "--json"],
                        capture_output=True, text=True, timeout=150, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads(r.stdout)
     assert isinstance(rows, list)
     for row in rows:
         assert set(REQUIRED) <= set(row), row
-    data = [(x["op"], x["size_bytes"], x["mode"]) for x in rows if x["mode"] != "master"]
+    data = [(x["op"], x["size_bytes"], x["mode"]) for x in rows
+            if x["mode"] not in ("master", "metadata_ops")]
     assert data == [("put", 4096, "embedded"), ("get", 4096, "embedded"),
                     ("put", 65536, "embedded"), ("get", 65536, "embedded")]
     for x in rows[:4]:
@@ -41,3 +43,10 @@ def test_bench_store_json_is_a_list_of_rows():
     for x in master.values():
         assert x["ops_per_s"] > 0 and x["num_clients"] == 4
         assert x["size_bytes"] is None and x["p50_s"] is None and x["verified"] is None
+    # the side-by-side metadata operations at equal depth (here without the wheel)
+    meta = {x["op"]: x for x in rows if x["mode"] == "metadata_ops"}
+    assert set(meta) == {"is_exist", "batch_is_exist", "get_size", "remove"}
+    for x in meta.values():
+        assert x["verified"] is True and x["num_clients"] == 2 and x["ops_per_s"] > 0
+        assert x["mooncake_ops_per_s"] is None and x["ratio"] is None
+    assert meta["batch_is_exist"]["batch_keys"] == 16 and meta["is_exist"]["batch_keys"] == 1

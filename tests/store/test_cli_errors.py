@@ -25,6 +25,21 @@ def _run(*args: str, timeout_s: float = 30.0) -> tuple[int, str, float]:
     return r.returncode, r.stderr, time.monotonic() - t0
 
 
+def _main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``pymooncake *args`` in this process (no Python start, no torch import): its exit
+    status and stderr. For the usage errors (exit 2, checked before connecting); one test
+    of them, ``test_store_server_bad_master_echoes_it_as_given[x:y]``, runs the real
+    command."""
+    from pymooncake.cli.main import main
+
+    capsys.readouterr()
+    try:
+        rc = main(list(args))
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    return rc, capsys.readouterr().err
+
+
 def _one_line(stderr: str) -> str:
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, stderr
@@ -100,10 +115,54 @@ def test_store_server_silent_master_bounded(busy_port):
     (("--global-segment-size", "0"), "--global-segment-size"),
     (("--startup-timeout", "0"), "--startup-timeout"),
 ])
-def test_store_server_bad_flags_exit_2_before_connecting(flags, named):
+def test_store_server_bad_flags_exit_2_before_connecting(capsys, flags, named):
     # the master/metadata addresses are unreachable: exit 2 shows nothing was contacted
-    rc, err, _ = _run("store-server", "--master", "127.0.0.1:1", "--metadata",
+    rc, err = _main(capsys, "store-server", "--master", "127.0.0.1:1", "--metadata",
                       "http://127.0.0.1:1/metadata", *flags)
     line = _one_line(err)
     assert rc == 2
     assert named in line
+
+
+@pytest.mark.parametrize(("make", "why"), [
+    (lambda d: (d / "afile").write_text("x") and d / "afile", "exists and is not a directory"),
+    (lambda d: (d / "afile").write_text("x") and d / "afile" / "sub",
+     "cannot create the directory: Not a directory"),
+    (lambda d: "/proc/pymooncake-no-such-dir", "cannot create the directory"),
+])
+def test_store_server_unusable_ssd_path_one_line_naming_it(capsys, tmp_path, make, why):
+    path = str(make(tmp_path))
+    rc, err = _main(capsys, "store-server", "--master", "127.0.0.1:1", "--metadata",
+                      "http://127.0.0.1:1/metadata", "--ssd-path", path,
+                      "--ssd-capacity", "10M")
+    line = _one_line(err)
+    assert rc == 2
+    assert line.startswith(f"pymooncake: error: --ssd-path {path}: {why}"), line
+
+
+@pytest.mark.parametrize(("master", "want"), [
+    ("etcd://x:y", "master address 'etcd://x:y': expected etcd://host:port[/cluster_id] "
+                   "('x:y' is not host:port)"),
+    ("a:1,b", "master address 'a:1,b': expected host:port,host:port ('b' is not host:port)"),
+    ("x:y", "master address 'x:y': expected host:port"),
+])
+def test_store_server_bad_master_echoes_it_as_given(capsys, master, want):
+    args = ("store-server", "--master", master, "--metadata", "http://127.0.0.1:1/metadata")
+    if master == "x:y":     # the real command, once
+        rc, err, _ = _run(*args)
+    else:
+        rc, err = _main(capsys, *args)
+    assert rc == 2
+    assert _one_line(err) == f"pymooncake: error: --master: {want}"
+
+
+@pytest.mark.parametrize("cmd", [
+    ("store-server", "--master", "127.0.0.1:1", "--global-segment-size", "1M"),
+    ("master", "--port", "0"),
+])
+def test_unknown_metadata_scheme_is_one_line_exit_2(capsys, cmd):
+    # (newcomer: store-server printed a 20-line ValueError traceback; master started anyway)
+    rc, err = _main(capsys, *cmd, "--metadata", "bogus")
+    line = _one_line(err)
+    assert rc == 2
+    assert "--metadata 'bogus': not a metadata service URL" in line

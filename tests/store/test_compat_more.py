@@ -280,9 +280,11 @@ def test_full_object_parallelism_forms_and_pool(env) -> None:
     assert np.array_equal(np.asarray(s.get_tensor_with_parallelism("fp")), arr)
     assert s.batch_upsert_tensor_with_parallelism(["fp", "fq"], [arr + 1, arr]) == [0, 0]
     assert np.array_equal(np.asarray(s.batch_get_tensor_with_parallelism(["fp"])[0]), arr + 1)
-    # axes / writer partitions are not provided: NOT_SUPPORTED (-1012), reads None
-    assert s.put_tensor_with_parallelism("ax", arr, object()) == -1012
-    assert s.put_tensor_with_parallelism("ax", arr, writer_partition=object()) == -1012
+    # a layout request that is no layout (no axes / rank / size): -600, reads None
+    # (test_compat_parallel.py covers the layout API)
+    assert s.put_tensor_with_parallelism("ax", arr, object()) == INVALID_PARAMS
+    assert s.put_tensor_with_parallelism("ax", arr, writer_partition=object()) == \
+        INVALID_PARAMS
     assert s.get_tensor_with_parallelism("fp", object()) is None
     # Mooncake's memory pool: registered already, register/unregister of it answer 0
     n = 304 + arr.nbytes
@@ -291,7 +293,8 @@ def test_full_object_parallelism_forms_and_pool(env) -> None:
     got = s.get_tensor_with_parallelism_into("fq", ptr, n)
     assert np.array_equal(np.asarray(got), arr)
     assert s.put_tensor_with_parallelism_from("fr", ptr, n) == 0
-    assert s.batch_put_tensor_with_parallelism_from(["fs"], [ptr], [n], [object()]) == [-1012]
+    assert s.batch_put_tensor_with_parallelism_from(["fs"], [ptr], [n], [object()]) == [
+        INVALID_PARAMS]
     assert s.unregister_buffer(ptr) == 0 and s.put_tensor_from("ft", ptr, n) == 0
     assert s.alloc_from_mem_pool(0) == 0
     # lists that disagree in length: -600 for every key (as Mooncake's batch_get_tensor_into)

@@ -9,15 +9,12 @@ Runs with ``PYMOONCAKE_COMPAT_VS_MOONCAKE=1 PYMOONCAKE_MOONCAKE_PYTHON=/path/to/
 from __future__ import annotations
 
 import json
-import os
 import site
-import subprocess
 import textwrap
-from pathlib import Path
 
 import pytest
 
-from tests.store.procs import free_port, wait_for_port
+from tests.store.procs import mooncake_python, run_against_mooncake_master
 
 pytestmark = pytest.mark.integration
 
@@ -50,31 +47,15 @@ MOONCAKE_SIDE = textwrap.dedent("""
 
 def test_tensor_bytes_equal_mooncakes() -> None:
     torch = pytest.importorskip("torch")
-    py = os.environ.get("PYMOONCAKE_MOONCAKE_PYTHON")
-    if os.environ.get("PYMOONCAKE_COMPAT_VS_MOONCAKE") != "1" or not py:
-        pytest.skip("set PYMOONCAKE_COMPAT_VS_MOONCAKE=1 and PYMOONCAKE_MOONCAKE_PYTHON")
+    py = mooncake_python()
     from pymooncake.store.compat import _tensor
     from pymooncake.store.compat._tensor_tp import _shards
 
-    mport, hport = free_port(), free_port()
-    master = subprocess.Popen(
-        [str(Path(py).parent / "mooncake_master"), f"--rpc_port={mport}",
-         "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
-         f"--http_metadata_server_port={hport}", f"--metrics_port={free_port()}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ours = torch.arange(6, dtype=torch.float16).reshape(2, 3)
-    try:
-        wait_for_port(mport)
-        req = {"cases": CASES, "ours": _tensor.tensor_bytes(ours).hex()}
-        res = subprocess.run([py, "-c", MOONCAKE_SIDE, f"127.0.0.1:{mport}",
-                              f"http://127.0.0.1:{hport}/metadata",
-                              site.getsitepackages()[0]], input=json.dumps(req),
-                             capture_output=True, text=True, timeout=120)
-        assert res.returncode == 0, res.stderr[-2000:]
-        theirs = json.loads(res.stdout.strip().splitlines()[-1])
-    finally:
-        master.kill()
-        master.wait(5)
+    req = {"cases": CASES, "ours": _tensor.tensor_bytes(ours).hex()}
+    out = run_against_mooncake_master(py, ["-c", MOONCAKE_SIDE], [site.getsitepackages()[0]],
+                                      input=json.dumps(req))
+    theirs = json.loads(out.strip().splitlines()[-1])
     full = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
     assert bytes.fromhex(theirs["full"]) == _tensor.tensor_bytes(full)
     assert theirs["ours"] == ["torch.float16", [2, 3], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]]

@@ -1,13 +1,33 @@
-"""The prefill worker's Store path without ``bytes``: blocks put from tensors, read with
-``batch_get_into`` into the loader's registered staging slots, equal to what was put; a
-lookup larger than the staging falls back to ``bytes`` reads with the same result."""
+"""The prefill worker's Store path without ``bytes``: blocks put from tensors, read by the
+fetch thread (ranged reads, layer group by layer group) into the loader's registered
+staging slots, equal to what was put; a lookup larger than the staging falls back to
+``bytes`` reads with the same result."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
 
 pytestmark = pytest.mark.integration
+
+
+def _matched(loader, req, timeout_s: float = 20.0) -> int:
+    """``get_num_matched_tokens`` asked until the asynchronous load is in (as the
+    scheduler asks, once per step)."""
+    deadline = time.monotonic() + timeout_s
+    while (n := loader.get_num_matched_tokens(req, 0)) is None:
+        assert time.monotonic() < deadline, "store load never landed"
+        time.sleep(0.005)
+    return n
+
+
+def _views(loader, rid):
+    """The fetched blocks, once every layer group has landed."""
+    f = loader._fetches[rid]
+    assert f.wait_layer(loader.kv.num_layers - 1, 20.0) is None and f.all_landed
+    return f.views
 
 
 def test_kv_loader_reads_blocks_into_registered_staging(cluster_factory) -> None:
@@ -34,24 +54,24 @@ def test_kv_loader_reads_blocks_into_registered_staging(cluster_factory) -> None
     assert writer.put_blocks(keys, vals) == keys  # tensors in, no bytes
 
     reader = StoreKVLoader(cl.client(), eng.kv, ns, staging_blocks=4)
-    assert reader.get_num_matched_tokens(req, 0) == 3 * eng.kv.block_size
-    got = reader._fetched["r"][1]
-    assert len(reader._slots["r"]) == 3 and len(reader._free_slots) == 1  # zero copy
+    assert _matched(reader, req) == 3 * eng.kv.block_size
+    got = _views(reader, "r")
+    assert len(reader._fetches["r"].slots) == 3 and len(reader._free_slots) == 1  # zero copy
     for j in range(3):
         assert torch.equal(got[j], vals[j])
         assert got[j].data_ptr() >= reader._staging_addr  # a view of the staging slot
     reader.forget("r")
-    assert len(reader._free_slots) == 4 and "r" not in reader._slots
+    assert len(reader._free_slots) == 4 and "r" not in reader._fetches
 
     small = StoreKVLoader(cl.client(), eng.kv, ns, staging_blocks=2)
-    assert small.get_num_matched_tokens(req, 0) == 3 * eng.kv.block_size
-    assert len(small._slots["r"]) == 2  # room for 2: the third is read as bytes
+    assert _matched(small, req) == 3 * eng.kv.block_size
+    assert len(small._fetches["r"].slots) == 2  # room for 2: the third is read as bytes
     for j in range(3):
-        assert torch.equal(small._fetched["r"][1][j], vals[j])
+        assert torch.equal(_views(small, "r")[j], vals[j])
     other = Request("o", prompt, SamplingParams(max_tokens=1), eng.namespace)
-    assert small.get_num_matched_tokens(other, 0) == 3 * eng.kv.block_size
-    assert "o" not in small._slots  # no free slot left: all three as bytes
-    assert all(torch.equal(a, b) for a, b in zip(small._fetched["o"][1], vals, strict=True))
+    assert _matched(small, other) == 3 * eng.kv.block_size
+    assert not small._fetches["o"].slots  # no free slot left: all three as bytes
+    assert all(torch.equal(a, b) for a, b in zip(_views(small, "o"), vals, strict=True))
     small.forget("r")
     small.forget("o")
     assert len(small._free_slots) == 2
@@ -91,6 +111,6 @@ def test_kv_loader_puts_blocks_from_staging_slots(cluster_factory) -> None:
     assert writer.put_blocks(keys, staged) == keys
     assert len(writer._free_slots) == 8  # given back
     reader = StoreKVLoader(cl.client(), eng.kv, ns)
-    assert reader.get_num_matched_tokens(req, 0) == 3 * eng.kv.block_size
-    for got, w in zip(reader._fetched["r"][1], want, strict=True):
+    assert _matched(reader, req) == 3 * eng.kv.block_size
+    for got, w in zip(_views(reader, "r"), want, strict=True):
         assert torch.equal(got, w)

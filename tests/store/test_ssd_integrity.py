@@ -3,10 +3,13 @@ damaged entries (case BUG-60), one owner per directory (case BUG-29)."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
+import blake3
 import pytest
 
+from pymooncake.store.checksum import digests
 from pymooncake.store.tiers.ssd import (
     SsdCorrupt,
     SsdDirectoryInUse,
@@ -86,6 +89,32 @@ def test_bug_60_flipped_byte_of_a_registered_object_is_an_error(tmp_path) -> Non
     with pytest.raises(SsdCorrupt):
         tier.get("k")
     assert tier.get("k") is None and tier.used_bytes == 0 and tier.num_corrupt == 1
+
+
+def test_files_written_before_xxh3_are_read_with_blake3_and_unknown_formats_refused(
+        tmp_path) -> None:
+    """A ``PMS1`` file (32-byte BLAKE3 header digest, before XXH3) still reads and scans;
+    a damaged one and a file of an unknown format are refused, never misread."""
+    tier = SsdTier(tmp_path, 4 * MiB)
+    tier.put("new", pattern(1, 100 * KiB))
+    assert (tmp_path / file_name("new")).read_bytes()[:4] == b"PMS2"
+    v = pattern(2, 100 * KiB)
+
+    def v1_file(key: bytes, payload: bytes) -> bytes:
+        h = blake3.blake3(key)
+        h.update(payload)
+        return struct.pack("<4sIQ32s", b"PMS1", len(key), len(payload), h.digest()) + key + payload
+
+    (tmp_path / file_name("old")).write_bytes(v1_file(b"old", v))
+    bad = bytearray(v1_file(b"old-bad", v))
+    bad[-10] ^= 0x04
+    (tmp_path / file_name("old-bad")).write_bytes(bytes(bad))
+    (tmp_path / file_name("alien")).write_bytes(b"PMS9" + v1_file(b"alien", v)[4:])
+    rep = tier.scan(drop_bad=True)
+    assert rep.registered == 2 and sorted(tier.keys()) == ["new", "old"]
+    assert sorted(why.split(": ")[-1] for _, why in rep.skipped) == [
+        "checksum mismatch", "not an object file"]
+    assert tier.get("old") == v and rep.checksums["old"] == digests(v)
 
 
 def test_bug_60_keys_never_escape_the_directory(tmp_path) -> None:

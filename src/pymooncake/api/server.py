@@ -19,11 +19,14 @@ ranges are 400 with ``param`` naming the field; overload is 429/503 with ``Retry
 (``api.admission``, or the backend's own early rejection); nothing a client sends gives
 a 500. ``usage.prompt_tokens_details.cached_tokens`` is always present: the prompt
 tokens whose KV the prefill side reused (CASES BUG-55/BUG-56).
+
+Modules: this one (the app, its routes, parsing and admission of a request),
+``api.replies`` (the detokenized token stream, the SSE stream, usage, metrics),
+``api.validation`` (pydantic errors and refusals → OpenAI errors).
 """
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 import uuid
@@ -37,6 +40,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pymooncake.api.admission import AdmissionConfig, AdmissionGate
+from pymooncake.api.disconnect import CLIENT_CLOSED, collect_or_disconnect
 from pymooncake.api.errors import ApiError, invalid
 from pymooncake.api.openai_schemas import (
     ChatCompletionRequest,
@@ -44,7 +48,8 @@ from pymooncake.api.openai_schemas import (
     check_common,
     to_sampling,
 )
-from pymooncake.api.streaming import IncrementalDetokenizer
+from pymooncake.api.replies import REQUESTS, Job, error_response, sse_stream, usage_of
+from pymooncake.api.validation import rejected, validation_error
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
 from pymooncake.rpc.messages import GenerateRequest, RequestRejected, TokenEvent
@@ -54,16 +59,6 @@ logger = init_logger(__name__)
 MAX_TOKEN_ID = 2**32
 """Token ids are < 2**32 whatever the model (the block-key encoding, DESIGN.md §3); a
 codec's ``vocab_size`` narrows it."""
-
-REQUESTS = metrics.counter("pymooncake_api_requests_total",
-                           "HTTP requests by endpoint and status", ["endpoint", "status"])
-TTFT = metrics.histogram("pymooncake_api_ttft_seconds", "time to first token (s)")
-TBT = metrics.histogram("pymooncake_api_inter_token_seconds",
-                        "time between output tokens (s)")
-PROMPT_TOKENS = metrics.counter("pymooncake_api_prompt_tokens_total", "prompt tokens served")
-CACHED_TOKENS = metrics.counter("pymooncake_api_cached_tokens_total",
-                                "prompt tokens whose KV was reused (prefix cache hits)")
-OUTPUT_TOKENS = metrics.counter("pymooncake_api_output_tokens_total", "generated tokens")
 
 
 class TextCodec(Protocol):
@@ -105,108 +100,6 @@ class ApiConfig:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
-
-
-def _error_response(err: ApiError, endpoint: str) -> JSONResponse:
-    REQUESTS.labels(endpoint, str(err.status)).inc()
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-
-
-def _rejected(e: RequestRejected) -> ApiError:
-    r = e.rejection
-    if 400 <= r.status < 429:      # the request itself is wrong: retrying cannot help
-        return ApiError(r.status, r.message, type="invalid_request_error", code=r.code)
-    retry = max(1, int(-(-r.retry_after_s // 1)))
-    return ApiError(r.status, r.message,
-                    type="rate_limit_error" if r.status == 429 else "overloaded_error",
-                    code=r.code, headers={"Retry-After": str(retry)})
-
-
-_UNION_TAGS = {"str": "a string", "int": "an integer", "float": "a number",
-               "bool": "a boolean", "list[int]": "a list of token ids (integers)",
-               "list[str]": "a list of strings", "list[TextPart]": "a list of text parts"}
-"""pydantic's names of union members (they appear in error locations) → plain words."""
-
-
-def _validation_error(e: ValidationError) -> ApiError:
-    errors = e.errors()
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ())]
-    if first.get("type") == "json_invalid":
-        return invalid(f"request body is not valid JSON: {first.get('msg')}", None)
-    param = loc[0] if loc else None
-    # a union field (e.g. prompt: str | list[int]): one error per member, the member's
-    # name in the location; say what is accepted instead of "prompt.str: …"
-    cut = next((i for i, part in enumerate(loc) if part in _UNION_TAGS), None)
-    if cut is not None:
-        field = ".".join(loc[:cut])
-        kinds = []
-        for err in errors:
-            el = [str(p) for p in err.get("loc", ())]
-            if el[:cut] == loc[:cut] and len(el) > cut and el[cut] in _UNION_TAGS:
-                kind = _UNION_TAGS[el[cut]]
-                if kind not in kinds:
-                    kinds.append(kind)
-        got = type(first.get("input")).__name__
-        return invalid(f"{field} must be {' or '.join(kinds)} (got a {got})", param)
-    where = ".".join(loc) or "body"
-    return invalid(f"{where}: {first.get('msg')}", param)
-
-
-def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
-
-
-class _Job:
-    """One admitted request: runs the backend stream, detokenizes, applies stop strings."""
-
-    def __init__(self, backend: Backend, codec: TextCodec, req: GenerateRequest) -> None:
-        self.backend = backend
-        self.req = req
-        self.detok = IncrementalDetokenizer(codec, req.sampling.stop)
-        self.completion_tokens = 0
-        self.cached_tokens = 0
-        self.finish_reason: str | None = None
-
-    async def deltas(self) -> AsyncIterator[tuple[str, tuple[int, ...]]]:
-        """(new text, new token ids) per backend event that carried tokens."""
-        start = time.monotonic()
-        last = None
-        stream = self.backend.generate(self.req)
-        try:
-            async for ev in stream:
-                if ev.cached_tokens is not None:
-                    self.cached_tokens = max(0, min(ev.cached_tokens,
-                                                    len(self.req.prompt_token_ids) - 1))
-                if ev.token_ids:
-                    now = time.monotonic()
-                    if last is None:
-                        TTFT.observe(now - start)
-                    else:
-                        TBT.observe(now - last)
-                    last = now
-                    self.completion_tokens += len(ev.token_ids)
-                    text, stopped = self.detok.feed(ev.token_ids)
-                    yield text, ev.token_ids
-                    if stopped:
-                        self.finish_reason = "stop"
-                        return
-                if ev.finish_reason is not None:
-                    self.finish_reason = ev.finish_reason
-                    tail = self.detok.flush()
-                    if tail:
-                        yield tail, ()
-                    return
-            self.finish_reason = self.finish_reason or "abort"
-        finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
-            PROMPT_TOKENS.inc(len(self.req.prompt_token_ids))
-            CACHED_TOKENS.inc(self.cached_tokens)
-            OUTPUT_TOKENS.inc(self.completion_tokens)
 
 
 def listen_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
@@ -298,7 +191,7 @@ def create_app(backend: Backend, codec: TextCodec | None, config: ApiConfig | No
         try:
             req = model_cls.model_validate_json(body)
         except ValidationError as e:
-            raise _validation_error(e) from None
+            raise validation_error(e) from None
         if req.model is not None and req.model not in model_names:
             raise ApiError(404, f"The model `{req.model}` does not exist.",
                            type="invalid_request_error", param="model",
@@ -348,10 +241,10 @@ def create_app(backend: Backend, codec: TextCodec | None, config: ApiConfig | No
             try:
                 await gate.acquire(req.priority)
             except RequestRejected as e:
-                raise _rejected(e) from None
+                raise rejected(e) from None
         except ApiError as err:
-            return _error_response(err, endpoint)
-        job = _Job(backend, app.state.codec, greq)
+            return error_response(err, endpoint)
+        job = Job(backend, app.state.codec, greq)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             # Wait for the first event before the 200 goes out: a request the backend
@@ -366,19 +259,24 @@ def create_app(backend: Backend, codec: TextCodec | None, config: ApiConfig | No
                 gate.release()
                 await events.aclose()
                 if isinstance(e, RequestRejected):
-                    return _error_response(_rejected(e), endpoint)
+                    return error_response(rejected(e), endpoint)
                 raise
-            return StreamingResponse(_stream(job, events, first, chat, include_usage,
-                                             req.return_token_ids, endpoint),
+            return StreamingResponse(sse_stream(job, events, first, chat, include_usage,
+                                                req.return_token_ids, endpoint,
+                                                model_name=cfg.model_name, gate=gate),
                                      media_type="text/event-stream")
         try:
-            text = "".join([d async for d, _ in job.deltas()])
+            parts = await collect_or_disconnect(job.deltas(), request.receive)
         except RequestRejected as e:
-            return _error_response(_rejected(e), endpoint)
+            return error_response(rejected(e), endpoint)
         finally:
             gate.release()
+        if parts is None:              # the client hung up: generation stopped (BUG-73)
+            REQUESTS.labels(endpoint, str(CLIENT_CLOSED)).inc()
+            return Response(status_code=CLIENT_CLOSED)
+        text = "".join(d for d, _ in parts)
         REQUESTS.labels(endpoint, "200").inc()
-        usage = _usage(len(greq.prompt_token_ids), job.completion_tokens, job.cached_tokens)
+        usage = usage_of(len(greq.prompt_token_ids), job.completion_tokens, job.cached_tokens)
         created = int(time.time())
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
@@ -390,72 +288,6 @@ def create_app(backend: Backend, codec: TextCodec | None, config: ApiConfig | No
             obj = "text_completion"
         return JSONResponse({"id": greq.request_id, "object": obj, "created": created,
                              "model": cfg.model_name, "choices": [choice], "usage": usage})
-
-    async def _stream(job: _Job, events: AsyncIterator[tuple[str, tuple[int, ...]]],
-                      first: tuple[str, tuple[int, ...]] | None, chat: bool,
-                      include_usage: bool, return_token_ids: bool,
-                      endpoint: str) -> AsyncIterator[bytes]:
-        created = int(time.time())
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        base = {"id": job.req.request_id, "object": obj, "created": created,
-                "model": cfg.model_name}
-
-        def chunk(choices: list[dict[str, Any]], usage: Any = None) -> bytes:
-            payload = {**base, "choices": choices}
-            if include_usage:
-                payload["usage"] = usage
-            return f"data: {json.dumps(payload)}\n\n".encode()
-
-        def choice(text: str | None, finish: str | None, role: bool = False,
-                   token_ids: tuple[int, ...] | None = None) -> dict[str, Any]:
-            if chat:
-                delta: dict[str, Any] = {}
-                if role:
-                    delta["role"] = "assistant"
-                if text is not None:
-                    delta["content"] = text
-                out = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            else:
-                out = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-            if token_ids is not None:
-                out["token_ids"] = list(token_ids)
-            return out
-
-        status = "200"
-        try:
-            if chat:
-                yield chunk([choice("", None, role=True)])
-
-            async def all_events() -> AsyncIterator[tuple[str, tuple[int, ...]]]:
-                if first is not None:
-                    yield first
-                    async for ev in events:
-                        yield ev
-
-            async for delta, ids in all_events():
-                if return_token_ids:
-                    yield chunk([choice(delta, None, token_ids=ids)])
-                elif delta:
-                    yield chunk([choice(delta, None)])
-            yield chunk([choice("" if not chat else None, job.finish_reason)])
-            if include_usage:
-                yield chunk([], _usage(len(job.req.prompt_token_ids), job.completion_tokens,
-                                       job.cached_tokens))
-        except RequestRejected as e:
-            err = _rejected(e)
-            status = str(err.status)
-            yield f"data: {json.dumps(err.body())}\n\n".encode()
-        except Exception as e:  # noqa: BLE001 - a stream cannot change its status any more
-            logger.exception("stream of %s failed", job.req.request_id)
-            status = "500"
-            body = ApiError(500, f"generation failed: {type(e).__name__}: {e}",
-                            type="internal_error").body()
-            yield f"data: {json.dumps(body)}\n\n".encode()
-        finally:
-            gate.release()
-            REQUESTS.labels(endpoint, status).inc()
-            await events.aclose()
-        yield b"data: [DONE]\n\n"
 
     @app.post("/v1/completions")
     async def _completions(request: Request) -> Response:

@@ -15,8 +15,11 @@ BENCH_MODULES: tuple[str, ...] = (
     "pymooncake.cli.engine",
     "pymooncake.cli.sim",
     "pymooncake.cli.bench_serving",
+    "pymooncake.cli.bench_soak",
+    "pymooncake.cli.bench_store_load",
     "pymooncake.cli.p2p",
     "pymooncake.cli.cpp",
+    "pymooncake.cli.bench_vllm",
 )
 
 

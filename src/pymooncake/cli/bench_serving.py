@@ -20,10 +20,13 @@ BENCH_CONFIGS: dict[str, dict[str, Any]] = {
     "global-cache": {"policy": "global-cache"},
     "random": {"policy": "random"},
     "colocated-no-cache": {"colocated": True, "prefix_cache": False},
+    "colocated-cache": {"colocated": True},
 }
 """The issue's comparison: P/D + global Store + cache-aware placement (Algorithm 1), P/D with
 random placement (local caches only, the paper's Figure 5 baseline), and colocated workers
-without a prefix cache. Every configuration runs the same number of engine processes."""
+without a prefix cache; ``colocated-cache`` (colocated workers with their local prefix
+caches) is the CPU reference of issue 16 (P/D CPU seconds per request <= 1.05x it).
+Every configuration runs the same number of engine processes."""
 
 
 def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:

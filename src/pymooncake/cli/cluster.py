@@ -51,6 +51,9 @@ class ClusterSpec:
         """Transfer Engine metadata URL for the workers (``etcd://…``, ``http://…``);
         None = the master's embedded HTTP metadata server."""
         self.otel: str | None = kw.pop("otel", None)
+        self.cpp_argv: list[str] = kw.pop("cpp_argv", [])
+        """``--cpp-*`` flags of one more prefill instance, a CPP group (``prefill-cpp``;
+        ``cli.cpp_worker``); empty: none."""
         if kw:
             raise TypeError(f"unknown ClusterSpec fields {sorted(kw)}")
 
@@ -193,6 +196,10 @@ class LocalCluster:
                         argv += ["--global-segment-size", str(s.global_segment_size)]
                 self._popen(name, argv)
                 names.append(name)
+            if s.cpp_argv and not s.colocated:
+                self._popen("prefill-cpp", ["prefill", "--id", "prefill-cpp", "--master",
+                                            self.master_addr, *common, *s.cpp_argv])
+                names.append("prefill-cpp")
             for i in range(s.num_decode):
                 self._popen(f"decode-{i}", ["decode", "--id", f"decode-{i}", *common])
                 names.append(f"decode-{i}")

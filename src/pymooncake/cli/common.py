@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -34,3 +35,31 @@ def emit(payload: Any, as_json: bool, human: Callable[[Any], str] | None = None)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(human(payload).rstrip("\n") + "\n")
+
+
+def port_arg(text: str) -> int:
+    """argparse ``type=`` for a TCP port flag: an integer in 0..65535 (0 = any free port).
+
+    A bad value is a parse error (exit 2, one line naming the flag and the value) instead
+    of an ``OverflowError`` from ``bind()`` after the process started."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535)") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0..65535 (0 = any free port), "
+                                         f"got {port}")
+    return port
+
+
+def unusable_dir(path: str) -> str | None:
+    """Why ``path`` cannot serve as a writable directory (made if absent), else ``None``."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return "exists and is not a directory"
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        return f"cannot create the directory: {e.strerror or type(e).__name__}"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return "the directory is not writable"
+    return None

@@ -67,8 +67,11 @@ def register_bench(bench: argparse._SubParsersAction) -> None:
 
 def _cores(args: argparse.Namespace) -> list[int] | None:
     from pymooncake.cli.main import UsageError
-    if args.stages < 1 or args.chunk_tokens < 1 or args.edge_tokens < 0:
-        raise UsageError("--stages and --chunk-tokens must be >= 1, --edge-tokens >= 0")
+    for flag, value, low in (("--stages", args.stages, 1),
+                             ("--chunk-tokens", args.chunk_tokens, 1),
+                             ("--edge-tokens", args.edge_tokens, 0)):
+        if value < low:
+            raise UsageError(f"{flag} must be >= {low}, got {value}")
     if args.cores is None:
         return None
     cores = _core_list("--cores", args.cores)
@@ -192,7 +195,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import random
 
     from pymooncake.cli.main import CommandError, UsageError
-    from pymooncake.engine.cpp.group import CppError, CppGroup
     cores = _cores(args)
     if args.prompt_len < 1:
         raise UsageError("--prompt-len must be >= 1")
@@ -200,6 +202,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     given = _prompt_ids(args, facts)
     n = len(given) if given is not None else args.prompt_len
     facts.check(args, [n])
+    from pymooncake.engine.cpp.group import CppError, CppGroup  # torch: after validation
     try:
         with CppGroup(args.model, args.stages, cores, num_blocks=-(-n // 16) + 16,
                       chunk_tokens=args.chunk_tokens, edge_tokens=args.edge_tokens) as g:
@@ -231,9 +234,7 @@ def _format_run(doc: dict[str, Any]) -> str:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from pymooncake.bench.cpp import format_human, run_cpp_bench
     from pymooncake.cli.main import CommandError, UsageError
-    from pymooncake.engine.cpp.group import CppError
     cores = _cores(args)
     single_cores = _core_list("--single-cores", args.single_cores or "")
     try:
@@ -243,6 +244,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if min(lens) < 1 or args.repeats < 1:
         raise UsageError("prompt lengths and --repeats must be >= 1")
     _ModelFacts(args.model).check(args, lens)
+    from pymooncake.bench.cpp import format_human, run_cpp_bench  # torch: after validation
+    from pymooncake.engine.cpp.group import CppError
     try:
         doc = run_cpp_bench(args.model, args.stages, lens, args.repeats, args.chunk_tokens,
                             cores, edge_tokens=args.edge_tokens, single_cores=single_cores,

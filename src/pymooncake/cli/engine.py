@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 from typing import Any
@@ -95,6 +96,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.prompt is not None and args.prompt == "":
         raise UsageError("--prompt is empty; give some text (or token ids with --prompt-ids)")
     ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    if os.path.isfile(args.model):   # a file that is not a readable GGUF: one line, before
+        from pymooncake.cli.role_common import resolve_model_arg  # torch's import
+        resolve_model_arg(args.model)
     from pymooncake.engine import Engine, EngineConfig, SamplingParams
     from pymooncake.engine.model.loader import ModelLoadError
     from pymooncake.engine.model.tokenizer import ByteTokenizer

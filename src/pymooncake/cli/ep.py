@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import Any
 
-from pymooncake.cli.common import add_group, add_json_flag, emit
+from pymooncake.cli.common import add_group, add_json_flag, emit, port_arg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                  "rows over the Transfer Engine) until SIGTERM.")
     r.add_argument("--model", default="tiny-moe", help="tiny-moe or a HF MoE directory")
     r.add_argument("--host", default="127.0.0.1")
-    r.add_argument("--port", type=int, default=0, help="RPC port (0: a free one)")
+    r.add_argument("--port", type=port_arg, default=0, help="RPC port (0: a free one)")
     r.set_defaults(handler=_cmd_rank)
     s = g.add_parser("serve", help="the EP front: attention + router here, experts on ranks",
                      description="Run the MoE model with its routed experts on --ranks "
@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--model", default="tiny-moe", help="tiny-moe or a HF MoE directory")
     s.add_argument("--ranks", default="", help="comma-separated host:port of the EP ranks")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=0)
+    s.add_argument("--port", type=port_arg, default=0, help="RPC port (0: a free one)")
     s.add_argument("--slots-per-rank", type=int, default=4,
                    help="expert copies per rank and layer (extra ones replicate hot experts)")
     s.add_argument("--heartbeat", type=float, default=0.2, help="heartbeat period (s)")
@@ -148,16 +148,21 @@ def _cmd_rank(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from pymooncake.cli.main import CommandError, UsageError
+    # flags first: a usage error must not wait for torch's import
+    ranks = _ranks(args.ranks)
+    if args.slots_per_rank < 1:
+        raise UsageError(f"--slots-per-rank must be >= 1, got {args.slots_per_rank}")
+    for flag, v in (("--heartbeat", args.heartbeat), ("--deadline", args.deadline)):
+        if not v > 0:
+            raise UsageError(f"{flag} must be > 0 seconds, got {v:g}")
     import torch
 
-    from pymooncake.cli.main import CommandError, UsageError
     from pymooncake.engine.ep.dispatch import EPOptions
     from pymooncake.engine.ep.service import EPService
     from pymooncake.engine.model.loader import ModelLoadError
+    from pymooncake.metadata import MetadataError
     torch.set_num_threads(1)
-    ranks = _ranks(args.ranks)
-    if args.slots_per_rank < 1 or not args.heartbeat > 0 or not args.deadline > 0:
-        raise UsageError("--slots-per-rank, --heartbeat and --deadline must be positive")
     opts = EPOptions(slots_per_rank=args.slots_per_rank, heartbeat_s=args.heartbeat,
                      deadline_s=args.deadline, replan_on_failure=not args.no_replan,
                      take_over=args.take_over)
@@ -173,6 +178,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         try:
             try:
                 await asyncio.get_running_loop().run_in_executor(None, svc.start)
+            except MetadataError as e:   # the Transfer Engine publishes its segment there
+                raise CommandError(f"ep serve: cannot use the metadata service --metadata "
+                                   f"{args.metadata}: {e}") from None
             except (ModelLoadError, RuntimeError) as e:
                 raise CommandError(str(e)) from None
         except BaseException:

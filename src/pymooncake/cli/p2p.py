@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                  "Prints the pull's figures (JSON with --json).")
     p.add_argument("name")
     p.add_argument("dir")
-    p.add_argument("--parallel", type=int, default=8, help="shards in flight (default 8)")
+    p.add_argument("--parallel", type=int, default=8,
+                   help="shards in flight: 1..64, one thread each (default 8)")
     p.add_argument("--stall-timeout", type=float, default=10.0,
                    help="give up after this many seconds with no holder (default 10)")
     p.add_argument("--max-rate", type=float, default=None,
@@ -169,8 +170,10 @@ def _cmd_register(args: argparse.Namespace) -> int:
 def _cmd_get(args: argparse.Namespace) -> int:
     from pymooncake.cli.main import CommandError, UsageError
     from pymooncake.p2p import PullOptions
-    if args.parallel < 1:
-        raise UsageError(f"--parallel must be >= 1, got {args.parallel}")
+    from pymooncake.p2p.puller import MAX_PARALLEL
+    if not 1 <= args.parallel <= MAX_PARALLEL:
+        raise UsageError(f"--parallel must be in 1..{MAX_PARALLEL} (shards in flight, one "
+                         f"thread each), got {args.parallel}")
     if args.max_rate is not None and not args.max_rate > 0:
         raise UsageError(f"--max-rate must be > 0 MiB/s, got {args.max_rate}")
     if not args.stall_timeout > 0:
@@ -254,6 +257,23 @@ def add_p2p_model_flags(p: argparse.ArgumentParser) -> None:
                    help="address other hosts pull from this one at (default %(default)s)")
 
 
+def missing_model_files(d: Any) -> list[str]:
+    """What a HF model directory ``d`` lacks for ``serve --model DIR`` (empty: it has all):
+    ``config.json`` and ``*.safetensors`` weights (``engine.model.loader``) and one of the
+    tokenizer files (``identity.fingerprint.TOKENIZER_FILES``, the front door's tokenizer).
+    Names only, nothing is parsed."""
+    from pathlib import Path
+
+    from pymooncake.identity.fingerprint import TOKENIZER_FILES
+    d = Path(d)
+    missing = [] if (d / "config.json").is_file() else ["config.json"]
+    if not any((d / n).is_file() for n in TOKENIZER_FILES):
+        missing.append("tokenizer file (tokenizer.json, tokenizer_config.json, ...)")
+    if not any(d.glob("*.safetensors")):
+        missing.append("*.safetensors weights")
+    return missing
+
+
 def apply_p2p_model(args: argparse.Namespace) -> Any:
     """With ``--p2p-model``: pull it, point ``args.model`` at the directory and return the
     holder process (``pymooncake p2p get --hold``: it keeps serving the replica to other
@@ -264,6 +284,10 @@ def apply_p2p_model(args: argparse.Namespace) -> Any:
     holds no metadata-client (gRPC) threads of its own."""
     if not getattr(args, "p2p_model", None):
         return None
+    if getattr(args, "model_given", False):
+        from pymooncake.cli.main import UsageError
+        raise UsageError(f"--p2p-model {args.p2p_model} and --model {args.model} conflict: "
+                         "the pulled directory is the model; give one of them")
     import atexit
     import subprocess
     from pathlib import Path
@@ -302,6 +326,12 @@ def apply_p2p_model(args: argparse.Namespace) -> Any:
                 child.kill()
 
     atexit.register(_stop)
+    missing = missing_model_files(into)
+    if missing:           # checked before any process of the cluster starts
+        _stop()
+        raise CommandError(f"--p2p-model {name}: the payload pulled into {into} is not a "
+                           f"model directory: no {', no '.join(missing)} (register a HF "
+                           "model directory under that name)")
     sys.stderr.write(f"pymooncake: pulled {name} into {into} (P2P Store); pid {child.pid} "
                      "serves it to other hosts while this runs\n")
     args.model = str(into)

@@ -81,13 +81,18 @@ async def _one(client: Any, url: str, rec: ReplayRecord, prompt: list[int],
                 except (ValueError, KeyError, TypeError, AttributeError):
                     rec.error = raw[:200].decode(errors="replace")
                 return
+            done = False
             async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+                if line == "data: [DONE]":
+                    done = True
+                if not line.startswith("data: ") or done:
                     continue
                 now = time.monotonic()
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
-                    rec.error = chunk["error"].get("message")
+                    err = chunk["error"]
+                    rec.error = err.get("message")
+                    rec.code = str(err.get("code") or err.get("type") or "") or None
                     rec.status = 500
                     continue
                 for ch in chunk.get("choices", []):
@@ -96,6 +101,9 @@ async def _one(client: Any, url: str, rec: ReplayRecord, prompt: list[int],
                 if usage:
                     rec.completion_tokens = usage["completion_tokens"]
                     rec.cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
+            if not done:        # the server closed the stream without its final event
+                rec.status = 0
+                rec.error = "IncompleteStream: the stream ended without data: [DONE]"
     except httpx.HTTPError as e:
         rec.status = 0
         rec.error = f"{type(e).__name__}: {e}"

@@ -28,10 +28,21 @@ def print_ready(info: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+class _ModelAction(argparse.Action):
+    """Stores ``--model`` and sets ``model_given`` (``serve --p2p-model`` refuses both)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.model_given = True
+
+
 def add_model_flag(p: argparse.ArgumentParser) -> None:
-    """``--model``, defaulting to ``registry.default_model()`` (smollm2 if installed)."""
+    """``--model``, defaulting to ``registry.default_model()`` (smollm2 if installed);
+    ``args.model_given`` says whether it was on the command line."""
     from pymooncake.engine.model.registry import default_model
-    p.add_argument("--model", default=default_model(), help=MODEL_HELP)
+    p.add_argument("--model", default=default_model(), action=_ModelAction, help=MODEL_HELP)
+    p.set_defaults(model_given=False)
 
 
 def resolve_model_arg(spec: str) -> Any:
@@ -50,6 +61,37 @@ def resolve_model_arg(spec: str) -> Any:
         return source
     except (ModelNotFoundError, GGUFError) as e:
         raise CommandError(str(e)) from None   # the message names the file or --model
+
+
+def check_reachable(role: str, flag: str, value: str, timeout_s: float = 5.0) -> None:
+    """Refuse to start when the server a role was pointed at (``--master HOST:PORT``,
+    ``--store-master etcd://HOST:PORT/…``, ``--metadata http://HOST:PORT/…``) does not
+    accept a TCP connection within ``timeout_s``: ``CommandError`` (exit 1) with one line
+    naming the flag, its value and the reason. The role would otherwise run and fail later,
+    silently (README: an unreachable server is one line)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from pymooncake.cli.main import CommandError
+    first = value.split(",")[0].strip()
+    if "://" in first:
+        u = urlsplit(first)
+        default = {"http": 80, "https": 443, "etcd": 2379}.get(u.scheme, 0)
+        try:
+            host, port = u.hostname or "", u.port or default
+        except ValueError:
+            host, port = "", 0
+    else:
+        h, _, p = first.rpartition(":")
+        host, port = h.strip("[]"), int(p) if p.isdigit() else 0
+    if not host or not 0 < port < 65536:
+        return   # malformed: the component's own parser names it
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        why = e.strerror or str(e) or type(e).__name__
+        raise CommandError(f"{role}: {flag} {value}: cannot connect to {host}:{port} "
+                           f"({why.lower()}); is that server running?") from None
 
 
 def add_otel_flag(p: argparse.ArgumentParser) -> None:
@@ -103,3 +145,15 @@ def run_until_signal(coro_factory: Any) -> int:
 
     asyncio.run(main())
     return 0
+
+
+METADATA_SCHEMES = ("embedded://", "http://", "etcd://")
+
+
+def check_metadata_url(flag: str, value: str) -> None:
+    """Refuse a metadata service URL no backend reads (``metadata.open_metadata``'s
+    schemes) before anything starts: ``UsageError`` (exit 2) naming the flag and value."""
+    from pymooncake.cli.main import UsageError
+    if not value.startswith(METADATA_SCHEMES):
+        raise UsageError(f"{flag} {value!r}: not a metadata service URL (use "
+                         "embedded://[name], http://host:port/metadata or etcd://host:port)")

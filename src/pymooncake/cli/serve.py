@@ -16,6 +16,7 @@ from typing import Any
 
 from pymooncake.cli.cluster import ClusterSpec, LocalCluster
 from pymooncake.cli.common import add_json_flag
+from pymooncake.cli.cpp_worker import add_cpp_worker_flags, cpp_worker_argv, cpp_worker_config
 from pymooncake.cli.p2p import add_p2p_model_flags, apply_p2p_model
 from pymooncake.cli.role_common import (
     POLICY_CHOICES,
@@ -62,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--demo", action="store_true",
                    help="send a few chat requests and a short trace replay, print, stop")
     add_engine_flags(s)
+    add_cpp_worker_flags(s)
     add_p2p_model_flags(s)
     add_otel_flag(s)
     add_json_flag(s)
@@ -103,6 +105,10 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
     for flag, f in (("--ttft-slo", args.ttft_slo), ("--tbt-slo", args.tbt_slo)):
         if not f > 0:
             raise UsageError(f"{flag} must be > 0 seconds, got {f}")
+    if args.cpp_stages is not None and args.colocated:
+        raise UsageError("--cpp-stages adds a CPP prefill group to a P/D cluster; it "
+                         "does not apply with --colocated")
+    cpp_worker_config(args)     # exit 2 naming the --cpp-* flag (one without --cpp-stages)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -118,7 +124,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        ttft_slo_s=args.ttft_slo, tbt_slo_s=args.tbt_slo, profile=args.profile,
                        max_concurrency=args.max_concurrency, quiet=args.demo,
-                       global_store=args.global_store, otel=args.otel, metadata=args.metadata)
+                       global_store=args.global_store, otel=args.otel, metadata=args.metadata,
+                       cpp_argv=cpp_worker_argv(args) if args.cpp_stages is not None else [])
     import signal
 
     from pymooncake.obs.tracing import shutdown_tracing

@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 
-from pymooncake.cli.common import add_json_flag, emit
+from pymooncake.cli.common import add_json_flag, emit, unusable_dir
 
 
 def _size(text: str) -> int:
@@ -55,6 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    choices=("random", "free_ratio_first", "local_first"))
     m.add_argument("--put-start-discard-timeout", type=float, default=30.0, metavar="S")
     m.add_argument("--put-start-release-timeout", type=float, default=600.0, metavar="S")
+    m.add_argument("--rereplicate-budget", type=int, default=256 << 20, metavar="BYTES",
+                   help="bytes one re-replication pass copies at most, restoring the "
+                   "replicas a failure took (default 256 MiB, a pass every 0.5 s)")
     m.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus /metrics on this port")
     m.add_argument("--enable-http-metadata-server", action="store_true",
@@ -75,6 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--ha-lease-ttl", type=float, default=2.0, metavar="S",
                    help="the leader's etcd lease (whole s >= 1, default 2): a dead leader "
                    "is replaced about this long after it stops")
+    m.add_argument("--ha-snapshot-every", type=int, default=1000, metavar="N",
+                   help="journal entries between snapshots of the leader's metadata (>= 1, "
+                   "default 1000); the journal is trimmed up to each snapshot")
     m.set_defaults(handler=_run_master)
 
     s = subparsers.add_parser("store-server", help="contribute DRAM (and SSD) to a store",
@@ -89,6 +95,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--local-hostname", default="127.0.0.1")
     s.add_argument("--ssd-path", default=None, metavar="DIR")
     s.add_argument("--ssd-capacity", type=_size, default=0, metavar="BYTES")
+    s.add_argument("--no-ssd-recover", dest="ssd_recover", action="store_false",
+                   help="start with an empty SSD tier (delete the files of a previous run) "
+                   "instead of verifying them and registering the intact ones again")
     s.add_argument("--transports", default="local,shm,tcp",
                    help="Transfer Engine transports, comma-separated")
     s.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="S",
@@ -128,10 +137,15 @@ def _run_master(args: argparse.Namespace) -> int:
             allocation_strategy=args.allocation_strategy,
             put_start_discard_timeout_s=args.put_start_discard_timeout,
             put_start_release_timeout_s=args.put_start_release_timeout,
-            metrics_port=args.metrics_port)
+            metrics_port=args.metrics_port,
+            rereplicate_budget_bytes=args.rereplicate_budget)
     except ValueError as e:
         raise UsageError(str(e)) from None
     ha = _ha_config(args)
+    if args.metadata:   # the replica copies' metadata service: refuse one that is down now
+        from pymooncake.cli.role_common import check_metadata_url, check_reachable
+        check_metadata_url("--metadata", args.metadata)
+        check_reachable("master", "--metadata", args.metadata)
 
     async def main() -> None:
         from pymooncake.obs import metrics
@@ -196,7 +210,8 @@ def _ha_config(args: argparse.Namespace):  # noqa: ANN202
         from pymooncake.metadata.etcd import EtcdMetadata
 
         EtcdMetadata(url)
-        return HaConfig(url, cluster_id=args.cluster_id, lease_ttl_s=args.ha_lease_ttl)
+        return HaConfig(url, cluster_id=args.cluster_id, lease_ttl_s=args.ha_lease_ttl,
+                        snapshot_every=args.ha_snapshot_every)
     except ValueError as e:
         raise UsageError(f"--ha: {e}") from None
 
@@ -243,12 +258,14 @@ def _run_loop(coro) -> None:
 
 def _run_store_server(args: argparse.Namespace) -> int:
     from pymooncake.cli.main import CommandError, UsageError
+    from pymooncake.cli.role_common import check_metadata_url
     from pymooncake.store.client import StoreClient
     from pymooncake.store.errors import StoreError
     from pymooncake.store.leader import MasterLocator
     from pymooncake.transfer import TransferConfig
 
     # flags checked before anything connects: each error names the flag (exit 2)
+    check_metadata_url("--metadata", args.metadata)
     if args.global_segment_size <= 0:
         raise UsageError(f"--global-segment-size {args.global_segment_size}: a store-server "
                          "contributes memory; give a size > 0 (e.g. 1G)")
@@ -258,6 +275,10 @@ def _run_store_server(args: argparse.Namespace) -> int:
     if args.ssd_path and args.ssd_capacity <= 0:
         raise UsageError("--ssd-path given without --ssd-capacity: add --ssd-capacity "
                          "BYTES > 0 (e.g. 10G)")
+    if args.ssd_path:
+        why = unusable_dir(args.ssd_path)
+        if why:
+            raise UsageError(f"--ssd-path {args.ssd_path}: {why}")
     if not args.heartbeat_interval > 0 or args.heartbeat_interval != args.heartbeat_interval:
         raise UsageError(f"--heartbeat-interval {args.heartbeat_interval}: must be > 0 "
                          "seconds (default 1)")
@@ -276,7 +297,8 @@ def _run_store_server(args: argparse.Namespace) -> int:
                              local_buffer_size=0, ssd_path=args.ssd_path,
                              ssd_capacity=args.ssd_capacity, transfer_config=tcfg,
                              heartbeat_interval_s=args.heartbeat_interval,
-                             rpc_timeout_s=args.startup_timeout)
+                             rpc_timeout_s=args.startup_timeout,
+                             ssd_recover=args.ssd_recover)
     except ValueError as e:
         raise UsageError(str(e)) from None
     stop = _stop_event()
@@ -285,7 +307,19 @@ def _run_store_server(args: argparse.Namespace) -> int:
     except StoreError as e:
         raise CommandError(f"cannot join the store (--master {args.master}, --metadata "
                            f"{args.metadata}): {e}") from None
-    _ready({"segment": client.segment_name, "size_bytes": args.global_segment_size})
+    except OSError as e:    # the SSD tier's directory, checked above, failed on use
+        if not args.ssd_path:
+            raise
+        with contextlib.suppress(Exception):
+            client.close()
+        raise CommandError(f"--ssd-path {args.ssd_path}: {e.strerror or e}"
+                           f"{f' ({e.filename})' if e.filename else ''}") from None
+    extra = {}
+    if client.ssd is not None:
+        rec = client.recovery or {}
+        extra = {"ssd_dir": str(client.ssd.path), "holder": client.holder,
+                 "ssd_recovery": {**rec, "skipped": [list(x) for x in rec.get("skipped", [])]}}
+    _ready({"segment": client.segment_name, "size_bytes": args.global_segment_size, **extra})
     try:
         stop.wait()
     finally:
@@ -307,6 +341,10 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
                    help="embedded: reader's own segment; remote: another process's (repeatable)")
     b.add_argument("--metadata-ops", type=int, default=20_000,
                    help="exist/get_replica_list calls for the master benchmark (0 = skip)")
+    b.add_argument("--metadata-clients", type=int, default=4, metavar="N",
+                   help="client processes (= calls in flight) of the side-by-side metadata "
+                   "benchmark: is_exist, batch_is_exist, get_size, remove through the same "
+                   "Python API on both sides (0 = skip; its ops per kind: --metadata-ops)")
     b.add_argument("--no-mooncake", action="store_true", help="skip Mooncake's own store")
     b.add_argument("--repeat", type=int, default=1,
                    help="interleaved rounds (ours, Mooncake, ...); medians with min/max")
@@ -334,7 +372,24 @@ def _run_bench(args: argparse.Namespace) -> int:
         os.environ["PATH"] = os.environ.get("PATH", "") + os.pathsep + bindir
     sizes = args.size or [4 << 10, 64 << 10, 1 << 20, 16 << 20]
     modes = args.mode or ["embedded", "remote"]
+    if args.metadata_clients < 0:
+        raise UsageError("--metadata-clients must be >= 0")
     result = bench.run(sizes, args.count, modes, metadata_ops=args.metadata_ops,
                        with_mooncake=not args.no_mooncake, repeat=args.repeat)
-    emit(result, args.json, bench.human)
+    meta = []
+    if args.metadata_ops > 0 and args.metadata_clients > 0:
+        from pymooncake.bench import store_meta
+
+        meta = store_meta.run(args.metadata_ops, args.metadata_clients, repeat=args.repeat,
+                              with_mooncake=not args.no_mooncake)
+    emit(result + meta, args.json,
+         lambda rows: "\n".join(x for x in (bench.human(result), store_meta_human(meta)) if x))
     return 0
+
+
+def store_meta_human(rows: list) -> str:
+    if not rows:
+        return ""
+    from pymooncake.bench import store_meta
+
+    return store_meta.human(rows)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from pymooncake.cli.common import port_arg
+from pymooncake.cli.cpp_worker import add_cpp_worker_flags, cpp_worker_config
 from pymooncake.cli.role_common import (
     add_engine_flags,
     add_otel_flag,
@@ -32,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         w.add_argument("--metadata", default="http://127.0.0.1:8080/metadata",
                        help="Transfer Engine metadata URL (http://…, etcd://…)")
         w.add_argument("--host", default="127.0.0.1")
-        w.add_argument("--port", type=int, default=0, help="RPC port (0 = any free port)")
+        w.add_argument("--port", type=port_arg, default=0, help="RPC port (0 = any free port)")
         w.add_argument("--register-timeout", type=float, default=60.0, metavar="S",
                        help="exit when the Conductor was not reachable for S seconds after "
                             "start (default 60)")
@@ -51,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             w.add_argument("--no-layerwise-kv", action="store_true",
                            help="ship the prompt KV in one batch after the prefill instead of "
                                 "layer by layer during it")
+            add_cpp_worker_flags(w)
         else:
             w.add_argument("--colocated", action="store_true",
                            help="prefill and decode here (baseline; no KV is received)")
@@ -68,6 +71,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from pymooncake.cli.main import UsageError, require_extras
     resolve_model_arg(args.model)
     require_extras("torch")
+    cpp = cpp_worker_config(args) if args.role == "prefill" else None
     from pymooncake.engine.worker.base import WorkerConfig
     role = "colocated" if getattr(args, "colocated", False) else args.role
     try:
@@ -86,22 +90,33 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             register_timeout_s=args.register_timeout)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if role == "prefill":
+    if cpp is not None:
+        from pymooncake.engine.worker.cpp_prefill import CppPrefillWorker
+        worker: Any = CppPrefillWorker(cfg, cpp)
+    elif role == "prefill":
         from pymooncake.engine.worker.prefill import PrefillWorker
-        worker: Any = PrefillWorker(cfg)
+        worker = PrefillWorker(cfg)
     else:
         from pymooncake.engine.worker.decode import DecodeWorker
         worker = DecodeWorker(cfg)
     from pymooncake.cli.main import CommandError
+    from pymooncake.engine.cpp.group import CppError
     from pymooncake.engine.model.loader import ModelLoadError
     from pymooncake.engine.worker.base import WorkerFatal
+    from pymooncake.metadata import MetadataError
     from pymooncake.obs.tracing import shutdown_tracing
     from pymooncake.store.errors import StoreError
     from pymooncake.transfer.batch import TransferError
     start_tracing(args, role)
     try:
         return run_until_signal(lambda: worker.serve(print_ready))
-    except (WorkerFatal, StoreError, TransferError, OSError, ModelLoadError) as e:
+    except MetadataError as e:   # its Transfer Engine publishes its segment there first
+        raise CommandError(f"{role} {args.id}: cannot use the metadata service --metadata "
+                           f"{args.metadata}: {e}") from None
+    except StoreError as e:      # the Store client (prefill --master) joining the master
+        where = f"Store master --master {args.master}: " if getattr(args, "master", None) else ""
+        raise CommandError(f"{role} {args.id}: {where}{e}") from None
+    except (WorkerFatal, TransferError, OSError, ModelLoadError, CppError) as e:
         # cannot start or cannot join (Store master, metadata service or Conductor refused
         # or unreachable, segment name taken, model file unreadable): one line, not a
         # traceback

@@ -4,6 +4,7 @@ docstring), print the shim's path, or serve a real client for Mooncake's dummy c
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import runpy
 import sys
 from pathlib import Path
@@ -60,10 +61,17 @@ def _run(p: argparse.ArgumentParser, args: list[str]) -> int:
         print(f"pymooncake.compat: {e}", file=sys.stderr)
         return 2
     if module is not None:
-        sys.argv = [module, *args]
         sys.path.insert(1, "")
+        if importlib.util.find_spec(module.partition(".")[0]) is None:
+            print(f"pymooncake.compat run: no module named {module!r}", file=sys.stderr)
+            return 1      # as `python -m MODULE`
+        sys.argv = [module, *args]
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     else:
+        if not Path(args[0]).is_file():
+            print(f"pymooncake.compat run: can't open file {args[0]!r}: no such file",
+                  file=sys.stderr)
+            return 2      # as `python SCRIPT`
         sys.argv = list(args)
         sys.path.insert(1, str(Path(args[0]).resolve().parent))
         runpy.run_path(args[0], run_name="__main__")

@@ -8,6 +8,7 @@ bookkeeping, and passes the clock in (``now_s``, ``time.monotonic`` seconds).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,12 +16,28 @@ from pymooncake.conductor.config import ConductorConfig
 from pymooncake.conductor.kv_events import STORE_HOLDER, apply_kv_events
 from pymooncake.conductor.policy import (
     ClusterView,
+    CppCostModel,
     DecodeInstanceState,
     InstanceId,
     PrefillInstanceState,
     PrefixIndex,
 )
+from pymooncake.conductor.policy.cpp_placement import cpp_model_from_wire
 from pymooncake.rpc.messages import KVEvents, WorkerInfo, WorkerLoad
+
+
+def cpp_model_of(info: WorkerInfo) -> CppCostModel | None:
+    """The CPP group's cost model a worker registered (None: a single worker). Raises
+    ``ValueError`` when ``info.cpp_json`` is not a valid one."""
+    if not info.cpp_json:
+        return None
+    try:
+        d = json.loads(info.cpp_json)
+    except ValueError:
+        raise ValueError(f"worker {info.instance_id}: cpp_json is not JSON") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"worker {info.instance_id}: cpp_json must be an object")
+    return cpp_model_from_wire(d)
 
 
 @dataclass(slots=True)
@@ -41,6 +58,12 @@ class WorkerEntry:
     replica_keys: set[str] = field(default_factory=set)
     """Block keys hot-block replication copied to its Store segment (``add_replicas``):
     a hit on this instance for the placement, whatever its prefix cache evicts."""
+    cpp: Any = None
+    """``policy.CppCostModel`` of a CPP prefill group (from ``info.cpp_json``); None for a
+    single worker, and for a group whose last load report said it is unhealthy (a stage
+    failed: the instance computes prompts with its own engine, docs/cpp.md)."""
+    cpp_state: dict[str, Any] | None = None
+    """A CPP instance's last reported group health (``WorkerLoad.cpp_state_json``)."""
 
 
 class ClusterState:
@@ -58,7 +81,7 @@ class ClusterState:
         old = self.workers.get(info.instance_id)
         if old is not None:
             self.index.evict(InstanceId(info.instance_id), old.held_keys | old.replica_keys)
-        entry = WorkerEntry(info, now_s)
+        entry = WorkerEntry(info, now_s, cpp=cpp_model_of(info))
         self.workers[info.instance_id] = entry
         return entry
 
@@ -69,6 +92,8 @@ class ClusterState:
             return False
         w.load = load
         w.last_seen_s = now_s
+        if load.cpp_state_json:
+            _apply_cpp_state(w, load.cpp_state_json)
         return True
 
     def kv_events(self, ev: KVEvents) -> None:
@@ -163,7 +188,8 @@ class ClusterState:
             prefill.append(PrefillInstanceState(
                 InstanceId(w.info.instance_id), busy_until, queued, len(w.prefills),
                 self.config.prefill_concurrency_limit,
-                tuple(p for _, p in items[1:]), w.info.prefill_order == "shortest"))
+                tuple(p for _, p in items[1:]), w.info.prefill_order == "shortest",
+                w.cpp))
         decode = []
         for w in self.decode_pool():
             ctx = sum(c for c, _ in w.decodes.values())
@@ -172,3 +198,18 @@ class ClusterState:
                 InstanceId(w.info.instance_id), len(w.decodes), ctx,
                 w.info.kv_capacity_tokens, w.info.max_batch_size, finish))
         return ClusterView(now_s, tuple(prefill), tuple(decode))
+
+
+def _apply_cpp_state(w: WorkerEntry, state_json: str) -> None:
+    """A CPP instance's group health from its load report: while it is unhealthy the
+    instance is placed as a single worker (``cpp`` None), back to a group once healthy."""
+    try:
+        state = json.loads(state_json)
+        healthy = bool(state["healthy"])
+    except (ValueError, TypeError, KeyError):
+        return      # a report the Conductor cannot read changes nothing
+    w.cpp_state = state
+    if not healthy:
+        w.cpp = None
+    elif w.cpp is None:
+        w.cpp = cpp_model_of(w.info)

@@ -28,6 +28,7 @@ from pymooncake.engine.model.layers import (
 )
 from pymooncake.engine.model.llama import LlamaForCausalLM
 from pymooncake.engine.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from pymooncake.engine.model.weight_arena import use_weight_arena
 from pymooncake.engine.request import FinishReason, Request, RequestId, RequestOutput
 from pymooncake.engine.runner import ModelRunner
 from pymooncake.engine.sampling import SamplingParams, sample_row
@@ -36,6 +37,9 @@ from pymooncake.identity import BlockKey, CacheNamespace, block_keys, kv_layout_
 from pymooncake.obs.logging import init_logger
 
 logger = init_logger(__name__)
+
+LOAD_POLL_S = 0.005
+"""Longest ``step`` sleeps when every waiting request waits for its external KV (s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +109,8 @@ class Engine:
         fused = config.dtype == "float32" and onednn_enabled() and kernels.available()
         if not fused:  # MKL's F.linear paths: ~2x faster at M = 16 on input-major weights
             use_input_major_weights(model)
+        else:  # the one-row step's weight stream in one huge-page mapping
+            use_weight_arena(model)
         use_onednn_weights(model)
         model.use_fused_path = fused and model.fused_path_ready()
         self.model = model
@@ -232,6 +238,9 @@ class Engine:
         """Schedule and run one step; returns the requests that finished in it."""
         out = self.scheduler.schedule()
         if not out.scheduled:
+            wait = getattr(self.scheduler.kv_source, "wait_progress", None)
+            if out.num_waiting_for_kv and wait is not None:
+                wait(LOAD_POLL_S)  # only loads in flight: sleep on them, do not spin
             return []
         try:
             logits = self.runner.execute(out)

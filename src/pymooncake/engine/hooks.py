@@ -73,9 +73,11 @@ class LayerHooks(Protocol):
 class KVLoadSource(LayerHooks, Protocol):
     """An external KV tier (store, remote prefill) that can fill a request's prefix."""
 
-    def get_num_matched_tokens(self, req: Request, num_local_computed_tokens: int) -> int:
+    def get_num_matched_tokens(self, req: Request, num_local_computed_tokens: int
+                               ) -> int | None:
         """Tokens after ``num_local_computed_tokens`` it can load, a multiple of the block
-        size (whole blocks only: partial tails are recomputed)."""
+        size (whole blocks only: partial tails are recomputed); None while its lookup or
+        load is still in flight (the request then waits and is asked again next step)."""
         ...
 
 

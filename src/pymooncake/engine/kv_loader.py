@@ -3,33 +3,43 @@ blocks missing from the local paged cache, and the put of new full blocks.
 
 Store object key of a block: ``kv/<namespace digest[:16]>/<block key>``; the value is the
 block's ``export_block_bytes`` (all layers, ``[layer, K/V, kv_head, block_size,
-head_dim]``). ``get_num_matched_tokens`` reads the longest run of the request's next block
-keys from the Store (stopping at the first miss, so a match is a prefix) and keeps the
-bytes until the step loads them layer by layer in ``before_layer`` (Mooncake FAST'25 §3.1
-step 1, DESIGN.md §1). A request may turn Store reuse off (``disable``), for the
-local-cache-only policies.
+head_dim]``). A request may turn Store reuse off (``disable``), for the local-cache-only
+policies.
 
-Zero copy on the read side: blocks are read with ``batch_get_into`` straight into slots of
-one host buffer registered with the Store client once (``staging_blocks`` blocks), and
-``before_layer`` imports views of those slots — no ``bytes`` in between. A lookup that
-finds no free slots (or a store without ``register_buffer``) reads ``bytes`` instead.
-Puts take ``bytes``, contiguous CPU tensors, or blocks ``stage_for_put`` copied out of the
-paged cache straight into staging slots (then written with ``batch_put_from``: one copy
-from the paged cache to the Store instead of export → ``bytes`` → client staging).
+Loads are asynchronous (issue 16 item 3; vLLM's external-KV contract): the first
+``get_num_matched_tokens`` of a request hands its lookup to the fetch thread
+(``kv_fetch.StoreFetcher``: one replica plan of the request's next block keys, stopping
+at the first miss so a match is a prefix, then ranged reads layer group by layer group into
+registered staging slots) and answers ``None`` — "waiting for remote KV": the scheduler
+keeps the request waiting and steps the others — until the load is far enough:
+
+- ``layerwise`` (default): the lookup is done and nothing else is in the step (the
+  request computes while its layers still arrive: ``before_layer(l)`` waits for ``l``'s
+  group, Mooncake FAST'25 §3.1 step 1 "layer by layer"; nobody else waits with it), or
+  every layer has landed (then a running batch never waits on the network);
+- ``async``: every layer has landed;
+- ``sync``: the old behaviour, the engine thread waits for the whole load (benchmarks).
+
+``before_layer`` copies layer ``l`` of the staged blocks into the request's fresh paged
+blocks. Puts take ``bytes``, contiguous CPU tensors, or blocks ``stage_for_put`` copied
+out of the paged cache straight into staging slots (then written with
+``batch_put_from``: one copy from the paged cache to the Store).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pymooncake.engine.hooks import KVLoadError, NullHooks, StepContext
+from pymooncake.engine.kv_fetch import BlockFetch, StoreFetcher
+from pymooncake.engine.kv_pacing import LOAD_SHARE, LoadPacer
 from pymooncake.obs.logging import init_logger
-from pymooncake.obs.tracing import span
 
 if TYPE_CHECKING:
     from pymooncake.engine.kv.kv_tensors import KVTensors
@@ -54,29 +64,58 @@ class StagedBlock:
         self.slot = slot
 
 
+LOAD_MODES = ("layerwise", "async", "sync")
+"""``StoreKVLoader`` modes (see the module docstring)."""
+LOAD_TIMEOUT_S = 30.0
+"""Longest ``before_layer`` waits for a layer group before the load fails (s)."""
+TIMELINES_KEPT = 64
+"""Finished loads whose ``BlockFetch`` (timeline) ``StoreKVLoader.timelines`` keeps."""
+
+
 class StoreKVLoader(NullHooks):
-    """Loads reusable prefix blocks from the Store into a prefill engine's paged cache."""
+    """Loads reusable prefix blocks from the Store into a prefill engine's paged cache.
+
+    ``staging_blocks``: block slots of the registered staging buffer (loads and puts share
+    it; a load's blocks beyond the free slots are read as ``bytes``). ``mode``: one of
+    ``LOAD_MODES``. ``load_share``: the share of a core the fetch thread may use while
+    the engine steps a batch that waits for no load (``kv_pacing``; 1 = unpaced). Raises
+    ``ValueError`` for an unknown mode or a share outside ``(0, 1]``.
+    """
 
     def __init__(self, store: StoreClient, kv: KVTensors, namespace_digest: str,
-                 staging_blocks: int = 64) -> None:
+                 staging_blocks: int = 64, mode: str = "layerwise",
+                 load_timeout_s: float = LOAD_TIMEOUT_S,
+                 load_share: float = LOAD_SHARE) -> None:
+        if mode not in LOAD_MODES:
+            raise ValueError(f"StoreKVLoader mode {mode!r}: use one of {', '.join(LOAD_MODES)}")
         self.store = store
         self.kv = kv
         self.ns = namespace_digest
+        self.mode = mode
+        self.load_timeout_s = load_timeout_s
         self._staging_blocks = staging_blocks
         self._staging: torch.Tensor | None = None
         self._staging_addr = 0
         self._free_slots: list[int] = []
-        self._slots: dict[str, list[int]] = {}
-        """request id → staging slots its fetched blocks live in."""
-        self._fetched: dict[str, tuple[int, list[torch.Tensor]]] = {}
-        """request id → (first block index, fetched blocks from there)."""
+        self._fetches: dict[str, BlockFetch] = {}
+        """request id → its load (in flight, landed, or failed: then it answers 0)."""
+        self.timelines: OrderedDict[str, BlockFetch] = OrderedDict()
+        """The last ``TIMELINES_KEPT`` loads that ran in a step (benchmarks, tests)."""
         self._disabled: set[str] = set()
         self._hints: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._others_in_step = False
+        self._step_imports: list[list[Any]] = []
+        """Per load of the step: [request id, fetch, blocks, destination ids, source]."""
         self.num_loaded_blocks = 0
         self.num_put_blocks = 0
         self.clock: StageClock | None = None
-        """Where ``store_lookup`` and ``cache_load`` windows go (``engine.worker.stages``)."""
+        """Where ``store_lookup``, ``store_load`` and ``cache_load`` windows go
+        (``engine.worker.stages``)."""
+        self.pacer = LoadPacer(load_share)
+        self.fetcher = StoreFetcher(store, kv, self._take_slots, self._give_slots,
+                                    lambda s: self._staging_addr + s * kv.block_nbytes,
+                                    self._slot_view, self._mark_lookup, self.pacer)
 
     def disable(self, request_id: str) -> None:
         """No Store reuse for this request (local-cache-only placement)."""
@@ -91,8 +130,20 @@ class StoreKVLoader(NullHooks):
     def forget(self, request_id: str) -> None:
         self._disabled.discard(request_id)
         self._hints.pop(request_id, None)
-        self._fetched.pop(request_id, None)
-        self._release(request_id)
+        self._drop(request_id)
+
+    def close(self) -> None:
+        """Stop the fetch thread (loads in flight are abandoned)."""
+        self.fetcher.close()
+
+    def _drop(self, request_id: str) -> None:
+        f = self._fetches.pop(request_id, None)
+        if f is not None:
+            self.fetcher.cancel(f)
+
+    def _mark_lookup(self, request_id: str, t0: float, t1: float) -> None:
+        if self.clock is not None:
+            self.clock.mark(request_id, "store_lookup", t0, t1)
 
     # -- zero-copy staging ----------------------------------------------------------------
     def _take_slots(self, n: int) -> list[int]:
@@ -117,11 +168,6 @@ class StoreKVLoader(NullHooks):
         with self._lock:
             self._free_slots.extend(slots)
 
-    def _release(self, request_id: str) -> None:
-        slots = self._slots.pop(request_id, None)
-        if slots:
-            self._give_slots(slots)
-
     def _slot_view(self, slot: int) -> torch.Tensor:
         k = self.kv
         assert self._staging is not None
@@ -129,100 +175,129 @@ class StoreKVLoader(NullHooks):
         return raw.view(k.dtype).view(k.num_layers, 2, k.num_kv_heads, 1, k.block_size,
                                       k.head_dim)
 
-    def _read_blocks(self, request_id: str, skeys: list[str]) -> list[torch.Tensor]:
-        """The leading run of ``skeys`` the Store returns whole, as block tensors: read
-        into free staging slots (zero copy), the blocks beyond them as ``bytes``."""
-        nb = self.kv.block_nbytes
-        slots = self._take_slots(len(skeys))
-        have: list[torch.Tensor] = []
-        if slots:
-            try:
-                res = self.store.batch_get_into(skeys[:len(slots)],
-                                                [self._staging_addr + s * nb for s in slots],
-                                                [nb] * len(slots))
-            except BaseException:
-                self._give_slots(slots)
-                raise
-            for s, r in zip(slots, res, strict=True):
-                if r != nb:  # a miss, an error, or a block of the wrong size ends the run
-                    if isinstance(r, int):
-                        logger.warning("store block for %s unusable: %d B, expected %d",
-                                       request_id, r, nb)
-                    break
-                have.append(self._slot_view(s))
-            self._give_slots(slots[len(have):])
-            self._slots.setdefault(request_id, []).extend(slots[:len(have)])
-            if len(have) < len(slots):
-                return have
-        rest = skeys[len(have):]
-        for v in self.store.batch_get(rest) if rest else []:
-            if not isinstance(v, bytes | bytearray):
-                break
-            try:
-                have.append(self._as_tensor(v))
-            except ValueError as e:
-                logger.warning("store block for %s unusable: %s", request_id, e)
-                break
-        return have
-
-    def _as_tensor(self, data: bytes) -> torch.Tensor:
-        k = self.kv
-        if len(data) != k.block_nbytes:
-            raise ValueError(f"store block of {len(data)} B, expected {k.block_nbytes}")
-        t = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(k.dtype)
-        return t.view(k.num_layers, 2, k.num_kv_heads, 1, k.block_size, k.head_dim)
-
     # -- KVLoadSource -------------------------------------------------------------------
-    def get_num_matched_tokens(self, req: Request, num_local_computed_tokens: int) -> int:
+    def set_running_batch(self, num_scheduled: int) -> None:
+        """The scheduler's count of requests already in the step being built: a
+        ``layerwise`` load starts computing early only into an otherwise empty step."""
+        self._others_in_step = num_scheduled > 0
+
+    def get_num_matched_tokens(self, req: Request, num_local_computed_tokens: int
+                               ) -> int | None:
+        """Tokens after ``num_local_computed_tokens`` the Store has loaded (whole blocks),
+        or None while the lookup or the load is still in flight (ask again next step)."""
         rid = req.request_id
         if rid in self._disabled:
             return 0
         bs = self.kv.block_size
         first = num_local_computed_tokens // bs
-        keys = req.block_keys[first:]
+        # at least one token is computed (CASES BUG-09): the last prompt token's block is
+        # never loaded, so every block fetched here is loaded once the request runs
+        keys = req.block_keys[first:(req.num_tokens - 1) // bs]
         if not keys or self._hints.get(rid, len(req.block_keys)) <= first:
             return 0
-        cached = self._fetched.get(rid)
-        have = cached[1] if cached is not None and cached[0] == first else None
-        if have is None:
-            have = []
-            self._release(rid)  # blocks fetched for another starting block: not used
-            t0 = time.time()
-            try:
-                with span("prefill.store_lookup", request_id=rid, num_blocks=len(keys)):
-                    skeys = [store_key(self.ns, k) for k in keys]
-                    # metadata first: read only the leading run of blocks the Store holds
-                    exists = self.store.batch_exist(skeys)
-                    n = next((i for i, x in enumerate(exists) if x is not True), len(exists))
-                    have = self._read_blocks(rid, skeys[:n]) if n else []
-            except Exception as e:  # noqa: BLE001 - the Store being down only costs reuse
-                logger.warning("store lookup for %s failed: %s", rid, e)
-                have = []
-                self._release(rid)
-            self._fetched[rid] = (first, have)
-            if self.clock is not None:
-                self.clock.mark(rid, "store_lookup", t0, time.time())
-        return len(have) * bs
+        f = self._fetches.get(rid)
+        if f is not None and f.first_block != first:
+            self._drop(rid)  # fetched for another starting block: not used
+            f = None
+        if f is None:
+            # a request that will not start before its whole load (a busy engine, or not
+            # the layerwise mode) gets every layer in one round of reads, not one per group
+            f = self._fetches[rid] = self.fetcher.submit(
+                rid, first, [store_key(self.ns, k) for k in keys],
+                layerwise=self.mode == "layerwise" and not self._others_in_step)
+        with self.fetcher.cond:
+            if self.mode == "sync":  # the engine thread waits for the whole load
+                self.pacer.engine_waits()
+                self.fetcher.cond.wait_for(lambda: f.done, self.load_timeout_s)
+            failed = f.error is not None
+        if failed:
+            self.fetcher.cancel(f)  # its slots back; the entry stays: no second lookup
+            return 0
+        with self.fetcher.cond:
+            if f.num_blocks is None:
+                return None
+            # layerwise into an otherwise empty step: from the lookup on (the step's
+            # before_layer(l) waits for l's group; nobody else waits with it)
+            ready = f.all_landed or (self.mode == "layerwise" and not self._others_in_step)
+            return f.num_blocks * bs if ready else None
+
+    def wait_progress(self, timeout_s: float) -> None:
+        """Engine thread with nothing to step but loads in flight: sleep until a load makes
+        progress (or ``timeout_s``), instead of spinning on the scheduler."""
+        self.pacer.engine_waits()
+        with self.fetcher.cond:
+            self.fetcher.cond.wait(timeout_s)
+
+    def start_step(self, ctx: StepContext, kv: KVTensors) -> None:
+        """Per load of the step: where its layers come from and go to (index tensors built
+        once, not per layer). A step that loads nothing paces the fetch thread; one that
+        loads waits for it: unpaced."""
+        if ctx.loads:
+            self.pacer.engine_waits()
+        elif ctx.seqs:
+            self.pacer.batch_step()
+        self._step_imports = []
+        for ld in ctx.loads:
+            f = self._fetches.get(ld.request_id)
+            n = len(ld.block_ids)
+            if (f is None or f.first_block != ld.first_token // kv.block_size
+                    or f.num_blocks is None or f.num_blocks < n):
+                f = None  # fails in before_layer(0), where the runner ends the step
+            self._step_imports.append(
+                [ld.request_id, f, n, torch.as_tensor(ld.block_ids, dtype=torch.int64), None])
+
+    def _source(self, rid: str, f: BlockFetch, n: int) -> slice | torch.Tensor | None:
+        """Where the load's blocks sit in the staging (a slot range or index), or None
+        when some were read as ``bytes``. Raises ``KVLoadError`` when group 0 found fewer
+        blocks intact than the step loads."""
+        if len(f.views) < n:
+            raise KVLoadError(f"request {rid}: {len(f.views)} store blocks arrived intact, "
+                              f"{n} planned", (rid,))
+        if len(f.slots) < n:
+            return None
+        s0 = f.slots[0]
+        return (slice(s0, s0 + n) if f.slots[:n] == list(range(s0, s0 + n))
+                else torch.as_tensor(f.slots[:n], dtype=torch.int64))
 
     def before_layer(self, layer: int, ctx: StepContext, kv: KVTensors) -> None:
-        for ld in ctx.loads:
-            entry = self._fetched.get(ld.request_id)
-            blocks = entry[1] if entry is not None else None
-            if (blocks is None or entry[0] != ld.first_token // kv.block_size
-                    or len(blocks) < len(ld.block_ids)):
-                raise KVLoadError(f"request {ld.request_id}: store blocks missing",
-                                  (ld.request_id,))
+        for item in self._step_imports:
+            rid, f, n, dst, src = item
+            if f is None:
+                raise KVLoadError(f"request {rid}: store blocks missing", (rid,))
+            err = f.wait_layer(layer, self.load_timeout_s)
+            if err is not None:
+                raise KVLoadError(f"request {rid}: {err}", (rid,))
+            if layer == 0:  # group 0 is in: the blocks (and slots) are final
+                src = item[4] = self._source(rid, f, n)
             t0 = time.time()
-            data = torch.cat([b[layer] for b in blocks[:len(ld.block_ids)]], dim=2)
-            kv.import_layer(layer, ld.block_ids, data)
+            if src is not None:  # [n, 2, H, bs, D] of the staging → [2, H, n, bs, D]
+                data = self._staging_by_slot()[src, layer].permute(1, 2, 0, 3, 4)
+                kv.buffer[layer].index_copy_(2, dst, data)
+            else:
+                kv.import_layer(layer, dst.tolist(),
+                                torch.cat([b[layer] for b in f.views[:n]], dim=2))
             if self.clock is not None:
-                self.clock.mark(ld.request_id, "cache_load", t0, time.time())
+                self.clock.mark(rid, "cache_load", t0, time.time())
+
+    def _staging_by_slot(self) -> torch.Tensor:
+        """The staging buffer as ``[slot, layer, 2, kv_head, block_size, head_dim]``."""
+        k = self.kv
+        assert self._staging is not None
+        return self._staging.view(k.dtype).view(self._staging_blocks, k.num_layers, 2,
+                                                k.num_kv_heads, k.block_size, k.head_dim)
 
     def end_step(self, ctx: StepContext, kv: KVTensors) -> None:
         for ld in ctx.loads:
             self.num_loaded_blocks += len(ld.block_ids)
-            self._fetched.pop(ld.request_id, None)
-            self._release(ld.request_id)
+            f = self._fetches.get(ld.request_id)
+            if f is not None:
+                w = f.read_window()
+                if self.clock is not None and w is not None:
+                    self.clock.mark(ld.request_id, "store_load", *w)
+                self.timelines[ld.request_id] = f
+                while len(self.timelines) > TIMELINES_KEPT:
+                    self.timelines.popitem(last=False)
+            self._drop(ld.request_id)
 
     # -- put ------------------------------------------------------------------------------
     def stage_for_put(self, block_ids: Sequence[int]) -> list[StagedBlock | torch.Tensor]:

@@ -15,12 +15,13 @@ once (all layers).
 
 from __future__ import annotations
 
-import contextlib
+import queue
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pymooncake.engine.hooks import NullHooks, StepContext
+from pymooncake.engine.kv_writes import KV_WRITE_TIMEOUT_S, KVWrites
 from pymooncake.rpc.messages import KVTarget
 
 if TYPE_CHECKING:
@@ -34,13 +35,21 @@ class KVTransferError(RuntimeError):
 
 
 class KVSender:
-    """Writes paged-KV blocks to remote receive buffers. Registers ``kv.buffer`` at init."""
+    """Writes paged-KV blocks to remote receive buffers. Registers ``kv.buffer`` at init.
+
+    ``writes`` (``kv_writes.KVWrites``) bounds every wait for a write and gives up the
+    writes of a request aborted meanwhile (``cancel``, from any thread)."""
 
     def __init__(self, engine: TransferEngine, kv: KVTensors) -> None:
         self.engine = engine
         self.kv = kv
         self.base_addr = engine.register_memory(kv.buffer)
         self.bytes_sent = 0
+        self.writes = KVWrites(engine)
+
+    def cancel(self, request_id: str) -> None:
+        """Any thread: give up ``request_id``'s KV writes now (it was aborted)."""
+        self.writes.cancel(request_id)
 
     def requests(self, block_ids: Sequence[int], target: KVTarget,
                  layers: Sequence[int] | None = None, first_block: int = 0) -> list:
@@ -78,13 +87,23 @@ class KVSender:
         return out
 
     def send(self, block_ids: Sequence[int], target: KVTarget,
-             layers: Sequence[int] | None = None, timeout_s: float = 30.0) -> int:
+             layers: Sequence[int] | None = None, timeout_s: float = KV_WRITE_TIMEOUT_S,
+             request_id: str | None = None) -> int:
         """Write the blocks and wait; returns bytes written. Raises ``KVTransferError``
-        naming the first failure (nothing partial is reported as success)."""
+        naming the first failure (nothing partial is reported as success), and when the
+        write is not done in ``timeout_s`` or ``request_id`` is cancelled meanwhile."""
         reqs = self.requests(block_ids, target, layers)
         if not reqs:
             return 0
-        statuses = self.engine.batch_transfer_sync(reqs, timeout_s=timeout_s)
+        if request_id is None:
+            statuses = self.engine.batch_transfer_sync(reqs, timeout_s=timeout_s)
+        else:
+            bid = self.engine.allocate_batch(len(reqs))
+            self.engine.submit(bid, reqs)
+            done, why = self.writes.wait_for(bid, (request_id,), timeout_s)
+            if done is None:
+                raise KVTransferError(f"KV write to {target.segment}: {why}")
+            statuses = done
         for st in statuses:
             if not st.ok:
                 raise KVTransferError(f"KV write to {target.segment} failed: "
@@ -102,10 +121,25 @@ class LayerwiseKVSender(NullHooks):
     Store in this step are sent too (their layer ``i`` is in place by ``after_layer(i)``).
 
     ``end_step`` waits for the step's writes (the scheduler may free the blocks right
-    after); a failed write marks the request failed (``error``), nothing is retried.
+    after); a failed write marks the request failed (``error``), nothing is retried. The
+    writes go in one batch per (layer, decode segment), so a dead or unreachable decode
+    host fails only its own requests: the wait gives up a batch whose requests were all
+    aborted (``KVSender.cancel``) or that is still pending after ``timeout_s``.
+
+    With ``pool`` set (the prefill worker sets it), a batch not done within ``DEFER_S``
+    — and at once any batch for a decode segment that already has one outstanding — is
+    left to ``KVWrites``' watcher instead: the blocks it reads are pinned (one reference
+    each) until it is final, the step loop serves the other requests meanwhile, and the
+    request counts as ``writing`` until its outcome is known. ``on_settled`` (watcher
+    thread) asks for ``settle()`` on the engine thread, which unpins and returns the
+    requests whose last outstanding write just settled (issue 17: a decode host that stops
+    answering must not stall the other requests of its prefill worker).
     """
 
-    def __init__(self, sender: KVSender, timeout_s: float = 30.0) -> None:
+    DEFER_S = 0.2
+    """How long a step waits for its writes before it leaves them to the watcher (s)."""
+
+    def __init__(self, sender: KVSender, timeout_s: float = KV_WRITE_TIMEOUT_S) -> None:
         self.sender = sender
         self.timeout_s = timeout_s
         self._targets: dict[str, KVTarget] = {}
@@ -116,9 +150,21 @@ class LayerwiseKVSender(NullHooks):
         """Request id → seconds this hook spent building, submitting and waiting for its
         writes (the part of the P→D transfer that did not overlap compute)."""
         self._step: dict[str, tuple[tuple[int, ...], int, int]] = {}
-        self._batches: list[tuple[int, tuple[str, ...]]] = []
+        self._batches: list[tuple[int, tuple[str, ...], str]] = []
         self.clock: StageClock | None = None
         """Where ``p2d_transfer`` windows go (first WRITE submitted → last completed)."""
+        self.pool: Any = None
+        """The engine's ``BlockPool`` (pins for deferred writes); None: never defers."""
+        self.on_settled: Callable[[], None] | None = None
+        self._outstanding: dict[str, int] = {}
+        """Request id → its deferred batches whose outcome is not known yet."""
+        self._slow: dict[str, int] = {}
+        """Decode segment → its deferred batches not final yet."""
+        self._settled: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+
+    def writing(self, request_id: str) -> bool:
+        """Writes of the request were deferred and their outcome is not known yet."""
+        return self._outstanding.get(request_id, 0) > 0
 
     def add(self, request_id: str, target: KVTarget) -> None:
         self._targets[request_id] = target
@@ -127,6 +173,8 @@ class LayerwiseKVSender(NullHooks):
     def pop(self, request_id: str) -> tuple[int, str | None, float]:
         """Forget the request; returns (blocks sent, error or None, busy seconds)."""
         self._targets.pop(request_id, None)
+        self._outstanding.pop(request_id, None)
+        self.sender.writes.forget(request_id)
         return (self.sent_blocks.pop(request_id, 0), self.errors.pop(request_id, None),
                 self.busy_s.pop(request_id, 0.0))
 
@@ -141,7 +189,8 @@ class LayerwiseKVSender(NullHooks):
         bs = kv.block_size
         for s in ctx.seqs:
             target = self._targets.get(s.request_id)
-            if target is None or s.request_id in self.errors:
+            if (target is None or s.request_id in self.errors
+                    or self.sender.writes.cancelled(s.request_id)):
                 continue
             full = min((s.num_computed_tokens + s.num_new_tokens) // bs, target.num_blocks)
             first = self.sent_blocks[s.request_id]
@@ -158,18 +207,73 @@ class LayerwiseKVSender(NullHooks):
             self._charge(t0)
 
     def _submit_layer(self, layer: int) -> None:
-        reqs = []
-        rids = []
+        by_target: dict[str, tuple[list, list[str]]] = {}  # decode segment -> reqs, rids
+        writes = self.sender.writes
         for rid, (block_ids, first, full) in self._step.items():
+            if rid in self.errors or writes.cancelled(rid):
+                continue
             target = self._targets[rid]
             try:
-                reqs.extend(self.sender.requests(block_ids[first:full], target, (layer,),
-                                                 first_block=first))
+                reqs = self.sender.requests(block_ids[first:full], target, (layer,),
+                                            first_block=first)
             except KVTransferError as e:
                 self.errors[rid] = str(e)
                 continue
-            rids.append(rid)
-        if not reqs:
+            group = by_target.setdefault(target.segment, ([], []))
+            group[0].extend(reqs)
+            group[1].append(rid)
+        eng = self.sender.engine
+        for reqs, rids in by_target.values():
+            if not reqs:
+                continue
+            bid = eng.allocate_batch(len(reqs))
+            try:
+                eng.submit(bid, reqs)
+            except Exception as e:  # noqa: BLE001 - the whole batch was refused
+                eng.free_batch(bid)
+                for rid in rids:
+                    self.errors[rid] = f"KV write refused: {e}"
+                continue
+            self._batches.append((bid, tuple(rids), reqs[0].target_segment))
+            self.sender.bytes_sent += sum(r.length for r in reqs)
+            if self.clock is not None:
+                t = time.time()
+                for rid in rids:
+                    self.clock.mark(rid, "p2d_transfer", t, t)
+
+    def end_step(self, ctx: StepContext, kv: KVTensors) -> None:
+        t0 = time.monotonic()
+        deferred = False
+        for bid, rids, seg in self._batches:
+            blocks = [b for rid in rids
+                      for b in self._step[rid][0][self._step[rid][1]:self._step[rid][2]]]
+            deferred = self._settle_or_defer(bid, rids, seg, blocks) or deferred
+        t_end = time.time()
+        for rid, (_, _, full) in self._step.items():
+            if rid not in self.errors and rid in self.sent_blocks:
+                self.sent_blocks[rid] = full
+                if self.clock is not None and self._batches and not deferred:
+                    self.clock.mark(rid, "p2d_transfer", t_end, t_end)
+        self._charge(t0)
+        self._step = {}
+        self._batches = []
+
+    def send_blocks(self, request_id: str, block_ids: Sequence[int]) -> None:
+        """Engine thread: write every layer of the prompt blocks ``block_ids`` (blocks 0,
+        1, … of the prompt) to the request's target (``add``) in one batch — a prefill
+        that ended before its ``KVTarget`` came, or one run with layer-wise writes off.
+        The same rules as a step's writes: waited for at most ``DEFER_S`` (not at all when
+        its decode segment has a slow batch already), then left to the watcher;
+        ``writing(request_id)`` tells which, ``pop`` gives the outcome once it is known.
+        The engine thread never waits for a decode host that stopped answering."""
+        target = self._targets[request_id]
+        if not block_ids or request_id in self.errors:
+            return
+        t0 = time.monotonic()
+        try:
+            reqs = self.sender.requests(block_ids, target)
+        except KVTransferError as e:
+            self.errors[request_id] = str(e)
             return
         eng = self.sender.engine
         bid = eng.allocate_batch(len(reqs))
@@ -177,35 +281,101 @@ class LayerwiseKVSender(NullHooks):
             eng.submit(bid, reqs)
         except Exception as e:  # noqa: BLE001 - the whole batch was refused
             eng.free_batch(bid)
-            for rid in rids:
-                self.errors[rid] = f"KV write refused: {e}"
+            self.errors[request_id] = f"KV write refused: {e}"
             return
-        self._batches.append((bid, tuple(rids)))
         self.sender.bytes_sent += sum(r.length for r in reqs)
         if self.clock is not None:
             t = time.time()
-            for rid in rids:
-                self.clock.mark(rid, "p2d_transfer", t, t)
+            self.clock.mark(request_id, "p2d_transfer", t, t)
+        deferred = self._settle_or_defer(bid, (request_id,), target.segment, list(block_ids))
+        if self.clock is not None and not deferred:     # done: the window ends now
+            t = time.time()
+            self.clock.mark(request_id, "p2d_transfer", t, t)
+        if request_id not in self.errors:
+            self.sent_blocks[request_id] = len(block_ids)
+        self.busy_s[request_id] = self.busy_s.get(request_id, 0.0) + time.monotonic() - t0
 
-    def end_step(self, ctx: StepContext, kv: KVTensors) -> None:
-        t0 = time.monotonic()
-        eng = self.sender.engine
-        for bid, rids in self._batches:
-            statuses = eng.wait(bid, self.timeout_s)
-            bad = next((st for st in statuses if not st.ok), None)
-            with contextlib.suppress(Exception):
-                eng.free_batch(bid)
-            if bad is not None:
-                for rid in rids:
-                    self.errors.setdefault(rid, f"KV write failed: "
+    def _settle_or_defer(self, bid: int, rids: tuple[str, ...], seg: str,
+                         block_ids: list[int]) -> bool:
+        """Engine thread: wait a little for batch ``bid`` (to decode segment ``seg``,
+        reading ``block_ids``) and apply its outcome, or leave it to the watcher; True
+        when it was left (deferred)."""
+        writes = self.sender.writes
+        if self.pool is None:
+            statuses, why = writes.wait_for(bid, rids, self.timeout_s,
+                                            self.errors.__contains__)
+        else:
+            statuses = writes.poll(bid, 0.0 if self._slow.get(seg) else self.DEFER_S)
+            if statuses is None:            # slow or unreachable peer: off this thread
+                self._defer(bid, rids, seg, block_ids)
+                return True
+            why = ""
+        self._apply(rids, statuses, why, seg)
+        return False
+
+    def _apply(self, rids: tuple[str, ...], statuses: list[Any] | None, why: str,
+               seg: str) -> None:
+        """Engine thread: a batch's outcome onto its requests (``None``: given up)."""
+        if statuses is None:     # aborted, or the decode host does not answer
+            for rid in rids:
+                if rid in self.sent_blocks:
+                    self.errors.setdefault(rid, f"KV write to {seg}: {why}")
+            return
+        bad = next((st for st in statuses if not st.ok), None)
+        if bad is not None:
+            for rid in rids:
+                if rid in self.sent_blocks:
+                    self.errors.setdefault(rid, f"KV write to {seg} failed: "
                                            f"{getattr(bad.code, 'value', bad.code)}: "
                                            f"{bad.reason or bad.state}")
-        t_end = time.time()
-        for rid, (_, _, full) in self._step.items():
-            if rid not in self.errors and rid in self.sent_blocks:
-                self.sent_blocks[rid] = full
-                if self.clock is not None and self._batches:
-                    self.clock.mark(rid, "p2d_transfer", t_end, t_end)
-        self._charge(t0)
-        self._step = {}
-        self._batches = []
+
+    def _defer(self, bid: int, rids: tuple[str, ...], seg: str, block_ids: list[int]) -> None:
+        """Engine thread: pin the blocks ``bid`` reads and leave it to the watcher."""
+        blocks = [self.pool.blocks[b] for b in block_ids]
+        self.pool.touch(blocks)
+        for rid in rids:
+            self._outstanding[rid] = self._outstanding.get(rid, 0) + 1
+        self._slow[seg] = self._slow.get(seg, 0) + 1
+
+        def outcome(statuses: list[Any] | None, why: str) -> None:   # watcher thread
+            self._settled.put(("outcome", rids, statuses, why, seg))
+            if self.on_settled is not None:
+                self.on_settled()
+
+        def final() -> None:                                          # watcher thread
+            self._settled.put(("final", seg, blocks))
+            if self.on_settled is not None:
+                self.on_settled()
+        self.sender.writes.defer(bid, rids, time.monotonic() + self.timeout_s, outcome,
+                                 final, self.errors.__contains__)
+
+    def settle(self) -> list[str]:
+        """Engine thread: apply what the watcher reported (outcomes onto requests, pins
+        of final batches released); the requests whose last deferred write settled."""
+        done: list[str] = []
+        while True:
+            try:
+                item = self._settled.get_nowait()
+            except queue.Empty:
+                return done
+            if item[0] == "final":
+                _, seg, blocks = item
+                self.pool.free_blocks(blocks)
+                n = self._slow.get(seg, 0) - 1
+                if n > 0:
+                    self._slow[seg] = n
+                else:
+                    self._slow.pop(seg, None)
+                continue
+            _, rids, statuses, why, seg = item
+            self._apply(rids, statuses, why, seg)
+            t = time.time()
+            for rid in rids:
+                n = self._outstanding.get(rid, 0) - 1
+                if n > 0:
+                    self._outstanding[rid] = n
+                elif rid in self._outstanding:
+                    del self._outstanding[rid]
+                    done.append(rid)
+                    if self.clock is not None:
+                        self.clock.mark(rid, "p2d_transfer", t, t)

@@ -4,7 +4,9 @@ Every step shares one token budget: running requests first (decodes, and the nex
 prefills in progress), then waiting requests in arrival order (or shortest first,
 ``EngineConfig.waiting_order``), each prefill cut to at most ``prefill_chunk_tokens``. A
 waiting request first reuses its cached prefix (local prefix cache, then an external
-``KVLoadSource``). When blocks run out, the most recently admitted
+``KVLoadSource``); while the source's lookup or load is in flight
+(``get_num_matched_tokens`` answers None) the request stays waiting and the next one is
+admitted instead (vLLM's "waiting for remote KV"). When blocks run out, the most recently admitted
 running request is preempted: its blocks are freed and it goes back to the head of the
 queue with ``num_computed_tokens = 0`` (its output so far is kept and recomputed as prompt),
 so no request is lost. No torch; the runner executes the ``SchedulerOutput``.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from pymooncake.engine.config import EngineConfig
@@ -41,6 +44,8 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     loads: list[KVLoad] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    num_waiting_for_kv: int = 0
+    """Waiting requests skipped because their external KV is still loading."""
 
     @property
     def num_batched_tokens(self) -> int:
@@ -72,14 +77,16 @@ class Scheduler:
         if self.config.waiting_order == "shortest":
             self._enqueued_s[req.request_id] = self.clock()
 
-    def _next_waiting(self) -> Request:
-        """The waiting request to admit next (``EngineConfig.waiting_order``)."""
-        if self.config.waiting_order == "fcfs" or len(self.waiting) == 1:
-            return self.waiting[0]
+    def _next_waiting(self, skip: AbstractSet[str] = frozenset()) -> Request:
+        """The waiting request to admit next (``EngineConfig.waiting_order``), leaving out
+        the ids in ``skip`` (requests waiting for their external KV)."""
+        cands = [r for r in self.waiting if r.request_id not in skip] if skip else self.waiting
+        if self.config.waiting_order == "fcfs" or len(cands) == 1:
+            return cands[0]
         now = self.clock()
         aging = self.config.aging_tokens_per_s
         enq = self._enqueued_s
-        return min(self.waiting, key=lambda r: (r.num_tokens - r.num_computed_tokens)
+        return min(cands, key=lambda r: (r.num_tokens - r.num_computed_tokens)
                    - aging * (now - enq.get(r.request_id, now)))
 
     def has_unfinished(self) -> bool:
@@ -119,10 +126,18 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(req, n))
             budget -= n
             i += 1
-        while (self.waiting and budget > 0 and not out.preempted
+        loading: set[str] = set()  # waiting for their external KV: skipped this step
+        note_batch = getattr(self.kv_source, "set_running_batch", None)
+        while (len(self.waiting) > len(loading) and budget > 0 and not out.preempted
                and len(self.running) < self.config.max_num_seqs):
-            req = self._next_waiting()
-            if not self._schedule_waiting(req, budget, out):
+            req = self._next_waiting(loading)
+            if note_batch is not None:
+                note_batch(len(out.scheduled))
+            ok = self._schedule_waiting(req, budget, out)
+            if ok is None:
+                loading.add(req.request_id)
+                continue
+            if not ok:
                 break
             if req is self.waiting[0]:
                 self.waiting.popleft()
@@ -132,14 +147,23 @@ class Scheduler:
             self.running.append(req)
             req.status = RequestStatus.RUNNING
             budget -= out.scheduled[-1].num_new_tokens
+        out.num_waiting_for_kv = len(loading)
         return out
 
-    def _schedule_waiting(self, req: Request, budget: int, out: SchedulerOutput) -> bool:
+    def _schedule_waiting(self, req: Request, budget: int, out: SchedulerOutput
+                          ) -> bool | None:
+        """Admit ``req`` into ``out``: True, False (no room: stop admitting), or None (its
+        external KV is still loading: skip it, admit the next)."""
         bs = self.config.block_size
+        queried, hit = self.kv.num_queried_blocks, self.kv.num_hit_blocks
         computed_blocks, num_local = self.kv.get_computed_blocks(req)
         num_ext = 0
         if self.kv_source is not None and req.allow_external_load:
-            num_ext = self.kv_source.get_num_matched_tokens(req, num_local)
+            ext = self.kv_source.get_num_matched_tokens(req, num_local)
+            if ext is None:  # asked again next step: count the prefix-cache query once
+                self.kv.num_queried_blocks, self.kv.num_hit_blocks = queried, hit
+                return None
+            num_ext = ext
             assert num_ext % bs == 0, "external matches must be whole blocks"
             # at least one token is computed (the full-hit rule, BUG-09): whole blocks only
             max_ext = ((req.num_tokens - 1) // bs) * bs - num_local

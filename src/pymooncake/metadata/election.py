@@ -20,7 +20,15 @@ import asyncio
 import contextlib
 import time
 
-from pymooncake.metadata.base import EventKind, LeaseId, LeaseNotFound, MetadataStore
+from pymooncake.metadata.aio import cancel_and_wait, next_within
+from pymooncake.metadata.base import (
+    EventKind,
+    LeaseId,
+    LeaseNotFound,
+    MetadataError,
+    MetadataStore,
+    Watch,
+)
 from pymooncake.obs.logging import init_logger
 
 logger = init_logger(__name__)
@@ -72,35 +80,71 @@ class LeaderElection:
 
     async def campaign(self, timeout_s: float | None = None) -> bool:
         """Become leader; ``False`` if ``timeout_s`` passes first. Waits on a watch of
-        ``key`` (woken by deletes and expiries) with a ``ttl_s`` poll as a fallback."""
+        ``key`` (woken by deletes and expiries) with a ``ttl_s`` poll as a fallback: a
+        watch that cannot be opened or breaks is only a slower wake-up, never a reason to
+        stop campaigning or to retry without a pause. Raises ``MetadataError`` when the
+        metadata service cannot be reached (callers campaign again)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        watch = await self.metadata.watch_prefix(self.key)
+        watch = None
         try:
             while True:
-                sent = lease_clock()
-                lease = await self.metadata.grant_lease(self.ttl_s)
-                if await self.metadata.create(self.key, self.candidate_id, lease_id=lease):
-                    kv = await self.metadata.get(self.key)
-                    if kv is None or kv.value != self.candidate_id:
-                        continue  # expired at once (frozen in between): campaign again
-                    self.revision = kv.mod_revision
-                    self._valid_until = sent + self.ttl_s
-                    self._lease = lease
-                    self._lost = asyncio.Event()
-                    self._keepalive = asyncio.create_task(self._keep_alive(lease))
+                if watch is None:
+                    try:
+                        watch = await self.metadata.watch_prefix(self.key)
+                    except MetadataError as e:
+                        logger.info("watch of %s unavailable (%s): polling it", self.key, e)
+                if await self._try_win():
                     return True
-                await self.metadata.revoke_lease(lease)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
                 wait_s = self.ttl_s if remaining is None else min(self.ttl_s, remaining)
-                with contextlib.suppress(TimeoutError, StopAsyncIteration):
-                    while True:
-                        ev = await asyncio.wait_for(watch.__anext__(), timeout=wait_s)
-                        if ev.key == self.key and ev.kind is EventKind.DELETE:
-                            break
+                if watch is None or not await self._wait_delete(watch, wait_s):
+                    if watch is not None:
+                        with contextlib.suppress(Exception):
+                            await watch.close()
+                        watch = None
+                    await asyncio.sleep(wait_s)
         finally:
-            await watch.close()
+            if watch is not None:
+                with contextlib.suppress(Exception):
+                    await watch.close()
+
+    async def _try_win(self) -> bool:
+        sent = lease_clock()
+        lease = await self.metadata.grant_lease(self.ttl_s)
+        try:
+            created = await self.metadata.create(self.key, self.candidate_id, lease_id=lease)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.metadata.revoke_lease(lease)
+            raise
+        if created:
+            kv = await self.metadata.get(self.key)
+            if kv is None or kv.value != self.candidate_id:
+                return False  # expired at once (frozen in between): campaign again
+            self.revision = kv.mod_revision
+            self._valid_until = sent + self.ttl_s
+            self._lease = lease
+            self._lost = asyncio.Event()
+            self._keepalive = asyncio.create_task(self._keep_alive(lease))
+            return True
+        await self.metadata.revoke_lease(lease)
+        return False
+
+    async def _wait_delete(self, watch: Watch, wait_s: float) -> bool:
+        """Wait up to ``wait_s`` for ``key`` to be deleted; False when the watch broke."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait_s
+        try:  # (not wait_for: on 3.11 it can drop a cancellation that comes with an event)
+            while (left := until - loop.time()) > 0:
+                ev = await next_within(watch, left)
+                if ev is None or (ev.key == self.key and ev.kind is EventKind.DELETE):
+                    return True
+        except (StopAsyncIteration, MetadataError) as e:
+            logger.info("watch of %s ended (%r): polling it", self.key, e)
+            return False
+        return True
 
     async def _keep_alive(self, lease: LeaseId) -> None:
         try:
@@ -124,22 +168,18 @@ class LeaderElection:
 
     async def resign(self) -> None:
         """Give up leadership now (deletes ``key``); no-op when not leader."""
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keepalive
+        if self._keepalive is not None:  # (bounded; our own cancellation goes through)
+            await cancel_and_wait(self._keepalive, f"keep-alive of {self.key}")
             self._keepalive = None
         if self._lease is not None:
-            self._valid_until = float("-inf")
-            await self.metadata.revoke_lease(self._lease)
-            self._lease = None
+            lease, self._lease = self._lease, None  # not leader any more, even if the
+            self._valid_until = float("-inf")      # revoke fails (the lease then expires)
+            await self.metadata.revoke_lease(lease)
 
     async def abandon(self) -> None:
         """Stop keeping the lease alive without revoking it (what a crash looks like)."""
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keepalive
+        if self._keepalive is not None:  # (bounded; our own cancellation goes through)
+            await cancel_and_wait(self._keepalive, f"keep-alive of {self.key}")
             self._keepalive = None
         self._lease = None
         self._valid_until = float("-inf")

@@ -8,6 +8,7 @@ This is the backend Mooncake uses for HA masters (``etcd://h:p``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 from collections.abc import Sequence
@@ -35,21 +36,45 @@ def _prefix_end(prefix: bytes) -> bytes:
 
 
 class _EtcdWatch:
-    def __init__(self, watch) -> None:  # noqa: ANN001
+    """An etcd prefix watch. The next event is read by a task of its own, so a caller's
+    ``wait_for(watch.__anext__(), t)`` that times out cancels only its wait, never the
+    stream (cancelling aetcd's async generator closes it for good: every later read then
+    ended at once, and HA candidates spun). A broken stream raises ``MetadataError``."""
+
+    def __init__(self, watch, timeout_s: float) -> None:  # noqa: ANN001
         self._watch = watch
         self._it = watch.__aiter__()
+        self._next: asyncio.Future | None = None
+        self._timeout_s = timeout_s
 
     def __aiter__(self) -> _EtcdWatch:
         return self
 
     async def __anext__(self) -> WatchEvent:
-        ev = await self._it.__anext__()
+        if self._next is None:
+            self._next = asyncio.ensure_future(self._it.__anext__())
+        try:  # a cancelled caller leaves the read pending: the next call gets its event
+            ev = await asyncio.shield(self._next)
+        except asyncio.CancelledError:
+            raise
+        except StopAsyncIteration:
+            self._next = None
+            raise
+        except Exception as e:  # noqa: BLE001 - aetcd and gRPC raise several kinds
+            self._next = None
+            raise MetadataError(f"etcd watch failed: {e!r}") from e
+        self._next = None
         kind = EventKind.PUT if ev.kind == "PUT" else EventKind.DELETE
         value = ev.kv.value if kind is EventKind.PUT else b""
         return WatchEvent(kind, ev.kv.key.decode(), value, int(ev.kv.mod_revision))
 
     async def close(self) -> None:
-        await self._watch.cancel()
+        if self._next is not None:
+            self._next.cancel()  # (awaited without swallowing our own cancellation)
+            await asyncio.wait([self._next], timeout=self._timeout_s)
+            self._next = None
+        with contextlib.suppress(Exception):  # bounded: a stuck stream must not hang us
+            await asyncio.wait_for(self._watch.cancel(), self._timeout_s)
 
 
 class EtcdMetadata:
@@ -74,6 +99,7 @@ class EtcdMetadata:
         self._timeout_s = timeout_s
         self._clients: dict[int, tuple[asyncio.AbstractEventLoop, object]] = {}
         self._lock = threading.Lock()
+        self._closing: set[asyncio.Future] = set()
 
     async def _client(self):  # noqa: ANN202
         import aetcd
@@ -182,8 +208,31 @@ class EtcdMetadata:
 
     async def watch_prefix(self, prefix: str) -> _EtcdWatch:
         client = await self._client()
-        watch = await client.watch(prefix.encode(), range_end=_prefix_end(prefix.encode()))
-        return _EtcdWatch(watch)
+        try:  # bounded: aetcd waits for its watch stream without a limit in places
+            watch = await asyncio.wait_for(
+                client.watch(prefix.encode(), range_end=_prefix_end(prefix.encode())),
+                self._timeout_s)
+        except Exception as e:  # noqa: BLE001 - aetcd, gRPC and wait_for raise several kinds
+            self._forget(client)
+            raise MetadataError(f"etcd watch of {prefix!r} failed: {e!r}") from e
+        return _EtcdWatch(watch, self._timeout_s)
+
+    def _forget(self, client) -> None:  # noqa: ANN001
+        """Drop ``client`` (its watch stream is stuck or broken): the next call of this
+        loop connects afresh. The old channel is closed in the background, bounded."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            entry = self._clients.get(id(loop))
+            if entry is None or entry[1] is not client:
+                return
+            del self._clients[id(loop)]
+
+        async def close() -> None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), self._timeout_s)
+        task = asyncio.ensure_future(close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()

@@ -37,7 +37,7 @@ from pymooncake.p2p.manifest import (
     manifest_key,
     name_from_manifest_key,
 )
-from pymooncake.p2p.puller import Puller, PullOptions, PullStats
+from pymooncake.p2p.puller import MAX_PARALLEL, Puller, PullOptions, PullStats
 from pymooncake.p2p.records import HolderRecords
 from pymooncake.transfer import TransferConfig, TransferEngine
 
@@ -222,8 +222,9 @@ class P2PStore:
         there (``NotADirectoryError``: ``into`` is a file), :class:`P2PError` otherwise.
         """
         opts = options or PullOptions()
-        if opts.parallel < 1 or opts.per_holder < 1:
-            raise ValueError("parallel and per_holder must be >= 1")
+        if not 1 <= opts.parallel <= MAX_PARALLEL or opts.per_holder < 1:
+            raise ValueError(f"parallel must be in 1..{MAX_PARALLEL} and per_holder >= 1, got "
+                             f"{opts.parallel} and {opts.per_holder}")
         manifest = self.manifest(name)
         if name in self._held:
             held = self._held[name]

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import socket
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -165,8 +166,11 @@ class RpcClient:
 class SyncRpcClient:
     """Blocking client for threads without an event loop; thread-safe (one call at a time).
 
-    After a timeout or a lost connection the socket is dropped (a late response would
-    desynchronise it) and the next call reconnects.
+    The socket blocks in the kernel with ``SO_RCVTIMEO``/``SO_SNDTIMEO`` as the timeout
+    (not Python's socket timeout, which polls before every send and receive: two more
+    system calls per call on the hot path of every Store operation). After a timeout or a
+    lost connection the socket is dropped (a late response would desynchronise it) and the
+    next call reconnects.
     """
 
     def __init__(self, host: str, port: int, timeout_s: float = 5.0) -> None:
@@ -175,6 +179,7 @@ class SyncRpcClient:
         self.host, self.port = host, port
         self.timeout_s = timeout_s
         self._sock: socket.socket | None = None
+        self._sock_timeout = 0.0  # the SO_RCVTIMEO/SO_SNDTIMEO set on _sock
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._buf = bytearray()
@@ -186,9 +191,20 @@ class SyncRpcClient:
             except OSError as e:
                 raise RpcConnectionError(f"cannot connect to {self.host}:{self.port}: {e}") from e
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(None)  # blocking; the timeout is the kernel's (_set_timeout)
             self._sock = sock
+            self._sock_timeout = 0.0
             self._buf.clear()
         return self._sock
+
+    def _set_timeout(self, sock: socket.socket, timeout: float) -> None:
+        if timeout != self._sock_timeout:
+            sec = int(timeout)
+            usec = int((timeout - sec) * 1e6)
+            tv = struct.pack("ll", sec, usec if sec or usec else 1)  # 0 would mean "never"
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+            self._sock_timeout = timeout
 
     def _drop(self) -> None:
         if self._sock is not None:
@@ -197,15 +213,30 @@ class SyncRpcClient:
         self._sock = None
         self._buf.clear()
 
-    def _recv_exact(self, sock: socket.socket, n: int) -> bytes:
-        while len(self._buf) < n:
-            chunk = sock.recv(max(65536, n - len(self._buf)))
+    def _read_msg(self, sock: socket.socket) -> Any:
+        """The next frame's decoded body (usually one ``recv``: the whole response)."""
+        buf = self._buf
+        hsize = HEADER.size
+        while True:
+            want = 65536
+            if len(buf) >= hsize:
+                (length,) = HEADER.unpack_from(buf)
+                if length > MAX_FRAME_BYTES:
+                    raise ConnectionError(f"server sent a frame of {length} bytes")
+                end = hsize + length
+                if len(buf) >= end:
+                    body = bytes(buf[hsize:end])
+                    del buf[:end]
+                    return unpack_body(body)
+                want = max(want, end - len(buf))
+            chunk = sock.recv(want)
             if not chunk:
                 raise ConnectionError("connection closed by the server")
-            self._buf += chunk
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
-        return out
+            if not buf and len(chunk) >= hsize:  # the common case: exactly one frame
+                (length,) = HEADER.unpack_from(chunk)
+                if length <= MAX_FRAME_BYTES and len(chunk) == hsize + length:
+                    return unpack_body(memoryview(chunk)[hsize:])
+            buf += chunk
 
     def call(self, method: str, params: Any = None, timeout_s: float | None = None) -> Any:
         """Call ``method`` and block for its result (see ``RpcClient.call``)."""
@@ -214,16 +245,13 @@ class SyncRpcClient:
             sock = self._connect()
             rid = next(self._ids)
             try:
-                sock.settimeout(timeout)
+                self._set_timeout(sock, timeout)
                 sock.sendall(pack_frame({"i": rid, "m": method, "p": params}))
                 while True:
-                    (length,) = HEADER.unpack(self._recv_exact(sock, HEADER.size))
-                    if length > MAX_FRAME_BYTES:
-                        raise ConnectionError(f"server sent a frame of {length} bytes")
-                    msg = unpack_body(self._recv_exact(sock, length))
+                    msg = self._read_msg(sock)
                     if isinstance(msg, dict) and msg.get("i") == rid:
                         return _result_of(msg)
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO/SO_SNDTIMEO: EAGAIN
                 self._drop()
                 raise RpcTimeout(f"{method} to {self.host}:{self.port}: no response in "
                                  f"{timeout:.3g} s") from None

@@ -42,7 +42,11 @@ def unpack_body(body: bytes) -> Any:
     try:
         return msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception as e:  # msgpack raises several exception types for bad input
-        raise ValueError(f"malformed msgpack frame: {e}") from e
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        if isinstance(e, msgpack.FormatError) and not str(e):
+            why += " (a byte that begins no msgpack value)"
+        raise ValueError(f"malformed msgpack frame of {len(body)} bytes, starting "
+                         f"{bytes(body[:8]).hex(' ')}: {why}") from e
 
 
 def _default(obj: Any) -> Any:

@@ -118,6 +118,9 @@ class WorkerInfo:
     """Order its queued prompts run in: ``fcfs`` or ``shortest`` (job first)."""
     max_model_len: int = 0
     """Prompt + output tokens one request may have on it (0 = not stated)."""
+    cpp_json: str = ""
+    """A chunked-pipeline (CPP) prefill group (docs/cpp.md): its cost model as JSON
+    (``conductor.policy.cpp_placement.cpp_model_to_wire``); empty for a single worker."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +134,10 @@ class WorkerLoad:
     num_kv_blocks: int
     num_prefill_tokens_total: int = 0
     """Prompt tokens this worker has computed (not reused) since it started."""
+    cpp_state_json: str = ""
+    """A CPP prefill instance's group health as JSON (``engine.cpp.health.StageWatch.state``:
+    ``healthy``, ``reason``, ``stages``); empty for a single worker. While ``healthy`` is
+    false the Conductor places on the instance as on a single worker (docs/cpp.md)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,12 @@
-"""RPC server: asyncio TCP, one reader loop per connection, handlers by method name.
+"""RPC server: asyncio TCP, one protocol object per connection, handlers by method name.
 
 A handler is a plain function or a coroutine function taking the request's params (a
 dataclass instance when registered with ``params_type``, else the decoded msgpack value)
 and returning msgpack-able data or a dataclass. Plain functions run inline on the event
-loop (they must not block: pure cores only); coroutines run as tasks owned by the
-connection, so one slow call does not hold up the others.
+loop as each frame arrives (they must not block: pure cores only), and the responses to
+one read go out in one write; coroutines run as tasks owned by the connection, so one slow
+call does not hold up the others. A plain function may return a coroutine (its rare slow
+path, e.g. waiting for room): that is awaited as a task, and its result is the answer.
 
 A malformed frame is answered with ``MALFORMED_FRAME`` where the request id could be read,
 and the connection is closed when the stream cannot be resynchronised (bad length).
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import inspect
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -63,7 +66,7 @@ class RpcServer:
         self._requested_port = port
         self._methods: dict[str, _Method] = {}
         self._server: asyncio.base_events.Server | None = None
-        self._conns: set[asyncio.Task[None]] = set()
+        self._conns: set[_Conn] = set()
         self.port: int = port
 
     def register(self, name: str, handler: Callable[..., Any],
@@ -75,19 +78,21 @@ class RpcServer:
 
     async def start(self) -> None:
         """Bind and start accepting connections."""
-        self._server = await asyncio.start_server(self._on_connect, self.host,
-                                                  self._requested_port, limit=2**20)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._on_connect, self.host,
+                                                self._requested_port)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
         """Stop accepting, close every connection and wait for their loops to end."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._conns):
-            task.cancel()
-        for task in list(self._conns):
+        conns = list(self._conns)
+        for conn in conns:
+            conn.close()
+        for conn in conns:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+                await asyncio.wait_for(asyncio.shield(conn.closed), 1.0)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2.0)
@@ -100,59 +105,14 @@ class RpcServer:
         assert self._server is not None
         await self._server.serve_forever()
 
-    # -- connection loop -------------------------------------------------------------
+    # -- connections ---------------------------------------------------------------
 
-    def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = asyncio.ensure_future(self._serve_conn(reader, writer))
+    def _on_connect(self) -> _Conn:
+        conn = _Conn(self)
         self._conns.add(conn)
-        conn.add_done_callback(self._conns.discard)
+        return conn
 
-    async def _serve_conn(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
-        """Read frames in bulk; responses produced in one loop turn go out in one write."""
-        pending: set[asyncio.Task[None]] = set()
-        out = _Outbox(writer)
-        peer = writer.get_extra_info("peername")
-        buf = bytearray()
-        try:
-            while True:
-                try:
-                    data = await reader.read(1 << 18)
-                except ConnectionError:
-                    return
-                if not data:
-                    return
-                buf += data
-                pos = 0
-                while len(buf) - pos >= HEADER.size:
-                    (length,) = HEADER.unpack_from(buf, pos)
-                    if length > MAX_FRAME_BYTES:
-                        logger.warning("rpc: frame of %d bytes from %s refused; closing",
-                                       length, peer)
-                        out.send(None, error=RpcError(
-                            ErrorCode.MALFORMED_FRAME,
-                            f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}"))
-                        out.flush()
-                        return
-                    end = pos + HEADER.size + length
-                    if len(buf) < end:
-                        break
-                    self._dispatch(bytes(buf[pos + HEADER.size:end]), out, pending)
-                    pos = end
-                if pos:
-                    del buf[:pos]
-                if writer.transport.get_write_buffer_size() > 4 * 2**20:
-                    await writer.drain()
-        finally:
-            for t in pending:
-                t.cancel()
-            out.flush()
-            writer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
-
-    def _dispatch(self, body: bytes, out: _Outbox,
-                  pending: set[asyncio.Task[None]]) -> None:
+    def _dispatch(self, body: bytes | memoryview, out: _Conn) -> None:
         try:
             msg = unpack_body(body)
         except ValueError as e:
@@ -184,9 +144,7 @@ class RpcServer:
                 out.send(rid, error=RpcError(ErrorCode.INVALID_ARGUMENT, str(e)))
                 return
         if method.is_async:
-            task = asyncio.ensure_future(self._run_async(method, params, rid, out))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
+            out.spawn(self._run_async(method, params, rid, out))
         else:
             start = time.perf_counter()
             try:
@@ -194,13 +152,22 @@ class RpcServer:
             except Exception as e:  # noqa: BLE001 - every failure becomes an error response
                 self._finish(method, rid, out, start, error=e)
             else:
-                self._finish(method, rid, out, start, result=result)
+                if type(result) is types.CoroutineType:  # a plain handler's slow path
+                    out.spawn(self._run_async(method, result, rid, out, start))
+                else:
+                    self._finish(method, rid, out, start, result=result)
 
     async def _run_async(self, method: _Method, params: Any, rid: int | None,
-                         out: _Outbox) -> None:
-        start = time.perf_counter()
+                         out: _Conn, start: float | None = None) -> None:
+        """Answer a coroutine handler; with ``start``, ``params`` is the coroutine a plain
+        handler returned (it finished its fast path inline and now has to wait)."""
+        if start is None:
+            start = time.perf_counter()
+            call = method.fn(params)
+        else:
+            call = params
         try:
-            result = await method.fn(params)
+            result = await call
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - every failure becomes an error response
@@ -208,7 +175,7 @@ class RpcServer:
         else:
             self._finish(method, rid, out, start, result=result)
 
-    def _finish(self, method: _Method, rid: int | None, out: _Outbox,
+    def _finish(self, method: _Method, rid: int | None, out: _Conn,
                 start: float, result: Any = None, error: BaseException | None = None) -> None:
         method.latency.observe(time.perf_counter() - start)
         if error is not None:
@@ -233,20 +200,76 @@ def _count(method: str, code: str) -> None:
     child.inc()
 
 
-class _Outbox:
-    """Frames for one connection, written together once per event-loop turn."""
+class _Conn(asyncio.Protocol):
+    """One client connection: frames parsed as they arrive, plain handlers run inline, and
+    the responses of one read (or, for coroutine handlers, of one event-loop turn) go out
+    in one write. Reading pauses while more than the transport's high-water mark of
+    responses is unsent (the peer does not read)."""
 
-    __slots__ = ("writer", "frames", "scheduled")
-
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self.writer = writer
+    def __init__(self, server: RpcServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.peer: Any = None
+        self.buf = bytearray()
         self.frames: list[bytes] = []
         self.scheduled = False
+        self.reading = False   # inside data_received: the read's end writes the responses
+        self.dead = False
+        self.pending: set[asyncio.Task[None]] = set()
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        self.peer = transport.get_extra_info("peername")
+        transport.set_write_buffer_limits(high=4 * 2**20)
+
+    def data_received(self, data: bytes) -> None:
+        if self.dead:
+            return
+        buf = self.buf
+        if buf:
+            buf += data
+            view: bytes | bytearray = buf
+        else:
+            view = data
+        n = len(view)
+        pos = 0
+        hsize = HEADER.size
+        self.reading = True
+        try:
+            while n - pos >= hsize:
+                (length,) = HEADER.unpack_from(view, pos)
+                if length > MAX_FRAME_BYTES:
+                    logger.warning("rpc: frame of %d bytes from %s refused; closing",
+                                   length, self.peer)
+                    self.send(None, error=RpcError(
+                        ErrorCode.MALFORMED_FRAME,
+                        f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}"))
+                    self.close()
+                    return
+                end = pos + hsize + length
+                if n < end:
+                    break
+                self.server._dispatch(view[pos + hsize:end], self)
+                pos = end
+        finally:
+            self.reading = False
+            self.flush()
+        if view is data:
+            if pos < n:
+                buf += data[pos:]
+        elif pos:
+            del buf[:pos]
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
 
     def send(self, rid: int | None, result: Any = None, error: RpcError | None = None) -> None:
         if rid is None and error is None:
             return  # one-way notice
-        if self.writer.is_closing():
+        if self.transport is None or self.transport.is_closing():
             return
         try:
             if error is not None:
@@ -257,7 +280,7 @@ class _Outbox:
             frame = pack_frame({"i": rid, "e": RpcError(
                 ErrorCode.INTERNAL, f"unencodable response: {e}").to_wire()})
         self.frames.append(frame)
-        if not self.scheduled:
+        if not self.reading and not self.scheduled:
             self.scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
@@ -266,5 +289,30 @@ class _Outbox:
         if not self.frames:
             return
         frames, self.frames = self.frames, []
-        if not self.writer.is_closing():
-            self.writer.write(b"".join(frames) if len(frames) > 1 else frames[0])
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(frames) if len(frames) > 1 else frames[0])
+
+    def pause_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        """Send what is queued, then close; handlers still running are cancelled."""
+        self.dead = True
+        self.flush()
+        for t in self.pending:
+            t.cancel()
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.dead = True
+        for t in self.pending:
+            t.cancel()
+        self.server._conns.discard(self)
+        if not self.closed.done():
+            self.closed.set_result(None)

@@ -17,6 +17,7 @@ import math
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -69,6 +70,8 @@ class PrefillNode:
     predicted_busy_until_s: float = 0.0
     queued_predicted_s: float = 0.0
     busy_s: float = 0.0
+    cpp: Any = None
+    """``policy.CppCostModel`` of a CPP prefill group (None: one node)."""
 
     @property
     def num_in_flight(self) -> int:

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from pymooncake.conductor.policy import PREFILL_POLICIES
+from pymooncake.conductor.policy.cpp import CPP_BREAK_EVEN_TOKENS
 
 SCENARIOS = ("colocated", "pd", "pd-local", "pd-global")
 """colocated: vLLM-like nodes doing prefill and decode (optional local prefix cache and
@@ -80,6 +81,17 @@ class SimConfig:
     sample_interval_s: float = 300.0
     """How often the replica counts of the hottest keys are sampled (0 = never)."""
     seed: int = 0
+    cpp_groups: int = 0
+    """Chunked-pipeline (CPP) prefill groups added to the prefill pool (FAST'25 §5.1,
+    docs/cpp.md), each of ``cpp_stages`` nodes; the placement is then
+    ``policy.with_cpp(scheduler)``: long prompts to a group where ``use_cpp`` says it pays.
+    A group computes the whole prompt (no prefix reuse), in ``cpp_prefill_s`` seconds."""
+    cpp_stages: int = 2
+    cpp_chunk_tokens: int = 4096
+    cpp_min_tokens: int = CPP_BREAK_EVEN_TOKENS
+    """Uncached tokens from which a prompt may go to a group (the measured break-even)."""
+    cpp_hop_s: float = 0.003
+    """One chunk's hidden states to the next stage (s)."""
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -111,6 +123,14 @@ class SimConfig:
         if self.hot_block_min_accesses < 1:
             raise ValueError("hot_block_min_accesses must be >= 1")
         _finite("sample_interval_s", self.sample_interval_s, 0, strict=False)
+        if self.cpp_groups < 0 or (self.cpp_groups and self.scenario == "colocated"):
+            raise ValueError(f"cpp_groups must be >= 0 and needs a P/D scenario, got "
+                             f"{self.cpp_groups} with {self.scenario}")
+        if self.cpp_groups and (self.cpp_stages < 2 or self.cpp_chunk_tokens < 1
+                                or self.cpp_min_tokens < 0):
+            raise ValueError("cpp_stages must be >= 2, cpp_chunk_tokens >= 1 and "
+                             "cpp_min_tokens >= 0")
+        _finite("cpp_hop_s", self.cpp_hop_s, 0, strict=False)
 
     @property
     def network_bandwidth_bytes_per_s(self) -> float:

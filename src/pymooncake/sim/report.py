@@ -78,7 +78,13 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "calibration": cfg.calibration,
         "cache_capacity_tokens": res.cache_capacity_tokens,
         "early_rejection": cfg.early_rejection,
+        "cpp_groups": cfg.cpp_groups,
     }
+    if cfg.cpp_groups:      # CPP prefill groups (docs/cpp.md): their config, who used them
+        groups = {f"cpp{i}" for i in range(cfg.cpp_groups)}
+        out.update(cpp_stages=cfg.cpp_stages, cpp_chunk_tokens=cfg.cpp_chunk_tokens,
+                   cpp_min_tokens=cfg.cpp_min_tokens,
+                   num_prefilled_by_cpp=sum(r.prefill_node in groups for r in served))
     return {k: (_clean(v) if isinstance(v, float) else v) for k, v in out.items()}
 
 

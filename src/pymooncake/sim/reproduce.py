@@ -1,6 +1,10 @@
 """Regenerate docs/paper-reproduction.md: Figure 9 (hit rate vs capacity), Figure 10 (local vs
 global cache), Figure 5 (TTFT by scheduler), Figure 1 (effective capacity vs TBT threshold) and
-the Figure 14 calibration, each beside the paper's values (../shared/PAPER.md)."""
+the Figure 14 calibration, each beside the paper's values (../shared/PAPER.md).
+
+This module renders the page (``render``) and runs it all (``reproduce``); the runs and the
+paper's values are in ``sim.reproduce_runs``, the computed prose in ``sim.reproduce_claims``
+(both re-exported here)."""
 
 from __future__ import annotations
 
@@ -12,260 +16,42 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pymooncake.obs.slo import percentile
-from pymooncake.sim.capacity import capacity_curve
-from pymooncake.sim.config import SimConfig
 from pymooncake.sim.cost_model import GPU_PRESETS, MODEL_PRESETS, CostModel, calibration_table
-from pymooncake.sim.report import summarize
-from pymooncake.sim.runner import simulate
-from pymooncake.sim.sweep import sweep
-from pymooncake.workload.arrival import scale_arrivals
-from pymooncake.workload.stats import trace_stats
-from pymooncake.workload.trace import Trace, load_trace
-
-FIG9_CAPS = (10_000, 100_000, 1_000_000, 2_000_000, 4_000_000, 5_000_000, 8_000_000,
-             10_000_000, 50_000_000, 100_000_000, 500_000_000, 1_000_000_000)
-FIG9_PAPER = {
-    "conversation": (.0449, .0731, .0866, .1202, .2149, .2471, .2997, .3263, .3983, .4006,
-                     None, .4006),
-    "synthetic": (.0003, .0117, .1461, .2345, .3805, .4352, .5447, .5886, .6582, None, None,
-                  .6582),
-}
-FIG9_PAPER_3M_LABEL = {"conversation": 0.41, "synthetic": 0.46}
-FIG10_PAPER = {  # local hit, global hit, local GPU s, global GPU s
-    "conversation": (0.169, 0.375, 1.379, 1.050),
-    "synthetic": (0.264, 0.622, 1.497, 0.783),
-}
-FIG5_PAPER = {"random": (19.65, 13.72, 3.54, 29.3), "load": (5.27, 3.56, 1.05, 7.41),
-              "local-cache": (3.58, 2.16, 0.56, 5.14), "global-cache": (3.07, 1.72, 0.39, 4.14)}
-FIG1_PAPER = {  # TBT threshold ms -> effective capacity %, conversation
-    "Mooncake": (3.5, 96.6, 99.8, 100, 100, 100, 100),
-    "vLLM": (3.3, 16.1, 25.8, 38.8, 62.8, 86.4, 97.9),
-    "vLLM prefix caching": (1.8, 15.1, 23.7, 34.3, 56.0, 80.8, 96.3),
-    "vLLM chunked prefill": (1.2, 9.4, 17.4, 28.8, 55.4, 96.5, 100),
-}
-FIG1_TBT_MS = (50, 100, 150, 200, 300, 500, 1000)
-
-
-def figure9(traces: dict[str, Trace]) -> dict[str, Any]:
-    out = {}
-    for name, t in traces.items():
-        c = capacity_curve(t, FIG9_CAPS + (3_000_000,))
-        out[name] = {"capacities_tokens": c.capacities_tokens[:-1], "hit_ratio": c.hit_ratio[:-1],
-                     "max_hit_ratio": c.max_hit_ratio, "hit_ratio_3m": c.hit_ratio[-1],
-                     "trace_cache_ratio": trace_stats(t).cache_ratio}
-    return out
-
-
-def figure10(traces: dict[str, Trace]) -> dict[str, Any]:
-    out = {}
-    for name, t in traces.items():
-        row = {}
-        for label, scen, sched in (("local", "pd-local", "local-cache"),
-                                   ("local_load", "pd-local", "load"),
-                                   ("global", "pd-global", "global-cache")):
-            cfg = SimConfig(scenario=scen, scheduler=sched, num_prefill=10, num_decode=1,
-                            cache_capacity_tokens=3_000_000, output_length=1,
-                            sample_interval_s=0)
-            s = summarize(simulate(t, cfg))
-            row[label] = {"token_hit_ratio": s["token_hit_ratio"],
-                          "prefill_gpu_time_mean_s": s["prefill_gpu_time_mean_s"],
-                          "ttft_mean_s": s["ttft_mean_s"]}
-        row["figure9_at_3m"] = capacity_curve(t, (3_000_000,)).hit_ratio[0]
-        row["figure9_at_30m"] = capacity_curve(t, (30_000_000,)).hit_ratio[0]
-        out[name] = row
-    return out
-
-
-FIG5_RUNS = (("random", "pd-local"), ("load", "pd-local"), ("local-cache", "pd-local"),
-             ("global-cache", "pd-global"))
-
-
-FIG5_BUSY_SCALE = 1.3
-"""A second, busier replay (arrivals 1.3× faster) to show how the gaps widen with load."""
-
-
-def figure5(trace: Trace) -> dict[str, Any]:
-    out = {}
-    busy = scale_arrivals(trace, FIG5_BUSY_SCALE)
-    for sched, scen in FIG5_RUNS:
-        res = simulate(trace, SimConfig(
-            scenario=scen, scheduler=sched, num_prefill=8, num_decode=8,
-            sample_interval_s=300.0 if sched == "global-cache" else 0.0))
-        ttfts = [r.first_token_s - r.arrival_s for r in res.requests if not r.rejected]
-        s = summarize(res)
-        out[sched] = {"scenario": scen, "ttft_mean_s": s["ttft_mean_s"],
-                      "ttft_p50_s": percentile(ttfts, 50), "ttft_q1_s": percentile(ttfts, 25),
-                      "ttft_q3_s": percentile(ttfts, 75), "token_hit_ratio": s["token_hit_ratio"],
-                      "hot_key_replicas": s["hot_key_replicas"],
-                      "ttft_mean_busy_s": summarize(simulate(busy, SimConfig(
-                          scenario=scen, scheduler=sched, num_prefill=8, num_decode=8,
-                          sample_interval_s=0)))["ttft_mean_s"]}
-    return out
-
-
-FIG15_PAPER = {5: (77.7, 5.74, 31.5), 6: (97.2, 1.71, 31.8), 7: (99.1, 1.30, 32.9),
-               8: (99.0, 1.19, 35.0), 9: (99.2, 1.12, 38.3), 10: (98.4, 1.11, 44.2),
-               11: (86.1, 1.14, 58.3)}
-
-
-def figure15(trace: Trace) -> dict[str, Any]:
-    """P/D split of 16 nodes on the synthetic trace, TTFT <= 10 s, TBT <= 100 ms (§5.5)."""
-    pts = sweep(trace, SimConfig(num_prefill=8, num_decode=8, ttft_slo_s=10.0, tbt_slo_s=0.1,
-                                 sample_interval_s=0), "pd-ratio", list(FIG15_PAPER))
-    return {int(p.value): {"effective_request_capacity": p.summary["slo_attainment"],
-                           "ttft_mean_s": p.summary["ttft_mean_s"],
-                           "tbt_mean_s": p.summary["tbt_mean_s"]} for p in pts}
-
-
-FIG1_SYSTEMS = (
-    ("Mooncake", dict(scenario="pd-global", scheduler="global-cache", num_prefill=8,
-                      num_decode=8)),
-    ("vLLM", dict(scenario="colocated", scheduler="load", num_prefill=16,
-                  cache_capacity_tokens=0, chunked_prefill=False)),
-    ("vLLM prefix caching", dict(scenario="colocated", scheduler="load", num_prefill=16,
-                                 cache_capacity_tokens=1_000_000, chunked_prefill=False)),
-    ("vLLM chunked prefill", dict(scenario="colocated", scheduler="load", num_prefill=16,
-                                  cache_capacity_tokens=0, chunked_prefill=True)),
+from pymooncake.sim.reproduce_claims import (
+    _f,
+    calibration_claim,
+    figure1_claims,
+    figure5_claims,
+    figure9_gap,
+    figure10_direction,
+    figure11_claims,
+    figure15_claims,
 )
+from pymooncake.sim.reproduce_runs import (
+    FIG1_PAPER,
+    FIG1_SYSTEMS,
+    FIG1_TBT_MS,
+    FIG5_BUSY_SCALE,
+    FIG5_PAPER,
+    FIG5_RUNS,
+    FIG9_CAPS,
+    FIG9_PAPER,
+    FIG9_PAPER_3M_LABEL,
+    FIG10_PAPER,
+    FIG15_PAPER,
+    figure1,
+    figure5,
+    figure9,
+    figure10,
+    figure15,
+)
+from pymooncake.workload.trace import load_trace
 
-
-def figure1(trace: Trace) -> dict[str, Any]:
-    out = {}
-    for name, kw in FIG1_SYSTEMS:
-        res = simulate(trace, SimConfig(sample_interval_s=0, **kw))
-        n = len(res.requests)
-        row = []
-        for ms in FIG1_TBT_MS:
-            ok = sum(1 for r in res.requests if not r.rejected
-                     and r.first_token_s - r.arrival_s <= 30.0
-                     and (r.tbt_s is None or r.tbt_s <= ms / 1000.0))
-            row.append(100.0 * ok / n)
-        out[name] = row
-    return out
-
-
-def _f(v: float | None, nd: int = 4) -> str:
-    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
-
-
-def _span(vals: list[float], nd: int = 0, scale: float = 1.0) -> str:
-    """``lo–hi`` (or one value) of ``vals`` times ``scale``, ``nd`` decimals."""
-    lo, hi = min(vals) * scale, max(vals) * scale
-    return f"{lo:.{nd}f}" if f"{lo:.{nd}f}" == f"{hi:.{nd}f}" else f"{lo:.{nd}f}–{hi:.{nd}f}"
-
-
-def calibration_claim(rows: list[dict[str, float]]) -> str:
-    """The calibration sentence, from the table's errors and the A800 preset."""
-    pre = max(abs(r["prefill_error"]) for r in rows)
-    dec = max(abs(r["decode128_error"]) for r in rows)
-    g = GPU_PRESETS["A800"]
-    return (f"Prefill lands within {100 * pre:.1f} % of all {len(rows)} measured points, decode "
-            f"(128 tokens at batch 1) within {100 * dec:.1f} %. The linear term runs at "
-            f"{100 * g.mfu:.0f} % MFU and the causal attention term (a = 2) at "
-            f"{100 * g.attention_efficiency:.0f} % of the {g.num_gpus}×"
-            f"{g.peak_bf16_flops / 1e12:.0f} TFLOP/s peak; decode reads the weights and the KV "
-            f"at {100 * g.hbm_efficiency:.0f} % of {g.num_gpus}×"
-            f"{g.hbm_bandwidth_bytes_per_s / 1e12:.3f} TB/s plus a per-step overhead of "
-            f"{1000 * g.decode_step_overhead_s:.1f} ms.")
-
-
-def figure9_gap(f9: dict[str, Any]) -> str:
-    """How far each trace's curve is from the paper's, per vertex (paper − ours)."""
-    parts = []
-    for name, d in f9.items():
-        diffs = [pp - h for h, pp in zip(d["hit_ratio"], FIG9_PAPER[name], strict=True)
-                 if pp is not None]
-        lo, hi = min(diffs), max(diffs)
-        if lo > 0.005:
-            how = f"lands {_span(diffs, 1, 100)} points below the paper at every vertex"
-        elif hi < -0.005:
-            how = f"lands {_span([-x for x in diffs], 1, 100)} points above the paper"
-        else:
-            how = (f"matches the paper to within {max(abs(lo), abs(hi)):.3f} at every "
-                   "vertex")
-        parts.append(f"{name} {how} (max {d['max_hit_ratio']:.3f} vs "
-                     f"{FIG9_PAPER[name][-1]:.4f})")
-    return "Gap: " + "; ".join(parts) + "."
-
-
-def figure10_direction(f10: dict[str, Any]) -> str:
-    """Whether global > local in hit rate and < in GPU time, per trace (computed)."""
-    ok, bad = [], []
-    for name, d in f10.items():
-        lo, gl = d["local"], d["global"]
-        (ok if gl["token_hit_ratio"] > lo["token_hit_ratio"]
-         and gl["prefill_gpu_time_mean_s"] < lo["prefill_gpu_time_mean_s"] else bad).append(name)
-    if not bad:
-        head = "The direction holds on both traces" if len(ok) == 2 else \
-            f"The direction holds on {', '.join(ok)}"
-        return (head + ": the global pool gives a higher hit rate and a lower prefill GPU "
-                "time than local caches.")
-    return (f"The direction FAILS on {', '.join(bad)}"
-            + (f" (holds on {', '.join(ok)})" if ok else "")
-            + ": there the global pool does not give both a higher hit rate and a lower "
-              "prefill GPU time than local caches.")
-
-
-def figure5_claims(f5: dict[str, Any]) -> str:
-    """Paper ratios, absolute level and the busier replay, from the numbers."""
-    g, gp = f5["global-cache"]["ttft_mean_s"], FIG5_PAPER["global-cache"][0]
-    paper = ", ".join(f"{s} ×{FIG5_PAPER[s][0] / gp:.2f}" for s, _ in FIG5_RUNS[:-1])
-    lower = [s for s in f5 if f5[s]["ttft_mean_s"] < FIG5_PAPER[s][0]]
-    level = ("Our absolute TTFTs are lower for every scheduler" if len(lower) == len(f5) else
-             f"Our absolute TTFTs are lower for {', '.join(lower) or 'no scheduler'}")
-    slower = all(d["ttft_mean_busy_s"] > d["ttft_mean_s"] for d in f5.values())
-    growth = {s: d["ttft_mean_busy_s"] - d["ttft_mean_s"] for s, d in f5.items()}
-    widen = growth["random"] > growth["global-cache"] and growth["load"] > growth["global-cache"]
-    return (f"; paper {paper}. {level} (global cache-aware ×{gp / g:.2f} below the paper). "
-            f"The last column replays the trace {FIG5_BUSY_SCALE}× faster: "
-            + ("every policy slows down" if slower else "not every policy slows down")
-            + " (mean TTFT +" + ", +".join(f"{v:.2f} s {k}" for k, v in growth.items()) + "); "
-            + ("the gaps to global cache-aware widen for random and load balancing"
-               if widen else "the gaps do not widen for both random and load balancing")
-            + " (`pymooncake sim sweep --over rate` for more points).")
-
-
-def figure11_claims(rows: list[dict[str, Any]], f5: dict[str, Any]) -> str:
-    """Replica spans of ranks 1/10/100 over the samples and the TTFT level vs the paper."""
-    def span(rank: int) -> str:   # from the second sample on (the first is at t = 0)
-        vals = [r[f"rank_{rank}"] for r in rows[1:] if f"rank_{rank}" in r]
-        return _span(vals) if vals else "–"
-    g, gp = f5["global-cache"]["ttft_mean_s"], FIG5_PAPER["global-cache"][0]
-    return (f"Ours over the samples after the first: rank 1 on {span(1)} nodes, rank 10 on "
-            f"{span(10)}, rank 100 on {span(100)}, rank 1000 on {span(1000)}. Algorithm 1 fetches "
-            "blocks only when the node it picks lacks them, and cache-aware routing usually "
-            "sends a prefix's requests to a node that holds it, so copies appear only when "
-            "load pushes requests elsewhere; our global cache-aware mean TTFT is "
-            f"{gp / g:.1f}× {'lower' if g < gp else 'higher'} than the paper's (Figure 5).")
-
-
-def figure15_claims(f15: dict[int, Any]) -> str:
-    """Which splits meet 99 %, where capacity peaks, whether 11P5D drops, TBT span."""
-    caps = {p: d["effective_request_capacity"] for p, d in f15.items()}
-    best = max(caps, key=lambda p: caps[p])
-    low = [p for p, c in caps.items() if c < 0.9]
-    last, prev = max(caps), max(caps) - 1
-    drop = caps[last] < caps[prev] - 0.05
-    tbts = [1000 * d["tbt_mean_s"] for d in f15.values()]
-    return (f"Capacity peaks at {best}P{16 - best}D ({100 * caps[best]:.1f} %); splits under "
-            f"90 %: {', '.join(f'{p}P{16 - p}D' for p in low) or 'none'}. The paper's drop at "
-            f"{last}P{16 - last}D is "
-            + ("reproduced" if drop else "not reproduced")
-            + f" ({100 * caps[prev]:.1f} % → {100 * caps[last]:.1f} %). Mean TBT spans "
-            f"{_span(tbts)} ms over the splits (paper {FIG15_PAPER[min(FIG15_PAPER)][2]:.0f}"
-            f"–{FIG15_PAPER[max(FIG15_PAPER)][2]:.0f} ms).")
-
-
-def figure1_claims(f1: dict[str, list[float]]) -> str:
-    m = f1["Mooncake"]
-    colo_worse = all(f1[n][i] <= m[i] for n in f1 for i in range(len(m)))
-    return ("Direction: disaggregation keeps TBT flat, colocated prefill inflates it — "
-            + ("holds (Mooncake's capacity is at or above every colocated variant at every "
-               "threshold)" if colo_worse else "does NOT hold at every threshold")
-            + f". Mooncake at {FIG1_TBT_MS[0]} ms: {m[0]:.1f} % ours vs "
-              f"{FIG1_PAPER['Mooncake'][0]:.1f} % paper. Qualitative only (PAPER.md: direction "
-              "and rough ratios).")
+__all__ = ["FIG1_PAPER", "FIG1_SYSTEMS", "FIG1_TBT_MS", "FIG5_BUSY_SCALE", "FIG5_PAPER",
+           "FIG5_RUNS", "FIG9_CAPS", "FIG9_PAPER", "FIG9_PAPER_3M_LABEL", "FIG10_PAPER",
+           "FIG15_PAPER", "calibration_claim", "figure1", "figure1_claims", "figure5",
+           "figure5_claims", "figure9", "figure9_gap", "figure10", "figure10_direction",
+           "figure11_claims", "figure15", "figure15_claims", "render", "reproduce"]
 
 
 def render(results: dict[str, Any], elapsed_s: float, traces_dir: str) -> str:

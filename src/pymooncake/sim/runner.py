@@ -18,6 +18,7 @@ import numpy as np
 from pymooncake.conductor import policy
 from pymooncake.conductor.policy import (
     ClusterView,
+    CppCostModel,
     DecodeInstanceState,
     HotBlockConfig,
     InstanceId,
@@ -27,6 +28,7 @@ from pymooncake.conductor.policy import (
     Rejection,
     RequestInfo,
 )
+from pymooncake.conductor.policy.cpp import cpp_prefill_s
 from pymooncake.obs.slo import tbt_s
 from pymooncake.sim import events as ev
 from pymooncake.sim.cache_model import LruBlockCache
@@ -87,6 +89,8 @@ class Simulator:
         # The very functions the live Conductor imports (checked by a test).
         self.schedule = policy.schedule
         self.prefill_policy = policy.PREFILL_POLICIES[cfg.scheduler]
+        if cfg.cpp_groups:      # long prompts to a CPP group where it pays (docs/cpp.md)
+            self.prefill_policy = policy.with_cpp(self.prefill_policy)
         self.blocks_to_replicate = policy.blocks_to_replicate
         self.index = PrefixIndex()
         self.colocated = cfg.scenario == "colocated"
@@ -96,6 +100,11 @@ class Simulator:
         self.prefill_nodes = [
             PrefillNode(f"p{i}", LruBlockCache(f"p{i}", cap, cfg.block_size, self.index))
             for i in range(cfg.num_prefill)]
+        cpp = CppCostModel(cfg.cpp_stages, cfg.cpp_chunk_tokens, self.est.prefill,
+                           cfg.cpp_hop_s, 0.0, cfg.cpp_min_tokens, edge_tokens=0)
+        self.prefill_nodes += [
+            PrefillNode(f"cpp{i}", LruBlockCache(f"cpp{i}", cap, cfg.block_size, self.index),
+                        cpp=cpp) for i in range(cfg.cpp_groups)]
         self.prefill_ids = tuple(InstanceId(p.name) for p in self.prefill_nodes)
         self.by_name = {p.name: p for p in self.prefill_nodes}
         # A colocated prefix cache is HBM: the running requests get what it leaves.
@@ -120,7 +129,7 @@ class Simulator:
     # --- views ------------------------------------------------------------------------
     def _view(self, now: float) -> ClusterView:
         pre = tuple(PrefillInstanceState(InstanceId(p.name), p.predicted_busy_until_s,
-                                         p.queued_predicted_s, p.num_in_flight)
+                                         p.queued_predicted_s, p.num_in_flight, cpp=p.cpp)
                     for p in self.prefill_nodes)
         if self.colocated:
             return ClusterView(now, pre, ())
@@ -186,11 +195,11 @@ class Simulator:
         node.predicted_busy_until_s = now + r.predicted_prefill_s
         cm, bs, n = self.cm, self.cfg.block_size, r.input_length
         keys = r.hash_ids
-        local = prefix_blocks_hit(keys, node.cache)
+        local = prefix_blocks_hit(keys, node.cache) if node.cpp is None else 0
         prefix = local
         fetched: tuple[int, ...] = ()
         src = r.planned_transfer_source
-        if src is not None and src in self.by_name:
+        if src is not None and src in self.by_name and node.cpp is None:
             # Reuse what the chosen holder still has (it may have evicted since scheduling).
             avail = min(prefix_blocks_hit(keys, self.by_name[src].cache), r.planned_prefix_blocks)
             if avail > local:
@@ -199,7 +208,8 @@ class Simulator:
         prefix_tokens = min(prefix * bs, n)
         fetch_tokens = prefix_tokens - min(local * bs, n)
         t_fetch = cm.transfer_s(fetch_tokens)
-        gpu_s = cm.prefill_s(n, prefix_tokens)
+        gpu_s = (cm.prefill_s(n, prefix_tokens) if node.cpp is None   # a group: from token 0
+                 else cpp_prefill_s(node.cpp, n, 0))
         r.hit_tokens = prefix_tokens
         r.remote_hit_tokens = fetch_tokens
         r.prefill_gpu_s = gpu_s

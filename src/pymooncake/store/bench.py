@@ -11,119 +11,45 @@ apply): ``put``/``get`` rows with ``op``, ``size_bytes``, ``mode``, ``count``,
 ``throughput_bytes_per_s``, ``p50_s``, ``p99_s``, ``verified``,
 ``mooncake_throughput_bytes_per_s`` (null without the wheel) and ``ratio``; then the master's
 rows, op ``metadata`` / ``metadata_batch`` in mode ``master``, with ``ops_per_s``,
-``mooncake_ops_per_s``, ``num_clients`` and ``batch_keys`` (byte and latency keys null).
+``mooncake_ops_per_s``, ``num_clients`` and ``batch_keys`` (byte and latency keys null):
+the master's capacity, ours with 8 calls in flight per process through the raw RPC client,
+Mooncake's with one (not the same depth). The side-by-side metadata figures at equal depth,
+through the same Python API on both sides, are ``pymooncake.bench.store_meta``'s rows
+(mode ``metadata_ops``), which ``pymooncake bench store`` appends.
+
+This module holds the put/get runs, the rows and their table; the processes (clusters,
+CPU time) are in ``store.bench_procs``, the master's metadata ops/s in
+``store.bench_master``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import multiprocessing as mp
 import os
-import selectors
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-MiB = 1 << 20
+from pymooncake.store.bench_master import bench_master
+from pymooncake.store.bench_procs import (
+    _HELPERS,
+    _MC_HOLDER,
+    MiB,
+    _cpu_s,
+    _free_port,
+    _mooncake_cluster,
+    _mooncake_master,
+    _pymooncake_cluster,
+    _spawn,
+    _stop,
+    mooncake_available,
+)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(argv: list[str], ready: Callable[[bytes], dict | None], timeout_s: float = 30.0
-           ) -> tuple[subprocess.Popen, dict]:
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    sel = selectors.DefaultSelector()
-    sel.register(p.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline and p.poll() is None:
-            if sel.select(0.1):
-                info = ready(p.stdout.readline())  # type: ignore[union-attr]
-                if info is not None:
-                    return p, info
-        raise RuntimeError(f"{argv[0]} did not start")
-    except BaseException:
-        p.kill()
-        raise
-    finally:
-        sel.close()
-
-
-def _stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-
-
-def _ready_json(line: bytes) -> dict | None:
-    if line.startswith(b"{"):
-        info = json.loads(line)
-        if info.get("event") == "ready":
-            return info
-    return None
-
-
-@contextlib.contextmanager
-def _pymooncake_cluster(segment_bytes: int
-                        ) -> Iterator[tuple[str, str, subprocess.Popen | None]]:
-    exe = [sys.executable, "-m", "pymooncake"]
-    master, info = _spawn([*exe, "master", "--port", "0", "--enable-http-metadata-server",
-                           "--http-metadata-server-port", str(_free_port()),
-                           "--eviction-high-watermark-ratio", "1.0"], _ready_json)
-    addr, md = f"127.0.0.1:{info['port']}", info["metadata_url"]
-    server = None
-    try:
-        _HELPERS[:] = [master.pid]
-        if segment_bytes:  # 0: no storage process (the client's own segment holds all)
-            server, _ = _spawn([*exe, "store-server", "--master", addr, "--metadata", md,
-                                "--global-segment-size", str(segment_bytes),
-                                "--transports", "local,tcp"], _ready_json)
-            _HELPERS.append(server.pid)
-        yield addr, md, server
-    finally:
-        _HELPERS.clear()
-        if server is not None:
-            _stop(server)
-        _stop(master)
-
-
-_HELPERS: list[int] = []
-"""Pids of the running cluster's other processes (master, storage process): their CPU time
-is counted with the bench process's in ``cpu_s_per_op``."""
-
-
-def _cpu_s(pids: list[int]) -> float:
-    """CPU seconds so far of this process (all threads) and of ``pids`` (the sum over their
-    threads of Linux's ``/proc/<pid>/task/<tid>/schedstat``, nanoseconds on a CPU)."""
-    total = time.process_time()
-    for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0]) / 1e9
-            except (OSError, IndexError, ValueError):
-                pass
-    return total
+__all__ = ["ROW_KEYS", "MiB", "bench_master", "human", "master_rows", "mooncake_available",
+           "run", "_free_port", "_mooncake_cluster", "_mooncake_master", "_pymooncake_cluster",
+           "_row"]
 
 
 def _stats(lat: list[float], total_bytes: int) -> dict[str, float]:
@@ -198,55 +124,6 @@ def _bench_pymooncake(sizes: list[int], count: int, mode: str) -> dict[int, tupl
     return out
 
 
-_MC_HOLDER = """
-import sys, time
-sys.path.append(sys.argv[4])
-from mooncake.store import MooncakeDistributedStore
-s = MooncakeDistributedStore()
-rc = s.setup("localhost", sys.argv[1], int(sys.argv[3]), 16 << 20, "tcp", "", sys.argv[2])
-print("ready" if rc == 0 else f"failed {rc}", flush=True)
-time.sleep(3600)
-"""
-
-
-def mooncake_available() -> bool:
-    try:
-        import mooncake.store  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means "absent"
-        return False
-    return _mooncake_master() is not None
-
-
-def _mooncake_master() -> str | None:
-    exe = shutil.which("mooncake_master") or os.path.join(os.path.dirname(sys.executable),
-                                                          "mooncake_master")
-    return exe if os.path.exists(exe) else None
-
-
-@contextlib.contextmanager
-def _mooncake_cluster() -> Iterator[tuple[str, str]]:
-    mport, hport = _free_port(), _free_port()
-    exe = _mooncake_master()
-    assert exe is not None
-    master = subprocess.Popen([exe, f"--rpc_port={mport}", "--enable_http_metadata_server=true",
-                               "--http_metadata_server_host=127.0.0.1",
-                               f"--http_metadata_server_port={hport}",
-                               f"--metrics_port={_free_port()}",
-                               "--eviction_high_watermark_ratio=1.0"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", mport), 1):
-                break
-            time.sleep(0.1)
-        time.sleep(0.3)
-        _HELPERS[:] = [master.pid]
-        yield f"127.0.0.1:{mport}", f"http://127.0.0.1:{hport}/metadata"
-    finally:
-        _HELPERS.clear()
-        _stop(master)
-
 
 def _bench_mooncake(sizes: list[int], count: int, mode: str) -> dict[int, tuple[dict, dict]]:
     from mooncake.store import MooncakeDistributedStore
@@ -284,110 +161,6 @@ def _bench_mooncake(sizes: list[int], count: int, mode: str) -> dict[int, tuple[
             if holder is not None:
                 _stop(holder)
     return out
-
-
-# -- master metadata ops/s ---------------------------------------------------------------
-
-def _meta_worker(addr: str, batch: int, n: int, start: Any, q: Any) -> None:
-    """``n`` metadata operations: alternating exist / get_replica_list of one key, 8 calls in
-    flight; with ``batch > 1`` each call is the batch form over ``batch`` keys."""
-    import asyncio
-
-    from pymooncake.rpc import RpcClient
-
-    host, port = addr.rsplit(":", 1)
-    one = {"client_id": "bench", "key": "meta-key"}
-    many = {"client_id": "bench", "keys": ["meta-key"] * batch}
-
-    async def main() -> int:
-        c = RpcClient(host, int(port))
-        await c.call("ping", None)
-        start.wait()
-        done = 0
-
-        async def lane(m: int) -> None:
-            nonlocal done
-            for i in range(m):
-                if batch > 1:
-                    await c.call("batch_exist" if i % 2 else "batch_get_replica_list", many)
-                else:
-                    await c.call("exist" if i % 2 else "get_replica_list", one)
-                done += batch
-
-        await asyncio.gather(*(lane(n // batch // 8) for _ in range(8)))
-        await c.close()
-        return done
-
-    try:
-        import uvloop
-
-        q.put(uvloop.run(main()))
-    except ImportError:
-        q.put(asyncio.run(main()))
-
-
-def _mc_meta_worker(addr: str, md: str, batch: int, n: int, start: Any, q: Any) -> None:
-    from mooncake.store import MooncakeDistributedStore
-
-    s = MooncakeDistributedStore()
-    s.setup("localhost", md, 0, 16 << 20, "tcp", "", addr)
-    keys = ["meta-key"] * batch
-    start.wait()
-    done = 0
-    for _ in range(n // batch):
-        if batch > 1:
-            s.batch_is_exist(keys)
-        else:
-            s.is_exist("meta-key")
-        done += batch
-    q.put(done)
-    s.close()
-
-
-def _run_workers(target: Callable, args: tuple, n_total: int, num_clients: int = 4) -> float:
-    ctx = mp.get_context("spawn")
-    start, q = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=target, args=(*args, n_total // num_clients, start, q))
-             for _ in range(num_clients)]
-    for p in procs:
-        p.start()
-    time.sleep(3.0)  # let every worker connect
-    t0 = time.perf_counter()
-    start.set()
-    done = sum(q.get(timeout=120) for _ in procs)
-    dt = time.perf_counter() - t0
-    for p in procs:
-        p.join(10)
-    return done / dt
-
-
-def bench_master(ops: int, with_mooncake: bool, batch: int = 16) -> dict[str, Any]:
-    """Metadata operations/s from 4 client processes: single-key calls, and batch calls of
-    ``batch`` keys (each key counted as one operation)."""
-    from pymooncake.store.client import StoreClient
-
-    with _pymooncake_cluster(16 * MiB) as (addr, md, _server):
-        c = StoreClient(addr, md, local_buffer_size=MiB).start()
-        c.put("meta-key", b"x" * 1024)
-        ours = _run_workers(_meta_worker, (addr, 1), ops)
-        ours_b = _run_workers(_meta_worker, (addr, batch), ops * 4)
-        c.close()
-    theirs = theirs_b = None
-    if with_mooncake:
-        with _mooncake_cluster() as (addr, md):
-            from mooncake.store import MooncakeDistributedStore
-
-            s = MooncakeDistributedStore()
-            s.setup("localhost", md, 16 * MiB, 16 * MiB, "tcp", "", addr)
-            s.put("meta-key", b"x" * 1024)
-            theirs = _run_workers(_mc_meta_worker, (addr, md, 1), ops // 4)
-            theirs_b = _run_workers(_mc_meta_worker, (addr, md, batch), ops)
-            s.close()
-    return {"op": "metadata", "num_clients": 4, "ops": ops, "ops_per_s": ours,
-            "mooncake_ops_per_s": theirs, "ratio": (ours / theirs) if theirs else None,
-            "batch_keys": batch, "batched_ops_per_s": ours_b,
-            "mooncake_batched_ops_per_s": theirs_b,
-            "batched_ratio": (ours_b / theirs_b) if theirs_b else None}
 
 
 ROW_KEYS = ("op", "size_bytes", "mode", "count", "throughput_bytes_per_s", "p50_s", "p99_s",

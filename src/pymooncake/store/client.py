@@ -25,7 +25,14 @@ one the client builds and owns its own.
 
 The parts live by responsibility in ``client_master`` (master RPC, metadata-only ops),
 ``client_memory`` (segment, staging, registered buffers), ``client_put``, ``client_get``
-and ``client_background`` (heartbeats, SSD orders); ``StoreClient`` joins them.
+(and ``client_ranges``: byte ranges of planned objects, for layer-wise KV loads)
+and ``client_background`` (heartbeats, SSD orders, the SSD recovery at start);
+``StoreClient`` joins them.
+
+With an SSD tier the client is a *holder* (``SsdTier.holder()``, kept in its directory):
+started again on the same directory it drops its previous life's segment at the master,
+keeps the files that verify and re-registers them (``ssd_recover=False``: start empty,
+the files are deleted), see ``store/master/recovery.py``.
 """
 
 from __future__ import annotations
@@ -45,8 +52,8 @@ import numpy as np
 from pymooncake.rpc import SyncRpcClient
 from pymooncake.store.client_background import Background
 from pymooncake.store.client_base import MAX_KEY_BYTES, parse_addr
-from pymooncake.store.client_get import GetOps
 from pymooncake.store.client_put import PutOps
+from pymooncake.store.client_ranges import RangeGetOps
 from pymooncake.store.datapath import DataPath
 from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.leader import MasterLocator
@@ -57,7 +64,7 @@ from pymooncake.store.tiers.ssd import SsdTier
 __all__ = ["MAX_KEY_BYTES", "StoreClient", "parse_addr"]
 
 
-class StoreClient(Background, GetOps, PutOps):
+class StoreClient(Background, RangeGetOps, PutOps):
     """A Mooncake Store client (see module docstring).
 
     ``master``: ``"host:port"`` of ``pymooncake master``. ``metadata_url``: the Transfer
@@ -74,7 +81,7 @@ class StoreClient(Background, GetOps, PutOps):
                  transfer_config: Any = None, clock: Callable[[], float] = time.monotonic,
                  heartbeat_interval_s: float = 1.0, rpc_timeout_s: float = 5.0,
                  bad_segment_ttl_s: float = 10.0, name: str | None = None,
-                 transfer_engine: Any = None) -> None:
+                 transfer_engine: Any = None, ssd_recover: bool = True) -> None:
         # host:port, or an HA set (host:port,... or etcd://h:p[/cluster]) whose leader
         # every master call follows (store/leader.py)
         self.master_locator = MasterLocator(master)
@@ -114,7 +121,13 @@ class StoreClient(Background, GetOps, PutOps):
         self._host_id = local_host_id()
         self._transfer_config = transfer_config
         self._ssd_path, self._ssd_capacity = ssd_path, ssd_capacity
+        self._ssd_recover = ssd_recover
         self.ssd: SsdTier | None = None
+        self.holder = ""  # the SSD directory's holder id (issue 17: rejoin)
+        self.recovery: dict[str, Any] | None = None
+        self._ssd_ready = threading.Event()  # set once the start-up SSD recovery is over
+        """What the start-up SSD recovery did (``registered``, ``refused``, ``skipped``
+        entries with reasons, ``removed_bad`` files); ``None`` without an SSD tier."""
         self._rpc_local = threading.local()  # one master connection per calling thread
         self._rpcs: list[SyncRpcClient] = []
         self._rng = random.Random()
@@ -173,8 +186,11 @@ class StoreClient(Background, GetOps, PutOps):
             self.segment_base = self._dp.register(self._segment_buf)
             if self._ssd_path:
                 # its own subdirectory of the path, locked: processes given the same
-                # --ssd-path never touch each other's files (case BUG-29)
-                self.ssd = SsdTier.claim(self._ssd_path, self._ssd_capacity)
+                # --ssd-path never touch each other's files (case BUG-29); a restart
+                # finds its previous life's verified files (issue 17), unless told not to
+                self.ssd = SsdTier.claim(self._ssd_path, self._ssd_capacity,
+                                         recover=self._ssd_recover, drop_bad=True)
+                self.holder = self.ssd.holder()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._bg_main, args=(ready,), daemon=True,
                                         name=f"store-client-{self.client_id}")
@@ -186,6 +202,11 @@ class StoreClient(Background, GetOps, PutOps):
         self._master("heartbeat", HeartbeatRequest(self.client_id))
         if self.global_segment_size:
             self._mount()
+            if self.ssd is not None:
+                try:
+                    self.recovery = self._recover_ssd()
+                finally:
+                    self._ssd_ready.set()
         self.started = True
 
     def close(self) -> None:

@@ -1,6 +1,7 @@
 """The Store client's background thread: heartbeats to the master (re-mounting the
 segment when the master forgot it), the master's SSD orders for this client's segment,
-and the liveness check of other segments' owners (case BUG-34)."""
+and the liveness check of other segments' owners (case BUG-34); also the mount and the
+start-up SSD recovery of a restarted holder (``_recover_ssd``, issue 17)."""
 
 from __future__ import annotations
 
@@ -16,20 +17,68 @@ from pymooncake.obs.logging import init_logger
 from pymooncake.rpc import RpcClient, RpcError, RpcServer
 from pymooncake.store.client_master import MasterOps
 from pymooncake.store.leader import LeaderRpc
-from pymooncake.store.protocol import HeartbeatRequest, LoadOrder, MountRequest, SpillOrder
+from pymooncake.store.protocol import (
+    HeartbeatRequest,
+    LoadOrder,
+    MountRequest,
+    SpillOrder,
+    SsdRecoverRequest,
+)
 from pymooncake.store.tiers.ssd import SsdCorrupt, SsdFull
 
 logger = init_logger(__name__)
+
+RECOVER_BATCH = 512
+"""SSD objects per ``ssd_recover`` call of a restarted storage process."""
 
 
 class Background(MasterOps):
     """Heartbeats, segment (re-)mounting, SSD orders and owner liveness."""
 
+    def _mount_request(self) -> MountRequest:
+        return MountRequest(self.client_id, self.segment_name, self.local_hostname,
+                            self.segment_base, self.global_segment_size,
+                            self._ssd_capacity if self.ssd else 0, self.local_hostname,
+                            self._rpc_port, self.holder)
+
     def _mount(self) -> None:
-        self._master("mount_segment", MountRequest(
-            self.client_id, self.segment_name, self.local_hostname, self.segment_base,
-            self.global_segment_size, self._ssd_capacity if self.ssd else 0,
-            self.local_hostname, self._rpc_port))
+        self._master("mount_segment", self._mount_request())
+
+    def _recover_ssd(self) -> dict[str, Any]:
+        """After a restart on the same SSD directory (issue 17): offer the objects the
+        verifying start-up scan kept to the master, in batches, as SSD replicas of this
+        segment; delete the files it refuses. Corrupt or cut object files were already
+        deleted by the scan and are reported here (``skipped``), never registered."""
+        assert self.ssd is not None
+        rep = self.ssd.last_scan
+        sizes = self.ssd.sizes()
+        keys = [k for k in sizes if k in rep.checksums]
+        for k in sizes.keys() - rep.checksums.keys():  # never verified: not offered
+            self.ssd.remove(k)
+        out: dict[str, Any] = {"registered": 0, "refused": 0, "skipped": rep.skipped,
+                               "removed_bad": rep.removed_bad}
+        i = 0
+        while True:
+            batch = keys[i:i + RECOVER_BATCH]
+            i += len(batch)
+            res = self._master("ssd_recover", SsdRecoverRequest(
+                self.client_id, self.segment_name, self.holder,
+                tuple((k, sizes[k], rep.checksums[k]) for k in batch), i >= len(keys)))
+            for k, why in zip(batch, res, strict=True):
+                if why:
+                    logger.info("SSD object %r not registered again (%s): file deleted",
+                                k, why)
+                    self.ssd.remove(k)
+                    out["refused"] += 1
+                else:
+                    out["registered"] += 1
+            if i >= len(keys):
+                break
+        rep.checksums.clear()
+        if rep.skipped:
+            logger.warning("SSD recovery in %s skipped %d damaged or stray entries: %s",
+                           self.ssd.path, len(rep.skipped), rep.skipped[:20])
+        return out
 
     def _owner_dead(self, segment: str) -> str | None:
         """Liveness check of ``segment``'s owner after a successful move (case BUG-34):
@@ -113,10 +162,7 @@ class Background(MasterOps):
             await asyncio.to_thread(self.ssd.clear)
         logger.info("master forgot client %s; re-mounting %s", self.client_id,
                     self.segment_name)
-        await master.call("mount_segment", MountRequest(
-            self.client_id, self.segment_name, self.local_hostname, self.segment_base,
-            self.global_segment_size, self._ssd_capacity if self.ssd else 0,
-            self.local_hostname, self._rpc_port))
+        await master.call("mount_segment", self._mount_request())
 
     def _seg_view(self, addr: int, length: int) -> np.ndarray:
         off = addr - self.segment_base
@@ -127,6 +173,8 @@ class Background(MasterOps):
     async def _ssd_spill(self, order: SpillOrder) -> dict[str, Any]:
         if self.ssd is None:
             return {"ok": False, "dropped": []}
+        if not self._ssd_ready.is_set():  # the recovery may still delete a refused file
+            await asyncio.to_thread(self._ssd_ready.wait, 30.0)
         data = self._seg_view(order.addr, order.length).tobytes()
         try:
             dropped = await self.ssd.aput(order.key, data)

@@ -1,6 +1,8 @@
 """The Store client's reads: replica plans (and leases) from the master, copies with
-replica fallback, the one lease check after the copy (case BUG-15), and SSD-held keys
-loaded back in rounds (case BUG-62)."""
+replica fallback, the checksum check of every copy (issue 17: a replica whose bytes fail
+is dropped and the next one tried; none left: ``CHECKSUM_MISMATCH`` naming the key), the
+one lease check after the copy (case BUG-15), and SSD-held keys loaded back in rounds
+(case BUG-62)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from pymooncake.store.checksum import verify, verify_at
+from pymooncake.store.client_badreplica import BadReplicaOps
 from pymooncake.store.client_base import (
     GET_LATENCY,
     GET_RESULT,
@@ -18,8 +22,7 @@ from pymooncake.store.client_base import (
     LOCAL_DONE,
     NEEDS_LOAD,
 )
-from pymooncake.store.client_master import MasterOps
-from pymooncake.store.client_memory import MemoryOps, check_lists
+from pymooncake.store.client_memory import check_lists
 from pymooncake.store.datapath import Move
 from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.protocol import (
@@ -31,7 +34,8 @@ from pymooncake.store.protocol import (
 
 
 class _ReadPlan:
-    __slots__ = ("key", "size", "replicas", "lease_expiry", "error")
+    __slots__ = ("key", "size", "replicas", "lease_expiry", "error", "checksum", "corrupt",
+                 "generation", "bad")
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -39,9 +43,34 @@ class _ReadPlan:
         self.replicas: list[ReplicaDesc] = []
         self.lease_expiry = 0.0
         self.error: StoreError | None = None
+        self.checksum: bytes | None = None  # the object's per-chunk digests (issue 17)
+        self.corrupt: list[str] = []  # segments whose replica failed its checksum
+        self.generation = 0
+        self.bad: list[ReplicaDesc] = []  # those replicas, to report (client_badreplica)
+
+    def bad_copy(self, rep: ReplicaDesc) -> None:
+        """``rep``'s bytes failed the checksum: that replica is not tried again here, and
+        when no replica is left the read fails ``CHECKSUM_MISMATCH`` (issue 17)."""
+        self.corrupt.append(rep.segment)
+        self.bad.append(rep)
+        self.replicas = [x for x in self.replicas if x.replica_id != rep.replica_id]
+        if not self.replicas:
+            self.error = self.no_replica_error("checksum mismatch")
+
+    def no_replica_error(self, reason: str) -> StoreError:
+        """Every replica failed: ``CHECKSUM_MISMATCH`` naming the key when one of them
+        held corrupt bytes (or the object has no checksum), else ``OBJECT_NOT_FOUND``."""
+        if self.corrupt:
+            what = ("it was stored without a checksum" if self.checksum is None else
+                    "the replica(s) on " + ", ".join(self.corrupt) + " failed the checksum")
+            return StoreError(ErrorCode.CHECKSUM_MISMATCH,
+                              f"{self.key!r}: no replica with intact bytes ({what}; last: "
+                              f"{reason})")
+        return StoreError(ErrorCode.OBJECT_NOT_FOUND,
+                          f"{self.key!r}: every replica failed ({reason})")
 
 
-class GetOps(MasterOps, MemoryOps):
+class GetOps(BadReplicaOps):
     """Get methods of ``StoreClient``."""
 
     def _plan(self, keys: Sequence[str], prefer_local: bool, load: bool = True
@@ -92,22 +121,46 @@ class GetOps(MasterOps, MemoryOps):
         for p, r, t_asked in zip(ask, answers, queried, strict=True):
             if isinstance(r, StoreError):
                 p.error = r
-                continue
-            rl = replica_list_from_wire(r)
-            p.size = rl.size_bytes
-            p.lease_expiry = (t_asked + rl.lease_ttl_ms / 1000.0 if rl.lease_ttl_ms > 0
-                              else float("inf"))
-            reps = [x for x in rl.replicas if x.tier == TIER_DRAM
-                    and (not self._bad or self._bad.get(x.segment, 0.0) <= now)]
-            if len(reps) > 1:
-                self._rng.shuffle(reps)
-                if prefer_local:
-                    reps.sort(key=lambda x: x.segment != self.segment_name)
-            p.replicas = reps
-            if not reps:
-                p.error = StoreError(ErrorCode.OBJECT_NOT_FOUND,
-                                     f"{p.key!r}: no reachable replica")
+            else:
+                self._fill(p, r, t_asked, now, prefer_local)
         return plans
+
+    def _fill(self, p: _ReadPlan, r: dict, t_asked: float, now: float,
+              prefer_local: bool) -> None:
+        """``p`` from the master's answer ``r`` (asked at ``t_asked``, client clock): size,
+        lease expiry and the DRAM replicas to try, in order."""
+        rl = replica_list_from_wire(r)
+        p.size = rl.size_bytes
+        p.checksum = rl.checksum
+        p.generation = rl.generation
+        p.lease_expiry = (t_asked + rl.lease_ttl_ms / 1000.0 if rl.lease_ttl_ms > 0
+                          else float("inf"))
+        reps = [x for x in rl.replicas if x.tier == TIER_DRAM
+                and (not self._bad or self._bad.get(x.segment, 0.0) <= now)]
+        if len(reps) > 1:
+            self._rng.shuffle(reps)
+            if prefer_local:
+                reps.sort(key=lambda x: x.segment != self.segment_name)
+        p.replicas = reps
+        if not reps:
+            p.error = StoreError(ErrorCode.OBJECT_NOT_FOUND, f"{p.key!r}: no reachable replica")
+
+    def _plan_one(self, key: str) -> _ReadPlan:
+        """``_plan([key], True, load=False)`` in one ``get_replica_list`` call (no batch
+        wrapping on either side): the single-key hot path of ``get``/``get_size``."""
+        p = _ReadPlan(key)
+        try:
+            self._check_key(key)
+            t_query = self._clock()
+            r = self._master("get_replica_list", {"client_id": self.client_id, "key": key})
+        except StoreError as e:
+            p.error = e
+            return p
+        if r.get("promote"):
+            p.error = NEEDS_LOAD
+            return p
+        self._fill(p, r, t_query, self._clock(), True)
+        return p
 
     def _read(self, plans: list[_ReadPlan], dests: list[tuple[int, int] | None]) -> None:
         """Copy each planned object into ``dests[i] = (addr, capacity)``; replica fallback;
@@ -122,18 +175,26 @@ class GetOps(MasterOps, MemoryOps):
                     f"{plans[i].key!r}: buffer of {0 if d is None else d[1]} bytes < "
                     f"object of {plans[i].size}")
         pending = [i for i in pending if plans[i].error is None]
-        left, copies = [], []
+        left, copies, copied = [], [], []
         for i in pending:  # a replica in our own segment: one memmove, no engine round
             p = plans[i]
             rep = p.replicas[0]
             if rep.segment == self.segment_name and self._local_view(rep.addr, p.size) \
                     is not None:
                 copies.append((dests[i][0], rep.addr, p.size))  # type: ignore[index]
-                p.replicas.pop(0)
+                copied.append(i)
             else:
                 left.append(i)
         if copies:
             self._copy_into(copies)
+        for i in copied:  # verified after the copy; a corrupt one falls over (issue 17)
+            p = plans[i]
+            if verify_at(dests[i][0], p.size, p.checksum):  # type: ignore[index]
+                p.replicas.pop(0)
+                continue
+            p.bad_copy(p.replicas[0])
+            if p.error is None:
+                left.append(i)
         pending = left
         while pending:
             moves = []
@@ -144,17 +205,22 @@ class GetOps(MasterOps, MemoryOps):
             nxt = []
             for i, r in zip(pending, results, strict=True):
                 p = plans[i]
-                rep = p.replicas.pop(0)
+                rep = p.replicas[0]
                 if r.ok:
+                    if verify_at(dests[i][0], p.size, p.checksum):  # type: ignore[index]
+                        continue
+                    p.bad_copy(rep)  # corrupt bytes: the next replica, or an error
+                    if p.error is None:
+                        nxt.append(i)
                     continue
+                p.replicas.pop(0)
                 if r.peer_down:
                     self._bad[rep.segment] = self._clock() + self._bad_ttl
                     p.replicas = [x for x in p.replicas if x.segment != rep.segment]
                 if p.replicas:
                     nxt.append(i)
                 else:
-                    p.error = StoreError(ErrorCode.OBJECT_NOT_FOUND,
-                                         f"{p.key!r}: every replica failed ({r.reason})")
+                    p.error = p.no_replica_error(r.reason)
             pending = nxt
         for p in plans:
             self._finish_read(p)
@@ -171,7 +237,10 @@ class GetOps(MasterOps, MemoryOps):
         return [v.tobytes() for v in views]
 
     def _finish_read(self, p: _ReadPlan) -> None:
-        """The one lease check of every read path, after the copy (case BUG-15)."""
+        """The one lease check of every read path, after the copy (case BUG-15); replicas
+        whose copy failed the checksum are reported to the master (issue 17)."""
+        if p.bad:
+            self._report_bad(p)
         if p.error is LOCAL_DONE or p.error is NEEDS_LOAD:
             return  # checked by the caller once the local copy (or the load) is done
         if p.error is None and self._clock() >= p.lease_expiry:
@@ -184,7 +253,13 @@ class GetOps(MasterOps, MemoryOps):
     def get(self, key: str) -> bytes:
         """The value of ``key``. Raises ``StoreError`` (``OBJECT_NOT_FOUND``,
         ``REPLICA_IS_NOT_READY``, ``LEASE_EXPIRED``, ...)."""
-        (v,) = self.batch_get([key])
+        t0 = time.perf_counter()
+        p = self._plan_one(key)
+        if p.error is NEEDS_LOAD:  # held only on SSD: the batch path loads it back
+            (v,) = self.batch_get([key])
+        else:
+            (v,) = self._serve([p])
+            GET_LATENCY.observe(time.perf_counter() - t0)
         if isinstance(v, StoreError):
             raise v
         return v
@@ -225,7 +300,24 @@ class GetOps(MasterOps, MemoryOps):
 
     def _batch_get_round(self, keys: Sequence[str], prefer_local: bool, load: bool
                          ) -> list[bytes | StoreError]:
-        plans = self._plan(keys, prefer_local, load)
+        return self._serve(self._plan(keys, prefer_local, load))
+
+    def _serve(self, plans: list[_ReadPlan]) -> list[bytes | StoreError]:
+        """The bytes of each planned read (or its error): a replica in our own segment
+        by one memcpy out of it, any other by the Transfer Engine into staging."""
+        if len(plans) == 1:  # the one-key get: no dicts or staging when it is ours
+            p = plans[0]
+            if p.error is None and p.replicas and p.replicas[0].segment == self.segment_name:
+                view = self._local_view(p.replicas[0].addr, p.size)
+                if view is not None:
+                    (value,) = self._copy_out([view])
+                    if verify(value, p.checksum):  # after the copy (issue 17)
+                        self._finish_read(p)
+                        return [p.error if p.error is not None else value]
+                    p.bad_copy(p.replicas[0])  # corrupt: the other replicas, or an error
+                    if p.error is not None:
+                        self._finish_read(p)
+                        return [p.error]
         views: dict[int, np.ndarray] = {}
         for i, p in enumerate(plans):  # a replica in our own segment: one memcpy out
             if p.error is None and p.replicas and p.replicas[0].segment == self.segment_name:
@@ -235,6 +327,12 @@ class GetOps(MasterOps, MemoryOps):
                     p.error = LOCAL_DONE
         local = dict(zip(views, self._copy_out(list(views.values())), strict=True)) \
             if views else {}
+        for i in list(local):  # verified after the copy; a corrupt one falls over
+            p = plans[i]
+            if not verify(local[i], p.checksum):
+                del local[i]
+                p.error = None
+                p.bad_copy(p.replicas[0])
         stages: list[tuple[int, np.ndarray, Callable[[], None]] | None] = []
         try:
             for p in plans:
@@ -277,7 +375,9 @@ class GetOps(MasterOps, MemoryOps):
         return [p.error if p.error is not None else p.size for p in plans]
 
     def get_size(self, key: str) -> int:
-        plans = self._plan([key], True)
-        if plans[0].error is not None:
-            raise plans[0].error
-        return plans[0].size
+        p = self._plan_one(key)
+        if p.error is NEEDS_LOAD:
+            p = self._plan([key], True)[0]
+        if p.error is not None:
+            raise p.error
+        return p.size

@@ -18,7 +18,6 @@ from pymooncake.store.protocol import (
     PutEndRequest,
     PutHandle,
     RemoveAllRequest,
-    RemoveRequest,
     ReplicaList,
     put_handle_from_wire,
     replica_list_from_wire,
@@ -116,7 +115,7 @@ class MasterOps(ClientBase):
 
     def remove(self, key: str, force: bool = False) -> None:
         self._check_key(key)
-        self._master("remove", RemoveRequest(self.client_id, key, force))
+        self._master("remove", {"client_id": self.client_id, "key": key, "force": force})
 
     def remove_all(self, force: bool = False) -> int:
         return int(self._master("remove_all", RemoveAllRequest(self.client_id, force)))
@@ -155,9 +154,14 @@ class MasterOps(ClientBase):
             "client_id": self.client_id, "key": key, "size_bytes": size_bytes,
             "config": to_wire(config or DEFAULT_CONFIG)}))
 
-    def put_end(self, key: str, generation: int) -> None:
-        self._master("put_end", {"client_id": self.client_id, "key": key,
-                                 "generation": generation})
+    def put_end(self, key: str, generation: int, checksum: bytes | None = None) -> None:
+        """Publish a write started by ``put_start``. ``checksum``: the written bytes'
+        ``store.checksum.digests``; without one the object is published but never
+        verifies on read (``CHECKSUM_MISMATCH``: unverifiable bytes are not data)."""
+        req = {"client_id": self.client_id, "key": key, "generation": generation}
+        if checksum is not None:
+            req["checksum"] = checksum
+        self._master("put_end", req)
 
     def put_revoke(self, key: str, generation: int) -> None:
         self._master("put_revoke", PutEndRequest(self.client_id, key, generation))

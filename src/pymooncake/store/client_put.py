@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from pymooncake.rpc import to_wire
+from pymooncake.store.checksum import digests, view_at
 from pymooncake.store.client_base import DEFAULT_CONFIG, PUT_LATENCY
 from pymooncake.store.client_master import MasterOps
 from pymooncake.store.client_memory import MemoryOps, check_lists
@@ -117,10 +118,12 @@ class PutOps(MasterOps, MemoryOps):
                 handles[i] = r
         moves, owners = [], []
         staged: list[Callable[[], None]] = []
+        sums: dict[int, bytes] = {}  # the bytes' checksum, sent with put_end (issue 17)
         try:
             for i, h in handles.items():
                 src = sources[i]
                 src_addr = src if isinstance(src, int) else None
+                sums[i] = digests(src if src_addr is None else view_at(src_addr, sizes[i]))
                 for rep in h["replicas"]:  # [replica_id, segment, addr, length, ...]
                     local = (self._local_view(rep[2], sizes[i])
                              if rep[1] == self.segment_name else None)
@@ -155,7 +158,8 @@ class PutOps(MasterOps, MemoryOps):
         if ok:
             res = self._master("batch_put_end", {
                 "client_id": self.client_id, "keys": [keys[i] for i in ok],
-                "generations": [handles[i]["generation"] for i in ok]})
+                "generations": [handles[i]["generation"] for i in ok],
+                "checksums": [sums[i] for i in ok]})
             for i, item in zip(ok, res, strict=True):
                 r = self._batch_item(item)
                 if isinstance(r, StoreError):

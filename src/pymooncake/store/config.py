@@ -49,6 +49,9 @@ class MasterConfig:
     metrics_port: int | None = None
     seed: int = 0
     """Seed of the random allocation strategy (placement is reproducible)."""
+    rereplicate_budget_bytes: int = 256 << 20
+    """Bytes one re-replication pass copies at most (a pass every 0.5 s while objects are
+    below the replica count their put got; ``store.master.rereplication``)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -75,6 +78,9 @@ class MasterConfig:
             raise ValueError("put_start_release_timeout_s must be >= put_start_discard_timeout_s")
         if not 1 <= self.max_key_bytes <= 1 << 20:
             raise ValueError(f"max_key_bytes={self.max_key_bytes}: must be in [1, 1 MiB]")
+        if self.rereplicate_budget_bytes <= 0:
+            raise ValueError(f"rereplicate_budget_bytes={self.rereplicate_budget_bytes}: "
+                             "must be > 0")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port={self.metrics_port}: must be in [0, 65535]")
 

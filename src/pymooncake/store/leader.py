@@ -40,10 +40,14 @@ IDEMPOTENT: frozenset[str] = frozenset({
 REFUSED = "UNAVAILABLE_IN_CURRENT_STATUS"
 
 
-def _addr(text: str) -> tuple[str, int]:
+def _addr(text: str, given: str | None = None, form: str = "host:port") -> tuple[str, int]:
+    """``text`` (one address of the user's ``given``) as ``(host, port)``; the error
+    echoes ``given`` as typed and the ``form`` it should have had."""
+    given = text if given is None else given
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"master address {text!r}: expected host:port")
+        part = f" ({text.strip()!r} is not host:port)" if text.strip() != given.strip() else ""
+        raise ValueError(f"master address {given!r}: expected {form}{part}")
     return host, int(port)
 
 
@@ -66,11 +70,12 @@ class MasterLocator:
                 raise ValueError(f"master address {master!r}: expected "
                                  "etcd://host:port[/cluster_id]")
             for hp in parts.netloc.split(","):
-                _addr(hp)
+                _addr(hp, master, "etcd://host:port[/cluster_id]")
             self.etcd_url = f"etcd://{parts.netloc}"
             self.leader_key = f"pymooncake/store/{cluster}/leader"
         else:
-            self.addrs = [_addr(a) for a in self.spec.split(",")]
+            form = "host:port" if "," not in self.spec else "host:port,host:port"
+            self.addrs = [_addr(a, master, form) for a in self.spec.split(",")]
         self.ha = self.etcd_url is not None or len(self.addrs) > 1
         self._current: tuple[str, int] | None = self.addrs[0] if self.addrs else None
         self._lock = threading.Lock()

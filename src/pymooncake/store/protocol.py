@@ -52,6 +52,9 @@ class ReplicaList:
     generation: int
     replicas: tuple[ReplicaDesc, ...]
     lease_ttl_ms: float
+    checksum: bytes | None = None
+    """The object's per-chunk digests (``store.checksum``); ``None``: stored without one
+    (its bytes then never verify, so never read)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,9 @@ class MountRequest:
     ssd_capacity_bytes: int = 0
     rpc_host: str = ""
     rpc_port: int = 0
+    holder: str = ""
+    """The storage process's SSD directory identity (``SsdTier.holder()``): a mount with
+    the holder of a still-mounted segment replaces it (the holder restarted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +160,31 @@ class LoadOrder:
     length: int
 
 
+@dataclass(frozen=True, slots=True)
+class SsdRecoverRequest:
+    """Storage process → master after a restart: objects found intact on its SSD tier,
+    ``(key, size_bytes, per-chunk checksum)`` each, to become SSD replicas in
+    ``segment``; ``final`` on the last batch (the master then forgets what it kept for
+    this holder and was not claimed)."""
+
+    client_id: str
+    segment: str
+    holder: str
+    entries: tuple[tuple[str, int, bytes], ...]
+    final: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class BadReplicaRequest:
+    """Client → master: replicas of ``key`` (write ``generation``) whose bytes failed the
+    checksum on a read, confirmed by a second read."""
+
+    client_id: str
+    key: str
+    generation: int
+    replica_ids: tuple[int, ...]
+
+
 # -- compact wire forms of the hot-path answers (lists, no per-field maps) ----------------
 
 def replica_to_wire(r: object) -> list:
@@ -175,4 +206,5 @@ def put_handle_from_wire(d: dict) -> PutHandle:
 
 def replica_list_from_wire(d: dict) -> ReplicaList:
     return ReplicaList(d["key"], d["size_bytes"], d["generation"],
-                       tuple(replica_from_wire(r) for r in d["replicas"]), d["lease_ttl_ms"])
+                       tuple(replica_from_wire(r) for r in d["replicas"]), d["lease_ttl_ms"],
+                       d.get("checksum"))

@@ -6,6 +6,8 @@ rejection, hot-block replication. No I/O, no asyncio, no clock reads: the live C
 """
 
 from pymooncake.conductor.policy.admission import admit_ttft, saturation, schedule
+from pymooncake.conductor.policy.cpp import CppCostModel, use_cpp
+from pymooncake.conductor.policy.cpp_placement import place_prefill_cpp, with_cpp
 from pymooncake.conductor.policy.decode_placement import (
     place_decode,
     predicted_decode_load,
@@ -54,6 +56,7 @@ __all__ = [
     "PREFILL_POLICIES",
     "BlockKeyLike",
     "ClusterView",
+    "CppCostModel",
     "DecodeEstimator",
     "DecodeInstanceState",
     "Estimators",
@@ -77,6 +80,7 @@ __all__ = [
     "fit_prefill_estimator",
     "place_decode",
     "place_prefill_global_cache",
+    "place_prefill_cpp",
     "place_prefill_least_load",
     "place_prefill_local_cache",
     "place_prefill_random",
@@ -87,4 +91,6 @@ __all__ = [
     "queue_s",
     "saturation",
     "schedule",
+    "use_cpp",
+    "with_cpp",
 ]

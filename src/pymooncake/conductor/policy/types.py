@@ -13,6 +13,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import NewType
 
+from pymooncake.conductor.policy.cpp import CppCostModel
+
 InstanceId = NewType("InstanceId", str)
 """Name of a prefill or decode instance (one node / one engine process)."""
 
@@ -66,6 +68,10 @@ class PrefillInstanceState:
     """The instance runs its queue shortest job first (``EngineConfig.waiting_order``): a
     new request waits only for the running prefill and the queued ones no longer than
     itself, not for the whole queue."""
+    cpp: CppCostModel | None = None
+    """Set when the instance is a chunked-pipeline (CPP) prefill group (FAST'25 §5.1):
+    its cost model. ``cpp_placement.with_cpp`` sends it only the prompts ``use_cpp`` says
+    pay; the plain policies see only the instances where this is ``None``."""
 
     def __post_init__(self) -> None:
         if self.concurrency_limit is not None and self.concurrency_limit < 1:

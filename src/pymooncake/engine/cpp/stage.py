@@ -13,8 +13,11 @@ the final chunk's last row into the first token (greedy) and answers ``cpp.resul
 Methods: ``cpp.info``, ``cpp.connect {host, port}`` (the next stage), ``cpp.prefill
 {rid, token_ids, chunk_tokens, edge_tokens}`` (first stage), ``cpp.chunk {rid, start, num_tokens,
 rows, data, error}``, ``cpp.result {rid}`` (last stage; waits), ``cpp.stats {rid}``,
-``cpp.export_kv {rid, layer}``, ``cpp.release {rid}``, ``cpp.shutdown``. A chunk that fails
-is passed on as an ``error`` so that ``cpp.result`` fails with it instead of hanging.
+``cpp.export_kv {rid, layer}``, ``cpp.release {rid}``, ``cpp.ping`` (the group's health
+watch, ``engine.cpp.health``), ``cpp.shutdown``. A chunk that fails is passed on as an
+``error`` so that ``cpp.result`` fails with it instead of hanging. A send to the next stage
+that fails aborts the request here: it is logged once, its later chunks are neither
+computed nor sent (the next stage is gone; the group's watch reports it).
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ class StageServer:
         threading.Thread(target=self._send_loop, name="cpp-send", daemon=True).start()
 
     def register(self, server: RpcServer) -> None:
-        for name in ("info", "connect", "prefill", "chunk", "stats", "release", "shutdown"):
+        for name in ("info", "connect", "prefill", "chunk", "stats", "release", "shutdown",
+                     "ping"):
             server.register(f"cpp.{name}", getattr(self, f"_rpc_{name}"))
         server.register("cpp.result", self._rpc_result)
         server.register("cpp.export_kv", self._rpc_export_kv)
@@ -71,6 +75,9 @@ class StageServer:
                 "hidden_size": m.config.hidden_size,
                 "free_blocks": self.rt.num_free_blocks,
                 "pid": os.getpid(), "core": sorted(os.sched_getaffinity(0))}
+
+    def _rpc_ping(self, _: Any) -> bool:
+        return True
 
     def _rpc_connect(self, p: dict) -> bool:
         self.next = SyncRpcClient(p["host"], int(p["port"]), timeout_s=60.0)
@@ -194,13 +201,19 @@ class StageServer:
             msg = self.out.get()
             if msg is None:
                 return
+            if msg["rid"] in self.failed and msg.get("error") is None:
+                continue        # aborted at an earlier failed send
             t0 = time.perf_counter()
             try:
                 if self.next is None:
                     raise RuntimeError("no next stage (cpp.connect was not called)")
                 self.next.call("cpp.chunk", msg)
             except Exception as e:  # noqa: BLE001 - the next stage is gone: nothing to tell
-                print(f"cpp stage: send of {msg['rid']} failed: {e}", file=sys.stderr)
+                self.failed.add(msg["rid"])     # the compute loop skips its later chunks
+                nxt = "?" if self.next is None else f"{self.next.host}:{self.next.port}"
+                print(f"cpp stage [{self.rt.model.start}, {self.rt.model.stop}): request "
+                      f"{msg['rid']} aborted: send to the next stage ({nxt}) failed: {e}",
+                      file=sys.stderr)
                 continue
             st = self.stats.get(msg["rid"])
             if st is not None:

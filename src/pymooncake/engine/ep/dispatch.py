@@ -14,6 +14,9 @@ not answering for ``deadline_s`` is dead. A dead rank's experts are re-planned o
 survivors (``replan_on_failure``: they load the lost experts from the checkpoint), and a
 rank that answers again with a new incarnation (a replacement) rejoins and the placement
 is re-balanced over all live ranks with the routed-token counts seen so far (EPLB).
+
+This module holds the options, ``RemoteExperts``' lifecycle, RPC plumbing and data path;
+liveness and re-planning are ``engine.ep.membership.RankMembership``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 import torch
 
 from pymooncake.engine.ep import placement as pl
+from pymooncake.engine.ep.membership import RankMembership
 from pymooncake.metadata.http import MetadataHttpServer
 from pymooncake.obs.logging import init_logger
 from pymooncake.rpc import RpcClient, RpcError
@@ -93,7 +97,7 @@ class EPEvents:
     rerouted_rows: int = 0
 
 
-class RemoteExperts:
+class RemoteExperts(RankMembership):
     """An ``ExpertBackend`` over EP rank processes.
 
     ``ranks``: ``(host, port)`` of each rank's RPC server; ``num_layers`` MoE layers (their
@@ -211,122 +215,6 @@ class RemoteExperts:
             if mark:
                 self._mark_dead(r, f"{method} failed")
             raise
-
-    def _mark_dead(self, r: RankState, why: str) -> None:
-        with self._lock:
-            if not r.alive:
-                return
-            r.alive = False
-            r.died_at = time.monotonic()
-            self.events.deaths.append((r.rank, r.died_at))
-        logger.warning("EP rank %d (%s:%d) is dead: %s", r.rank, r.host, r.port, why)
-        if self.opts.replan_on_failure:
-            self._request_replan(f"rank {r.rank} died")
-
-    def _request_replan(self, reason: str) -> None:
-        self._replan_reason = reason
-        self._replan.set()
-
-    async def _heartbeats(self) -> None:
-        while not self._closed.is_set():
-            await asyncio.sleep(self.opts.heartbeat_s)
-            await asyncio.gather(*(self._beat(r) for r in self.ranks))
-
-    async def _beat(self, r: RankState) -> None:
-        now = time.monotonic()
-        try:
-            pong = await self._acall(r, "ep.ping", {"owner": self.owner}, self.opts.deadline_s)
-        except RpcError:
-            if r.alive and now - r.last_ok > self.opts.deadline_s:
-                self._mark_dead(r, f"no heartbeat for {now - r.last_ok:.2f} s")
-            return
-        owner = pong.get("owner")
-        if owner is not None and owner != self.owner and not r.joining:
-            if r.alive:  # another front took this rank over: not ours any more
-                self._mark_dead(r, "taken over by another front")
-            return
-        r.last_ok = time.monotonic()
-        inc = str(pong.get("incarnation", ""))
-        if (not r.alive or inc != r.incarnation) and not r.joining:
-            rejoined = inc != r.incarnation
-            r.incarnation, r.pid = inc, int(pong.get("pid", 0))
-            logger.warning("EP rank %d (%s:%d) %s", r.rank, r.host, r.port,
-                           "rejoined (new process)" if rejoined else "answers again")
-            with self._lock:
-                r.alive = False  # routed to once the re-balance placed experts on it
-                r.joining = True
-            self._request_replan(f"rank {r.rank} rejoined")
-
-    # -- placement -------------------------------------------------------------------
-    def _replanner(self) -> None:
-        while True:
-            self._replan.wait()
-            if self._closed.is_set():
-                return
-            self._replan.clear()
-            try:
-                self._rebalance(self._replan_reason)
-            except Exception:  # noqa: BLE001 (keep serving; the next event retries)
-                logger.exception("EP re-balance failed")
-
-    def _rebalance(self, reason: str) -> None:
-        """Plan over the ranks that answer, load new copies, switch, drop old copies."""
-        t0 = time.monotonic()
-        with self._lock:
-            loads = [list(x) for x in self.loads]
-        candidates = [r for r in self.ranks if r.alive or r.joining]
-        if not candidates:
-            logger.error("EP re-balance (%s): no live rank", reason)
-            return
-        plan = pl.plan_placement(len(self.moe_layers), self.num_experts,
-                                 [r.rank for r in candidates], self.opts.slots_per_rank,
-                                 loads if any(any(x) for x in loads) else None)
-        ok = []
-        for r in candidates:  # phase 1: add the new copies (old ones stay routable)
-            want = [[li, e] for li, e in self._to_decoder(pl.rank_experts(plan, r.rank))]
-            try:
-                self._call(r, "ep.hold", {"metadata": self.metadata, "experts": want,
-                                          "dtype": str(self.dtype).removeprefix("torch."),
-                                          "exact": False, **self._claim()}, 30.0, mark=False)
-                ok.append(r)
-            except RpcError as e:
-                logger.warning("EP rank %d could not load its experts: %s", r.rank, e.message)
-        if len(ok) < len(candidates):  # plan again without the ranks that failed
-            plan = pl.plan_placement(len(self.moe_layers), self.num_experts,
-                                     [r.rank for r in ok], self.opts.slots_per_rank,
-                                     loads if any(any(x) for x in loads) else None)
-        with self._lock:  # phase 2: switch (between layer calls: run() holds the lock)
-            self.placement = plan
-            for r in ok:
-                r.alive = True
-            for r in candidates:
-                r.joining = False
-        for r in ok:  # phase 3: drop the copies no longer placed there
-            want = [[li, e] for li, e in self._to_decoder(pl.rank_experts(plan, r.rank))]
-            try:
-                self._call(r, "ep.hold", {"metadata": self.metadata, "experts": want,
-                                          "dtype": str(self.dtype).removeprefix("torch."),
-                                          "exact": True, **self._claim()}, 30.0, mark=False)
-            except RpcError as e:
-                logger.warning("EP rank %d could not drop experts: %s", r.rank, e.message)
-        self.events.replans.append((reason, t0, time.monotonic()))
-        logger.info("EP placement (%s) over ranks %s in %.3f s", reason,
-                    [r.rank for r in ok], time.monotonic() - t0)
-
-    def _claim(self) -> dict[str, Any]:
-        return {"owner": self.owner, "take_over": self.opts.take_over,
-                "lease_s": self.opts.lease_s}
-
-    def _to_decoder(self, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        return [(self.moe_layers[i], e) for i, e in pairs]
-
-    def alive_ranks(self) -> set[int]:
-        return {r.rank for r in self.ranks if r.alive}
-
-    def missing(self) -> list[tuple[int, int]]:
-        """``(decoder layer, expert)`` with no copy on a live rank."""
-        with self._lock:
-            return self._to_decoder(pl.missing_experts(self.placement, self.alive_ranks()))
 
     # -- the data path ---------------------------------------------------------------
     def run(self, layer: int, x_sorted: torch.Tensor,

@@ -32,6 +32,8 @@ from pymooncake.obs.logging import init_logger
 log = init_logger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
+INCLUDED = tuple(Path(__file__).with_name(n) for n in ("kernels_avx2.c", "kernels_decode.c"))
+"""Files ``kernels.c`` #includes (part of the build key)."""
 CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=fast", "-std=gnu11", "-fPIC",
           "-shared")
 
@@ -66,7 +68,7 @@ def _cpu_flags() -> str:
 
 
 def _build(cc: str) -> Path:
-    src = SOURCE.read_bytes()
+    src = b"\0".join(p.read_bytes() for p in (SOURCE, *INCLUDED))
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(b"\0".join([src, " ".join(CFLAGS).encode(), cc.encode(),
                                      version.encode(), _cpu_flags().encode()])).hexdigest()[:16]
@@ -109,6 +111,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn = lib.pmk_rope_write_f32
     fn.restype = None
     fn.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64, ptr]
+    fn = lib.pmk_decode_layer_f32
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ptr, ptr, f32, f32, ptr, ptr]
 
 
 def library() -> ctypes.CDLL | None:
@@ -293,3 +298,70 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, width // 2, dtype=torch.float32)
     lib.pmk_silu_mul_f32(gate_up.data_ptr(), rows, width // 2, out.data_ptr())
     return out
+
+
+class DecodeLayers:
+    """Batch-1 decode layers, one C call each (``pmk_decode_layer_f32``, kernels_decode.c):
+    the layers' weight addresses and sizes are laid out once in an int64 plan, and a step
+    passes its position, slot, block table and RoPE tables in ``set_step``. Same kernels in
+    the same order as the per-call one-row path of ``model/fused.py``, so the same floats.
+
+    ``layers``: the model's decoder layers (float32 contiguous weights, biases only on
+    qkv); ``kv_caches``: one contiguous float32 ``[2, kv_heads, blocks, block_size, D]``
+    cache per layer. Raises ``ValueError`` when a layer does not fit that layout."""
+
+    def __init__(self, layers: list, kv_caches: list[torch.Tensor], eps: float) -> None:
+        self._lib = _need()
+        rows = []
+        for layer, cache in zip(layers, kv_caches, strict=True):
+            attn, mlp = layer.self_attn, layer.mlp
+            ws = (layer.input_layernorm.weight, attn.qkv_proj.weight, attn.o_proj.weight,
+                  layer.post_attention_layernorm.weight, mlp.gate_up_proj.weight,
+                  mlp.down_proj.weight, cache)
+            qkv_b = attn.qkv_proj.bias
+            if (any(t.dtype != torch.float32 or not t.is_contiguous() for t in ws)
+                    or (qkv_b is not None and (qkv_b.dtype != torch.float32
+                                               or not qkv_b.is_contiguous()))
+                    or any(getattr(m, "bias", None) is not None
+                           for m in (attn.o_proj, mlp.gate_up_proj, mlp.down_proj))):
+                raise ValueError("DecodeLayers: float32 contiguous weights and caches, "
+                                 "biases only on qkv, needed")
+            two, kvh, nb, bs, d = cache.shape
+            hidden, inter = attn.o_proj.weight.shape[0], mlp.down_proj.weight.shape[1]
+            rows.append([ws[0].data_ptr(), ws[1].data_ptr(),
+                         0 if qkv_b is None else qkv_b.data_ptr(), ws[2].data_ptr(),
+                         ws[3].data_ptr(), ws[4].data_ptr(), ws[5].data_ptr(),
+                         cache.data_ptr(), hidden, attn.num_heads, kvh, d, inter, nb, bs])
+        self.plan = torch.tensor(rows, dtype=torch.int64)
+        self._row_bytes = self.plan.stride(0) * 8
+        self._alive = (list(layers), list(kv_caches))  # the addresses in the plan
+        self.key = tuple(c.data_ptr() for c in kv_caches)
+        hidden, heads, kvh, d, inter = rows[0][8:13]
+        self.scratch = torch.empty(2 * hidden + (2 * heads + 2 * kvh) * d + 3 * inter,
+                                   dtype=torch.float32)
+        self.step = torch.zeros(6, dtype=torch.int64)
+        self.eps = eps
+        self.scales = [layer.self_attn.scale for layer in layers]
+
+    def set_step(self, position: int, slot: int, table: torch.Tensor, ctx_len: int,
+                 cos_t: torch.Tensor, sin_t: torch.Tensor) -> None:
+        """This step's token: ``table`` its contiguous int64 block ids, ``cos_t``/``sin_t``
+        the contiguous ``[P, D]`` RoPE tables (P > position); the tensors must stay alive
+        until the step's layers ran."""
+        if (table.dtype != torch.int64 or not table.is_contiguous() or not cos_t.is_contiguous()
+                or not sin_t.is_contiguous() or cos_t.dtype != torch.float32
+                or sin_t.dtype != torch.float32 or position >= cos_t.shape[0]
+                or table.numel() * int(self.plan[0, 14]) < ctx_len):
+            raise ValueError("DecodeLayers.set_step: int64 table covering ctx_len, float32 "
+                             "contiguous RoPE tables covering the position")
+        self.step.copy_(torch.tensor([position, slot, table.data_ptr(), ctx_len,
+                                      cos_t.data_ptr(), sin_t.data_ptr()]))
+
+    def run(self, i: int, x: torch.Tensor) -> None:
+        """Layer ``i`` on the residual ``x`` (``[1, hidden]`` float32 contiguous, updated in
+        place). Raises ``RuntimeError`` if the attention's scratch allocation fails."""
+        rc = self._lib.pmk_decode_layer_f32(self.plan.data_ptr() + i * self._row_bytes,
+                                            self.step.data_ptr(), self.eps, self.scales[i],
+                                            x.data_ptr(), self.scratch.data_ptr())
+        if rc != 0:
+            raise RuntimeError("decode_layer: attention scratch allocation failed")

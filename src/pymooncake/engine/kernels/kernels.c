@@ -20,8 +20,12 @@
 #include <stdlib.h>
 #include <math.h>
 #include <string.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#endif
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define PMK_AVX2 1
+#include "kernels_avx2.c"
 #endif
 
 /* e^x for x <= 0 (softmax arguments after subtracting the row max), vectorisable.
@@ -49,6 +53,9 @@ static inline float exp_neg(float x) {
 
 /* Softmax weights in place over s[0..n): returns 1 / sum (the caller scales at the end). */
 static float softmax_unnormalised(float *s, int64_t n) {
+#ifdef PMK_AVX2
+    return softmax_unnormalised_avx2(s, n);
+#endif
     float m = s[0];
 #pragma omp simd reduction(max : m)
     for (int64_t t = 1; t < n; t++) m = s[t] > m ? s[t] : m;
@@ -252,7 +259,7 @@ void pmk_rope_write_f32(float *qkv, int64_t tokens, int64_t row_stride, int64_t 
 #ifdef __AVX512F__
 /* dst[i][c] = rows[c][col + i] for i, c < 16: a 16 x 16 block transposed in registers
  * (32-bit, then 64-bit interleaves, then two 128-bit lane shuffles); dst rows ds apart. */
-static inline void transpose16_avx512(const float *const *rows, int64_t col, float *dst,
+static inline void transpose16_simd(const float *const *rows, int64_t col, float *dst,
                                       int64_t ds) {
     __m512 r[16], t[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(rows[i] + col);
@@ -284,7 +291,7 @@ static inline void transpose16_avx512(const float *const *rows, int64_t col, flo
 /* Scores of PF_VECS query vectors against keys [0, nk) (nk rounded up to 16), reading the
  * transposed keys kt [d][ld]: s[v][k] = scale * q_v . k. One zmm of 16 keys per FMA: no
  * horizontal sums. */
-static void qk_tile_avx512(const float *const *qv, const float *kt, int64_t ld, int64_t d,
+static void qk_tile_simd(const float *const *qv, const float *kt, int64_t ld, int64_t d,
                            int64_t nk, float scale, float *s, int64_t s_stride) {
     const __m512 sc = _mm512_set1_ps(scale);
     int64_t k0 = 0;
@@ -321,7 +328,7 @@ static void qk_tile_avx512(const float *const *qv, const float *kt, int64_t ld, 
 /* o_v = sum_k p[v][k] * V[k] for PF_VECS vectors, head_dim 64, keys [0, nk) read in place
  * from the paged V plane (vc: this KV head's [num_blocks, bs, 64]); p rows are 0 past each
  * vector's own length. Results scaled by inv[v] into ov[v]. */
-static void pv_tile64_avx512(const float *p, int64_t p_stride, const float *vc,
+static void pv_tile64_simd(const float *p, int64_t p_stride, const float *vc,
                              const int64_t *table, int64_t bs, int64_t nk, const float *inv,
                              float *const *ov) {
     __m512 acc[PF_VECS][4];
@@ -366,7 +373,7 @@ int pmk_prefill_attn_f32(const float *q, int64_t q_stride, int64_t n, const floa
     if (g_count > 64 || g_count * kv_heads != heads || n > ctx) return -1;
     const int64_t plane = kv_heads * num_blocks * bs * d, head_stride = num_blocks * bs * d;
     const int64_t ld = (ctx + 15) / 16 * 16;
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(PMK_AVX2)
     if (d == 64) {
         float *kt = aligned_alloc(64, (size_t)(d * ld) * sizeof(float));
         float *s = aligned_alloc(64, (size_t)(PF_VECS * ld) * sizeof(float));
@@ -382,7 +389,7 @@ int pmk_prefill_attn_f32(const float *q, int64_t q_stride, int64_t n, const floa
                     rows[i] = k < ctx ? kc + (table[k / bs] * bs + k % bs) * d : zero;
                 }
                 for (int64_t j0 = 0; j0 < d; j0 += 16)
-                    transpose16_avx512(rows, j0, kt + j0 * ld + k0, ld);
+                    transpose16_simd(rows, j0, kt + j0 * ld + k0, ld);
             }
             for (int64_t v0 = 0; v0 < nvec; v0 += PF_VECS) {
                 const float *qv[PF_VECS];
@@ -402,14 +409,14 @@ int pmk_prefill_attn_f32(const float *q, int64_t q_stride, int64_t n, const floa
                         qv[v] = zero; ov[v] = NULL; len[v] = 0;
                     }
                 }
-                qk_tile_avx512(qv, kt, ld, d, nk, scale, s, ld);
+                qk_tile_simd(qv, kt, ld, d, nk, scale, s, ld);
                 for (int v = 0; v < PF_VECS; v++) {
                     float *sv = s + v * ld;
                     if (len[v] == 0) { memset(sv, 0, (size_t)nk * sizeof(float)); inv[v] = 0.0f; continue; }
                     inv[v] = softmax_unnormalised(sv, len[v]);
                     for (int64_t k = len[v]; k < nk; k++) sv[k] = 0.0f;
                 }
-                pv_tile64_avx512(s, ld, vc, table, bs, nk, inv, ov);
+                pv_tile64_simd(s, ld, vc, table, bs, nk, inv, ov);
             }
         }
         free(kt); free(s); free(zero);
@@ -438,6 +445,9 @@ int pmk_prefill_attn_f32(const float *q, int64_t q_stride, int64_t n, const floa
 void pmk_gemv_f32(const float *w, const float *x, int64_t n_out, int64_t k,
                   const float *bias, const float *residual, float *y) {
     int64_t o = 0;
+#ifdef PMK_AVX2
+    o = gemv_rows_simd(w, x, n_out, k, y);
+#endif
 #ifdef __AVX512F__
     const int64_t kv = k / 16 * 16;
     const __mmask16 tail = (__mmask16)((1u << (k - kv)) - 1u);
@@ -483,8 +493,12 @@ void pmk_silu_mul_f32(const float *gu, int64_t rows, int64_t n, float *out) {
     for (int64_t r = 0; r < rows; r++) {
         const float *g = gu + r * 2 * n, *u = g + n;
         float *o = out + r * n;
+        int64_t i0 = 0;
+#ifdef PMK_AVX2
+        i0 = silu_mul_row_avx2(g, u, n, o);
+#endif
 #pragma omp simd
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = i0; i < n; i++) {
             const float x = g[i];
             const float e = exp_neg(x > 0.0f ? -x : x); /* e^-|x| */
             const float sig = (x > 0.0f ? 1.0f : e) / (1.0f + e); /* one division */
@@ -492,3 +506,5 @@ void pmk_silu_mul_f32(const float *gu, int64_t rows, int64_t n, float *out) {
         }
     }
 }
+
+#include "kernels_decode.c"

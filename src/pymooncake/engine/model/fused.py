@@ -44,6 +44,24 @@ def _gemv_ok(model: LlamaForCausalLM) -> bool:
     return ok
 
 
+def _decode_layers(model: LlamaForCausalLM,
+                   kv_caches: list[torch.Tensor]) -> kernels.DecodeLayers | None:
+    """The model's ``kernels.DecodeLayers`` for these caches (built once per set of caches),
+    or None when a layer does not fit its layout (then the per-call path runs)."""
+    cached = model.__dict__.get("_decode_layers")
+    key = tuple(c.data_ptr() for c in kv_caches)
+    if cached is not None and (cached is False or cached.key == key):
+        return cached or None
+    layers = list(model.model.layers)
+    try:
+        dl = kernels.DecodeLayers(layers, kv_caches, model.config.rms_norm_eps)
+    except ValueError:
+        model.__dict__["_decode_layers"] = False
+        return None
+    model.__dict__["_decode_layers"] = dl
+    return dl
+
+
 def forward(model: LlamaForCausalLM, x: torch.Tensor, positions: torch.Tensor,
             meta: AttentionMetadata, kv_caches: list[torch.Tensor],
             before_layer: LayerCallback | None,
@@ -118,6 +136,19 @@ def _forward_one_row(model: LlamaForCausalLM, x: torch.Tensor, positions: torch.
     ``kernels.silu_mul``, residual adds folded into the GEMVs."""
     layers = model.model.layers
     eps = model.config.rms_norm_eps
+    if not meta.prefills and meta.decode_tables is not None and meta.decode_ctx_lens is not None:
+        dl = _decode_layers(model, kv_caches)
+        if dl is not None:
+            dl.set_step(int(positions[0]), int(meta.slot_mapping[0]), meta.decode_tables[0],
+                        int(meta.decode_ctx_lens[0]), cos_t, sin_t)
+            x = x.contiguous().clone()  # updated in place, layer by layer
+            for i in range(len(layers)):
+                if before_layer is not None:
+                    before_layer(i)
+                dl.run(i, x)
+                if after_layer is not None:
+                    after_layer(i)
+            return kernels.rms_norm(x, model.model.norm.weight, eps)
     h = kernels.rms_norm(x, layers[0].input_layernorm.weight, eps)
     for i, layer in enumerate(layers):
         if before_layer is not None:

@@ -184,6 +184,13 @@ GEMV gets 16-24 (30 layers' distinct weights, cache-cold: ``/tmp``-free check in
 docs/benchmarks.md, "oneDNN at M = 1")."""
 
 
+ONEDNN_BIAS_ALIGN = 16
+"""A Linear with a bias is prepacked only when its output width is a multiple of this: with
+torch 2.13's oneDNN, ``mkldnn._linear_pointwise`` with a bias and a width of 4099 or 4100
+took 85 s for 257 rows x 576 -> 4099 (``F.linear``: 0.14 s), and 28 s at 1027; 4096, or no
+bias, is fast. Such layers stay on ``F.linear``."""
+
+
 def onednn_enabled() -> bool:
     """Whether ``use_onednn_weights`` prepacks: mkldnn built in and enabled, float32 matmuls
     kept in full precision, and env ``PYMOONCAKE_ONEDNN`` not ``0`` (the off-switch)."""
@@ -215,6 +222,8 @@ class Linear(nn.Linear):
         w = self.weight.detach()
         if w.dtype != torch.float32 or w.device.type != "cpu" or not onednn_enabled():
             return False
+        if self.bias is not None and w.shape[0] % ONEDNN_BIAS_ALIGN:
+            return False  # oneDNN's biased kernel is pathological at such widths (see below)
         self._onednn_weight = torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
         self._onednn_key = (w.data_ptr(), self.weight._version)
         return True

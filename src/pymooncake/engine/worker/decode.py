@@ -14,6 +14,7 @@ buffer, the engine computes the prompt itself. Mooncake FAST'25 §3.1 step 4.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -32,31 +33,37 @@ class StepTimeModel:
     """This worker's measured decode step time as a line in the batch size, ``t(n) = a +
     b·n`` (least squares over the last ``window`` steps; seconds). It is what the running
     requests see as their TBT, so admission can re-check the TBT SLO with the hardware's
-    real speed rather than the Conductor's estimate. Pure: steps are ``add``-ed."""
+    real speed rather than the Conductor's estimate. No I/O: steps are ``add``-ed (by the
+    engine thread) while admission predicts (on the event loop), so both go under a lock.
+    """
 
     def __init__(self, window: int = 256) -> None:
         if window < 2:
             raise ValueError(f"window must be >= 2 steps, got {window}")
         self._steps: deque[tuple[int, float]] = deque(maxlen=window)
+        self._lock = threading.Lock()
 
     def add(self, batch_size: int, seconds: float) -> None:
         if batch_size > 0 and seconds >= 0:
-            self._steps.append((batch_size, seconds))
+            with self._lock:
+                self._steps.append((batch_size, seconds))
 
     def __len__(self) -> int:
         return len(self._steps)
 
     def predict_s(self, batch_size: int) -> float | None:
         """Predicted step time at ``batch_size``; None before any step was measured."""
-        if not self._steps:
+        with self._lock:    # (iterating while the engine thread appends raises)
+            steps = tuple(self._steps)
+        if not steps:
             return None
-        n = len(self._steps)
-        mx = sum(b for b, _ in self._steps) / n
-        my = sum(t for _, t in self._steps) / n
-        sxx = sum((b - mx) ** 2 for b, _ in self._steps)
+        n = len(steps)
+        mx = sum(b for b, _ in steps) / n
+        my = sum(t for _, t in steps) / n
+        sxx = sum((b - mx) ** 2 for b, _ in steps)
         slope = 0.0
         if sxx > 0:
-            slope = max(0.0, sum((b - mx) * (t - my) for b, t in self._steps) / sxx)
+            slope = max(0.0, sum((b - mx) * (t - my) for b, t in steps) / sxx)
         return max(0.0, my + slope * (batch_size - mx))
 
 

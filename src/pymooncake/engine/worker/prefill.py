@@ -9,20 +9,21 @@ memory) and put the new full blocks into the Store. Mooncake FAST'25 §3.1, DESI
 The P→D write is layer-wise by default (``kv_sender.LayerwiseKVSender``: layer ``i`` of
 the step's new full blocks is submitted right after layer ``i``'s compute, the step waits
 for its writes at its end); ``WorkerConfig.layerwise_kv=False`` ships all layers in one
-batch after the prefill instead.
+batch after the prefill instead, as does a ``target_follows`` prefill that ended before
+its ``KVTarget`` came. Either way a write not done within ``LayerwiseKVSender.DEFER_S``
+leaves the engine thread (issue 17): the request is answered once it settles, and a
+decode host that stops answering never holds up the other requests of this worker.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from pymooncake.engine.kv_loader import StoreKVLoader
-from pymooncake.engine.kv_sender import KVSender, KVTransferError, LayerwiseKVSender
+from pymooncake.engine.kv_sender import KVSender, LayerwiseKVSender
 from pymooncake.engine.worker.base import (
     PREFILL_TOKENS,
     EngineWorker,
@@ -31,17 +32,13 @@ from pymooncake.engine.worker.base import (
     to_sampling_params,
 )
 from pymooncake.engine.worker.stages import StageClock
+from pymooncake.engine.worker.store_puts import StorePuts, stale_store_blocks
 from pymooncake.obs.logging import init_logger
-from pymooncake.obs.tracing import span
 from pymooncake.rpc import RpcError
 from pymooncake.rpc.messages import KVTarget, PrefillResult, PrefillTask, SetTarget
 
 logger = init_logger(__name__)
 
-PUT_DEFER_MAX_S = 1.0
-"""Longest a Store put waits for the prefill engine to go idle (s)."""
-PUT_BATCH_MAX_BLOCKS = 1024
-"""Most blocks merged into one Store batch put."""
 Stages = tuple[tuple[str, float, float], ...]
 """``(stage, start_unix_s, end_unix_s)`` windows (worker.stages.StageClock)."""
 PARKED_MAX_S = 30.0
@@ -66,13 +63,20 @@ class PrefillWorker(EngineWorker):
         self.loader: StoreKVLoader | None = None
         self.sender: KVSender | None = None
         self.layerwise: LayerwiseKVSender | None = None
+        """The per-layer write hook (None with ``layerwise_kv`` off)."""
+        self.shipper: LayerwiseKVSender | None = None
+        """Writes a finished prompt's blocks in one batch (``_ship``); ``layerwise`` itself
+        when that is on (one set of deferred writes, one ``settle``)."""
         self.transfer: Any = None
         self._pending: dict[str, _Pending] = {}
         self._parked: dict[str, tuple[float, _Pending, Any, Stages]] = {}
         """Engine thread: finished ``target_follows`` prefills whose ``KVTarget`` has not come
         yet (monotonic park time, request, engine output, stage windows)."""
-        self._puts: queue.Queue[tuple[float, list[str], list[Any]] | None] = queue.Queue()
-        self._put_thread: threading.Thread | None = None
+        self._writing: dict[str, tuple[Any, Stages | None]] = {}
+        """Engine thread: finished prefills whose deferred KV writes have not settled yet
+        (request id → engine output and, for a prompt shipped in one batch, its stage
+        windows); answered by ``_settle_writes``."""
+        self._puts: StorePuts | None = None
         self.clock = StageClock("prefill", "queue")
 
     def start_resources(self) -> None:
@@ -89,65 +93,32 @@ class PrefillWorker(EngineWorker):
             self.store = StoreClient(c.master, c.metadata_url, local_hostname=c.host,
                                      global_segment_size=self.sizing.global_segment_size_bytes,
                                      transfer_engine=self.transfer).start()
+            # staging for a 2k-token prefix: its blocks are read layer group by layer group
             self.loader = StoreKVLoader(self.store, self.engine.kv,
-                                        self.engine.namespace.digest())
+                                        self.engine.namespace.digest(),
+                                        staging_blocks=max(64, -(-2048 // c.block_size)))
             self.loader.clock = self.clock
             self.engine.scheduler.kv_source = self.loader
             self.engine.runner.hooks.append(self.loader)
-            self._put_thread = threading.Thread(target=self._put_main, daemon=True,
-                                                name=f"store-put-{c.instance_id}")
-            self._put_thread.start()
+            self._puts = StorePuts(self.loader, self.engine.has_unfinished, self._stop.is_set,
+                                   self.add_store_keys, f"store-put-{c.instance_id}")
         self.sender = KVSender(self.transfer, self.engine.kv)
+        self.shipper = LayerwiseKVSender(self.sender)
+        self.shipper.clock = self.clock
+        # writes to a slow or unreachable decode host leave the step loop (issue 17)
+        self.shipper.pool = self.engine.pool
+        self.shipper.on_settled = lambda: self._cmds.put(self._settle_writes)
         if c.layerwise_kv:
-            self.layerwise = LayerwiseKVSender(self.sender)
-            self.layerwise.clock = self.clock
+            self.layerwise = self.shipper
             self.engine.runner.hooks.append(self.layerwise)
 
-    def _put_main(self) -> None:
-        """Store puts off the engine thread (not on the TTFT path); blocks are copied out of
-        the paged cache on the engine thread before they are queued here. A put waits while
-        the engine has prompts to compute (its RPCs and copies would take CPU and the GIL
-        from them), but never longer than ``PUT_DEFER_MAX_S``."""
-        while True:
-            item = self._puts.get()
-            if item is None:
-                return
-            queued_s, keys, data = item
-            while (self.engine.has_unfinished() and not self._stop.is_set()
-                   and time.monotonic() - queued_s < PUT_DEFER_MAX_S):
-                time.sleep(0.005)
-            # what queued up meanwhile goes in the same batch (one exist + one put round
-            # trip to the master for a whole burst of prefills)
-            keys, data = list(keys), list(data)
-            seen = set(keys)
-            last = False
-            while len(keys) < PUT_BATCH_MAX_BLOCKS:
-                try:
-                    more = self._puts.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    last = True
-                    break
-                for k, d in zip(more[1], more[2], strict=True):
-                    if k not in seen:
-                        seen.add(k)
-                        keys.append(k)
-                        data.append(d)
-                    elif self.loader is not None:  # a duplicate: its staging slot goes back
-                        self.loader.discard_staged([d])
-            try:
-                assert self.loader is not None
-                self.add_store_keys(self.loader.put_blocks(keys, data))
-            except Exception as err:  # noqa: BLE001 - a full Store only costs reuse
-                logger.warning("store put failed: %s", err)
-            if last:
-                return
-
     def close_resources(self) -> None:
-        if self._put_thread is not None:
-            self._puts.put(None)
-            self._put_thread.join(5.0)
+        if self.sender is not None:
+            self.sender.writes.close()
+        if self._puts is not None:
+            self._puts.close()
+        if self.loader is not None:  # its fetch thread reads through the Store client
+            self.loader.close()
         for closer in (self.store, self.transfer):  # the Store client's segment first
             if closer is not None:
                 try:
@@ -185,6 +156,8 @@ class PrefillWorker(EngineWorker):
         try:
             return await fut
         except asyncio.CancelledError:
+            if self.sender is not None:   # a KV write in flight must not hold the step
+                self.sender.cancel(task.request_id)
             self.on_engine(lambda: self._drop(task.request_id))
             raise
 
@@ -198,7 +171,7 @@ class PrefillWorker(EngineWorker):
             if parked is not None:      # the prefill is done: ship its KV from the cache now
                 _, p, out, stages = parked
                 p.target = msg.target
-                self._resolve(p, out, None, stages)
+                self._ship(p, out, stages)
                 return True
             p = self._pending.get(msg.request_id)
             if p is None or p.target is not None:
@@ -211,19 +184,26 @@ class PrefillWorker(EngineWorker):
 
     def _forget(self, request_id: str) -> tuple[int, str | None, float]:
         self.clock.forget(request_id)
+        if self.sender is not None:
+            self.sender.writes.forget(request_id)
         if self.loader is not None:
             self.loader.forget(request_id)
-        if self.layerwise is not None:
-            return self.layerwise.pop(request_id)
+        if self.shipper is not None:
+            return self.shipper.pop(request_id)
         return 0, None, 0.0
 
     def _drop(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
         self._parked.pop(request_id, None)
+        self._writing.pop(request_id, None)
         self.engine.abort(request_id)
         self._forget(request_id)
 
     async def _abort(self, request_id: Any) -> bool:
+        # first, from this thread: the engine thread may be waiting for the request's KV
+        # write to a decode host that is gone (issue 17: the step loop moves on at once)
+        if self.sender is not None:
+            self.sender.cancel(str(request_id))
         await self.on_engine(lambda: self._drop(str(request_id)))
         return True
 
@@ -234,8 +214,28 @@ class PrefillWorker(EngineWorker):
             err = RpcError("PREFILL_FAILED", reason)
             self.post(lambda: set_exception_if_pending(p.future, err))
 
+    def _settle_writes(self) -> None:
+        """Engine thread: deferred KV writes settled; answer the prefills done meanwhile."""
+        if self.shipper is None:
+            return
+        done = []
+        for rid in self.shipper.settle():
+            out, stages = self._writing.pop(rid, (None, None))
+            if out is None:
+                continue
+            if stages is None:
+                done.append(out)
+            else:
+                self._shipped(out, stages)
+        if done:
+            self.after_step(done)
+
     def after_step(self, outputs: list[Any]) -> None:
         for out in outputs:
+            if (self.layerwise is not None and self.layerwise.writing(out.request_id)
+                    and out.request_id in self._pending):
+                self._writing[out.request_id] = (out, None)  # answered once they settle
+                continue
             p = self._pending.pop(out.request_id, None)
             stages = self.clock.pop(out.request_id)
             layerwise = self._forget(out.request_id)
@@ -246,11 +246,39 @@ class PrefillWorker(EngineWorker):
                 # shipped in one batch when the SetTarget arrives (_set_target).
                 self._parked[out.request_id] = (time.monotonic(), p, out, stages)
                 continue
+            if p.target is not None and self.layerwise is None:
+                self._ship(p, out, stages)      # layer-wise writes off: one batch now
+                continue
             self._resolve(p, out, layerwise, stages)
         if self._parked:
             self._expire_parked()
 
-    def _resolve(self, p: _Pending, out: Any, layerwise: tuple[int, str | None, float] | None,
+    def _ship(self, p: _Pending, out: Any, stages: Stages) -> None:
+        """Engine thread: write the finished prompt's blocks from the prefix cache to
+        ``p.target`` in one batch (``LayerwiseKVSender.send_blocks``); the prefill RPC is
+        answered at once when the write is done within ``DEFER_S``, else once it settles
+        (``_settle_writes``) — never by waiting here for a decode host (issue 17)."""
+        assert self.shipper is not None and p.target is not None
+        rid = p.task.request_id
+        self._pending[rid] = p          # (aborts find it here meanwhile)
+        self.shipper.add(rid, p.target)
+        block_ids = self._cached_blocks(list(p.task.prompt_token_ids))
+        self.shipper.send_blocks(rid, block_ids[:p.target.num_blocks])
+        if self.shipper.writing(rid):
+            self._writing[rid] = (out, stages)
+        else:
+            self._shipped(out, stages)
+
+    def _shipped(self, out: Any, stages: Stages) -> None:
+        """Engine thread: the one-batch write of ``_ship`` settled: answer the prefill."""
+        rid = out.request_id
+        p = self._pending.pop(rid, None)
+        write_windows = self.clock.pop(rid)     # its p2d_transfer window
+        outcome = self._forget(rid)
+        if p is not None:
+            self._resolve(p, out, outcome, (*stages, *write_windows))
+
+    def _resolve(self, p: _Pending, out: Any, layerwise: tuple[int, str | None, float],
                  stages: Stages) -> None:
         """Engine thread: finish ``p`` and hand the result (or error) to its RPC."""
         try:
@@ -271,10 +299,24 @@ class PrefillWorker(EngineWorker):
                                f"no KVTarget for {rid} within {PARKED_MAX_S:.0f} s")
                 self.post(lambda p=p, err=err: set_exception_if_pending(p.future, err))
 
-    def _finish(self, p: _Pending, out: Any, layerwise: tuple[int, str | None, float] | None,
+    def _cached_blocks(self, prompt: list[int]) -> list[int]:
+        """Engine thread: block ids of the prompt's leading full blocks in the prefix cache."""
+        from pymooncake.identity import block_keys
+        e = self.engine
+        bs = e.config.block_size
+        block_ids = []
+        for i, k in enumerate(block_keys(prompt, e.namespace)):
+            b = e.pool.get_cached_block(k, tuple(prompt[i * bs:(i + 1) * bs]))
+            if b is None:
+                break
+            block_ids.append(b.block_id)
+        return block_ids
+
+    def _finish(self, p: _Pending, out: Any, layerwise: tuple[int, str | None, float],
                 stages: Stages = ()) -> PrefillResult:
-        """Engine thread: ship the prompt KV (``layerwise``: what the layer-wise writes
-        did; None = send it all now in one batch), put new blocks into the Store."""
+        """Engine thread: the prefill's result, once its KV writes are over (``layerwise``:
+        blocks written, error or None, seconds spent on them — layer by layer during the
+        prefill, or in one batch by ``_ship``); puts new blocks into the Store."""
         from pymooncake.engine.request import FinishReason
         prefill_s = time.monotonic() - p.start_s
         if out.finish_reason not in (FinishReason.LENGTH, FinishReason.STOP):
@@ -288,30 +330,13 @@ class PrefillWorker(EngineWorker):
         bs = e.config.block_size
         from pymooncake.identity import block_keys
         keys = block_keys(prompt, e.namespace)
-        block_ids = []
-        for i, k in enumerate(keys):
-            b = e.pool.get_cached_block(k, tuple(prompt[i * bs:(i + 1) * bs]))
-            if b is None:
-                break
-            block_ids.append(b.block_id)
-        t0 = time.monotonic()
+        block_ids = self._cached_blocks(prompt)
         sent = 0
         transfer_s = 0.0
-        if p.target is not None and self.layerwise is not None and layerwise is not None:
-            sent, err, transfer_s = layerwise  # written layer by layer during the prefill
+        if p.target is not None:
+            sent, err, transfer_s = layerwise
             if err is not None:
                 raise RpcError("KV_TRANSFER_FAILED", err)
-        elif p.target is not None and block_ids:
-            w0 = time.time()
-            with span("serving.p2d_transfer", request_id=p.task.request_id,
-                      num_blocks=len(block_ids)):
-                try:
-                    self.sender.send(block_ids[:p.target.num_blocks], p.target)
-                except KVTransferError as err:
-                    raise RpcError("KV_TRANSFER_FAILED", str(err)) from None
-            sent = min(len(block_ids), p.target.num_blocks)
-            transfer_s = time.monotonic() - t0
-            stages = (*stages, ("p2d_transfer", w0, time.time()))
         if self.loader is not None and p.task.use_store:
             lo, hi = stale_store_blocks(p.task.store_hint_blocks, cached, len(prompt), bs)
             if hi > lo:
@@ -323,20 +348,10 @@ class PrefillWorker(EngineWorker):
                 # copied once, into the loader's registered staging slots; the put thread
                 # writes them from there (batch_put_from: no bytes in between)
                 data = self.loader.stage_for_put(block_ids[new_from:])
-                self._puts.put((time.monotonic(), put_keys, data))
+                assert self._puts is not None
+                self._puts.put(put_keys, data)
         first = out.output_token_ids[0]
         finish = "stop" if out.finish_reason == FinishReason.STOP else None
         return PrefillResult(p.task.request_id, first, cached, sent, prefill_s, transfer_s,
                              finish, stages)
-
-
-def stale_store_blocks(hint_blocks: int, cached_tokens: int, num_prompt_tokens: int,
-                       block_size: int) -> tuple[int, int]:
-    """Block range ``[lo, hi)`` the Conductor's index says the Store holds but this prefill
-    did not get from any cache: evicted since (lazy invalidation of the index). Blocks past
-    ``(num_prompt_tokens - 1) // block_size`` are never loaded (CASES BUG-09: at least one
-    token is computed), so they prove nothing."""
-    lo = cached_tokens // block_size
-    hi = min(hint_blocks, (num_prompt_tokens - 1) // block_size)
-    return (lo, hi) if hi > lo else (lo, lo)
 

@@ -6,10 +6,12 @@ on one timeline and their overlap is visible (issue #6 item 7; Mooncake FAST'25 
 overlaps layer ``i``'s P→D write with layer ``i+1``'s compute). Stages a worker reports:
 
 prefill worker  ``queue`` (task received → first step with it), ``store_lookup`` (Store
-                metadata + reads of its reusable blocks), ``cache_load`` (first to last
-                layer import of those blocks), ``prefill`` (first step start → last layer of
-                its last step), ``p2d_transfer`` (first layer-wise WRITE submitted → last
-                one completed)
+                metadata and replica plan of its reusable blocks), ``store_load`` (first
+                to last Store read of those blocks, layer group by layer group, on the
+                loader's fetch thread: it overlaps ``prefill``), ``cache_load`` (first to
+                last layer import of those blocks into the paged cache), ``prefill``
+                (first step start → last layer of its last step), ``p2d_transfer`` (first
+                layer-wise WRITE submitted → last one completed)
 decode worker   ``decode_queue`` (KV-ready notice → first step with it), ``decode_load``
                 (arrived KV imported into the paged cache), ``decode`` (first step →
                 finish)

@@ -11,6 +11,8 @@ Mooncake") and docs/compat.md. tests/store/compat_api_scenario.py runs the same 
 
 from pymooncake.store.compat._async import MooncakeDistributedStoreAsync
 from pymooncake.store.compat._buffer_pool import BufferPool
+from pymooncake.store.compat._parallel_spec import ParallelAxis, ReadTarget, TensorParallelism
+from pymooncake.store.compat._segments import bind_to_numa_node
 from pymooncake.store.compat._store import MooncakeDistributedStore
 from pymooncake.store.compat._tasks import QueryTaskResponse
 from pymooncake.store.compat._types import (
@@ -29,5 +31,14 @@ from pymooncake.store.compat._types import (
 
 __all__ = ["BufferHandle", "BufferPool", "Descriptor", "DiskDescriptor", "MemoryDescriptor",
            "MooncakeDistributedStore", "MooncakeDistributedStoreAsync", "ObjectDataType",
-           "QueryTaskResponse", "ReplicaDescriptor", "ReplicaStatus",
-           "ReplicateConfig", "SoftPinAction", "TaskStatus", "TaskType"]
+           "ParallelAxis", "QueryTaskResponse", "ReadTarget", "ReplicaDescriptor",
+           "ReplicaStatus", "ReplicateConfig", "SoftPinAction", "TaskStatus", "TaskType",
+           "TensorParallelism", "bind_to_numa_node"]
+
+# pybind11's ``export_values()``: each enum's members are also module attributes, in
+# store_py.cpp's order (a later enum wins a shared name: ``PROCESSING`` is TaskStatus's)
+_EXPORTED: dict[str, object] = {}
+for _enum in (ObjectDataType, ReplicaStatus, TaskType, TaskStatus):
+    _EXPORTED.update(_enum.__members__)
+globals().update(_EXPORTED)
+__all__ += sorted(_EXPORTED)

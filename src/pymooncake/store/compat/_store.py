@@ -1,7 +1,7 @@
 """``MooncakeDistributedStore`` on pymooncake: lifecycle (``setup``, ``setup_dummy``,
 ``init_all``, ``close``, ``health_check``, ``get_hostname``); the method groups are mixed in
 from ``_write``, ``_read``, ``_tensor_api``, ``_tensor_tp``, ``_tensor_parallel`` and
-``_tasks``."""
+``_tasks``, ``_session`` and ``_segments``."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ from typing import Any
 from pymooncake.store.client import StoreClient
 from pymooncake.store.compat._codes import INVALID_PARAMS, OK, code, free_port, parse_size
 from pymooncake.store.compat._read import ReadMethods
+from pymooncake.store.compat._segments import SegmentMethods
+from pymooncake.store.compat._session import SessionMethods
 from pymooncake.store.compat._tasks import TaskMethods
 from pymooncake.store.compat._tensor_api import TensorMethods
 from pymooncake.store.compat._tensor_parallel import TensorParallelMethods
 from pymooncake.store.compat._tensor_tp import TensorTpMethods
+from pymooncake.store.compat._types import typed_keys
 from pymooncake.store.compat._write import WriteMethods
 from pymooncake.store.errors import ErrorCode, StoreError
 
@@ -32,8 +35,10 @@ def _p2p_metadata(master: str) -> str:
     return f"http://{host}:8080/metadata"
 
 
+@typed_keys
 class MooncakeDistributedStore(WriteMethods, ReadMethods, TensorMethods, TensorTpMethods,
-                               TensorParallelMethods, TaskMethods):
+                               TensorParallelMethods, TaskMethods, SessionMethods,
+                               SegmentMethods):
     """Mooncake's store class. Call ``setup(...)`` (or ``init_all``) first; store errors are
     returned as Mooncake's codes, never raised (a value of the wrong Python type raises
     ``TypeError``, as pybind11 does)."""
@@ -46,6 +51,7 @@ class MooncakeDistributedStore(WriteMethods, ReadMethods, TensorMethods, TensorT
         self._mem_pool: list[Any] = []
         self._mem_pool_left = 1 << 62  # a real client's pool: bounded by memory only
         TaskMethods.__init__(self)
+        self._init_sessions()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -56,8 +62,10 @@ class MooncakeDistributedStore(WriteMethods, ReadMethods, TensorMethods, TensorT
               enable_ssd_offload: bool = False, ssd_offload_path: str = "",
               **_ignored: Any) -> int:
         """Connect: Mooncake's positional arguments, or one config dict. 0 on success.
-        The segment is named ``host:port`` after the Transfer Engine's TCP port (the
-        port given in ``local_hostname``, else a free one in 12300–14300), which is
+        A second ``setup`` checks its arguments (a bad size is -600) and keeps the
+        connected client (Mooncake replaces it). The segment is named ``host:port``
+        after the Transfer Engine's TCP port (the port given in ``local_hostname``, else
+        a free one in 12300–14300), which is
         ``get_hostname()`` and every replica's ``transport_endpoint``, as in Mooncake."""
         if isinstance(local_hostname, dict):
             cfg = dict(local_hostname)
@@ -75,13 +83,19 @@ class MooncakeDistributedStore(WriteMethods, ReadMethods, TensorMethods, TensorT
                     ssd_offload_path=cfg.get("ssd_offload_path", ""))
             except (KeyError, ValueError):
                 return INVALID_PARAMS
-        if self._client is not None:
-            return OK
         try:
             gseg = parse_size(global_segment_size, "global_segment_size")
             lbuf = parse_size(local_buffer_size, "local_buffer_size")
             if protocol not in ("tcp", "rdma", ""):
                 raise ValueError(f"protocol={protocol!r}")
+        except ValueError as e:
+            return code(e)
+        if self._client is not None:
+            # Mooncake builds a new client for a second setup (store_py.cpp,
+            # init_real_client); this facade keeps the first one once the new arguments
+            # pass the same checks (docs/compat.md)
+            return OK
+        try:
             name = str(local_hostname)
             host, sep, port_s = name.rpartition(":")
             if not sep or not port_s.isdigit():
@@ -166,6 +180,7 @@ class MooncakeDistributedStore(WriteMethods, ReadMethods, TensorMethods, TensorT
         and stop. Later calls answer as before ``setup`` (``get`` → ``b''``)."""
         self._stop_tasks()
         if self._client is not None:
+            self._end_sessions()
             self._client.close()
             self._client = None
         self._mem_pool.clear()

@@ -90,9 +90,10 @@ def metadata(dtype: int, shape: tuple[int, ...], data_bytes: int, *,
            _SHAPE.pack(*(tuple(shape) + pad)[:MAX_DIMS]),
            _AXES_HEAD.pack(len(axes), 0)]
     for i in range(MAX_AXES):
-        if i < len(axes):  # the last field: this piece's extent along the split dim
-            k, rank, count, dim = axes[i]
-            out.append(_AXIS.pack(k, i, rank, count, dim, 0, shape[dim]))
+        if i < len(axes):  # (kind, rank, count, split dim or -1[, expert/stage id]);
+            k, rank, count, dim, *extra = axes[i]  # last: the extent along the split dim
+            out.append(_AXIS.pack(k, i, rank, count, dim, extra[0] if extra else 0,
+                                  shape[dim] if dim >= 0 else 0))
         else:
             out.append(bytes(_AXIS.size))
     return b"".join(out)

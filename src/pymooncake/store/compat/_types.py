@@ -5,7 +5,10 @@ handles. Attribute types are checked as pybind11 checks them (a wrong type raise
 from __future__ import annotations
 
 import enum
+import functools
+import inspect
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -70,9 +73,72 @@ class TaskType(_Enum):
     REPLICA_MOVE = 1
 
 
+def incompatible(func: str, what: str, value: Any, expected: str) -> TypeError:
+    """pybind11's answer to an argument of the wrong Python type: ``TypeError`` saying
+    ``<func>(): incompatible function arguments``, what took it, what it takes and what
+    it got."""
+    return TypeError(f"{func}(): incompatible function arguments: {what} takes {expected}, "
+                     f"got {value!r}")
+
+
 def _bad(field: str, value: Any, expected: str) -> TypeError:
-    return TypeError(f"(): incompatible function arguments: ReplicateConfig.{field} takes "
-                     f"{expected}, got {value!r}")
+    return incompatible("", f"ReplicateConfig.{field}", value, expected)
+
+
+_KEY = "str (or bytes: std::string)"
+
+
+def key_arg(func: str, value: Any) -> str:
+    """A key as pybind's ``std::string`` takes it: ``str``, or ``bytes`` (decoded as UTF-8,
+    so ``b"k"`` and ``"k"`` name one object); anything else raises ``TypeError``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    raise incompatible(func, "key", value, _KEY)
+
+
+def keys_arg(func: str, value: Any, name: str = "keys") -> list[str]:
+    """Keys as ``std::vector<std::string>``: a list or tuple of str/bytes, else
+    ``TypeError``."""
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise incompatible(func, name, value, f"a list of {_KEY}")
+    out = []
+    for v in value:
+        if not isinstance(v, str | bytes):
+            raise incompatible(func, f"{name}[{len(out)}]", v, _KEY)
+        out.append(key_arg(func, v))
+    return out
+
+
+def typed_keys(cls: type) -> type:
+    """Class decorator: every public method whose first argument is ``key``, ``keys`` or
+    ``base_keys`` checks and converts it as pybind11 does (``key_arg``/``keys_arg``)
+    before running; ``None`` passes where it is the default (``key=py::none()``)."""
+    for name, fn in inspect.getmembers(cls, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        params = list(inspect.signature(fn).parameters.values())[1:2]
+        if not params or params[0].name not in ("key", "keys", "base_keys"):
+            continue
+        setattr(cls, name, _wrap_key(fn, name, params[0].name, params[0].default is None))
+    return cls
+
+
+def _wrap_key(fn: Any, name: str, param: str, none_ok: bool) -> Any:
+    conv = key_arg if param == "key" else functools.partial(keys_arg, name=param)
+
+    def check(v: Any) -> Any:
+        return v if v is None and none_ok else conv(name, v)
+
+    @functools.wraps(fn)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = (check(args[0]), *args[1:])
+        elif param in kwargs:
+            kwargs[param] = check(kwargs[param])
+        return fn(self, *args, **kwargs)
+    return method
 
 
 def _size_t(field: str, v: Any) -> int:
@@ -251,12 +317,12 @@ class ReplicaDescriptor:
 
     def get_memory_descriptor(self) -> MemoryDescriptor:
         if self._mem is None:
-            raise RuntimeError("not a memory replica")
+            raise RuntimeError("Expected MemoryDescriptor")  # Mooncake's message
         return self._mem
 
     def get_disk_descriptor(self) -> DiskDescriptor:
         if self._disk is None:
-            raise RuntimeError("not a disk replica")
+            raise RuntimeError("Expected DiskDescriptor")
         return self._disk
 
     def __repr__(self) -> str:

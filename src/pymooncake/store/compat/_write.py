@@ -14,7 +14,7 @@ from pymooncake.store.compat._codes import OK as _OK
 from pymooncake.store.compat._codes import buffer_nbytes as _buffer_nbytes
 from pymooncake.store.compat._codes import code as _code
 from pymooncake.store.compat._codes import put_code as _put_code
-from pymooncake.store.compat._types import ReplicateConfig
+from pymooncake.store.compat._types import ReplicateConfig, incompatible
 from pymooncake.store.config import ReplicateConfig as _TypedReplicateConfig
 from pymooncake.store.errors import ErrorCode, StoreError
 
@@ -31,7 +31,7 @@ class WriteMethods:
 
     def _cfg(self, config: ReplicateConfig | None) -> _TypedReplicateConfig:
         if config is not None and not isinstance(config, ReplicateConfig):
-            raise TypeError(f"config must be a ReplicateConfig, got {type(config).__name__}")
+            raise incompatible("put", "config", config, "ReplicateConfig")
         typed = (config or ReplicateConfig()).to_typed()
         prefer = getattr(self, "_prefer_segment", "")  # a dummy client's real client
         if prefer and not typed.preferred_segment:
@@ -61,6 +61,8 @@ class WriteMethods:
         sizes = [_buffer_nbytes(v) for v in values]
         if len(keys) != len(values):
             return [_INVALID_PARAMS] * max(len(keys), 1)
+        if config is not None and not isinstance(config, ReplicateConfig):
+            raise incompatible("put", "config", config, "ReplicateConfig")  # as pybind11
         try:
             cfg = self._cfg(config)
             if any(n > self._local_buffer_size for n in sizes):
@@ -134,6 +136,35 @@ class WriteMethods:
     def put_from(self, key: str, buffer_ptr: int, size: int,
                  config: ReplicateConfig | None = None) -> int:
         return self.batch_put_from([key], [buffer_ptr], [size], config)[0]
+
+    def put_from_with_metadata(self, key: str, buffer_ptr: int, metadata_buffer_ptr: int,
+                               size: int, metadata_size: int,
+                               config: ReplicateConfig | None = None) -> int:
+        """One object: ``metadata_size`` bytes at ``metadata_buffer_ptr`` then ``size``
+        bytes at ``buffer_ptr`` (both in registered memory). 0 on success (also for an
+        existing key, which keeps its value; ``size == 0`` stores nothing), -1 with
+        ``prefer_alloc_in_same_node`` or before ``setup`` (Mooncake's RealClient), -600
+        for memory outside registered buffers."""
+        for name, v in (("buffer_ptr", buffer_ptr), ("metadata_buffer_ptr",
+                        metadata_buffer_ptr), ("size", size), ("metadata_size", metadata_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise TypeError(f"{name}: expected an unsigned int, got {v!r}")
+        typed = self._cfg(config)
+        if getattr(self, "_client", None) is None:
+            return _INVALID_PARAMS  # the pybind wrapper's answer before setup
+        if config is not None and config.prefer_alloc_in_same_node:
+            return -1
+        if size == 0:
+            return _OK
+        if not (self._registered(buffer_ptr, size) and (
+                metadata_size == 0 or self._registered(metadata_buffer_ptr, metadata_size))):
+            return _INVALID_PARAMS
+        value = ctypes.string_at(metadata_buffer_ptr, metadata_size) + ctypes.string_at(
+            buffer_ptr, size)
+        try:
+            return _put_code(self.client.batch_put([key], [value], typed)[0])
+        except Exception as e:  # noqa: BLE001
+            return _code(e)
 
     def batch_put_from(self, keys: Sequence[str], buffer_ptrs: Sequence[int],
                        sizes: Sequence[int], config: ReplicateConfig | None = None

@@ -33,6 +33,7 @@ class Segment:
     ssd_capacity_bytes: int = 0
     rpc_host: str = ""
     rpc_port: int = 0
+    holder: str = ""  # the storage process's SSD directory identity (issue 17: rejoin)
     allocator: OffsetAllocator = field(init=False)
 
     def __post_init__(self) -> None:

@@ -101,8 +101,9 @@ class ReplicaCopier:
         svc._after()     # evictions made for room: spills, metrics, journal
         if not started:
             return out
+        sums = [getattr(core.objects.get(keys[i]), "checksum", None) for i, _, _ in started]
         try:
-            oks = await asyncio.to_thread(self._move, [(s, n) for _, s, n in started])
+            oks = await asyncio.to_thread(self._move, [(s, n) for _, s, n in started], sums)
         except Exception as e:  # noqa: BLE001 - every copy of the batch failed
             logger.warning("replica copy to %s failed: %s", segment, e)
             oks = [False] * len(started)
@@ -111,10 +112,15 @@ class ReplicaCopier:
             if svc.core is not core:       # HA step-down meanwhile: not ours to finish
                 out[i] = {"e": [int(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS), "stepped down"]}
                 continue
-            if copy_end(core, keys[i], new.replica_id, ok, now):
+            if copy_end(core, keys[i], new.replica_id, ok is True, now):
                 out[i] = {"r": new.length}
                 M_COPIES.labels("ok").inc()
                 M_COPY_BYTES.inc(new.length)
+            elif ok is None:  # the source's bytes failed the checksum: nothing copied
+                out[i] = {"e": [int(ErrorCode.CHECKSUM_MISMATCH),
+                                f"copy of {keys[i]!r}: its source replica failed the "
+                                "checksum"]}
+                M_COPIES.labels("failed").inc()
             else:
                 out[i] = {"e": [int(ErrorCode.TRANSFER_FAIL),
                                 f"copy of {keys[i]!r} to {segment!r} failed"]}
@@ -139,8 +145,12 @@ class ReplicaCopier:
             self._staging_addr = self._dp.register(self._staging)
         return self._dp, self._staging_addr
 
-    def _move(self, pairs: list[tuple[Any, Any]]) -> list[bool]:
-        """READ every source into the staging buffer, then WRITE it into the new replicas."""
+    def _move(self, pairs: list[tuple[Any, Any]], sums: list[bytes | None]
+              ) -> list[bool | None]:
+        """READ every source into the staging buffer, verify it against its object's
+        checksum (issue 17: a corrupt replica is never copied; ``None`` for those), then
+        WRITE it into the new replicas."""
+        from pymooncake.store.checksum import verify_at
         from pymooncake.store.datapath import Move
         offs, total = [], 0
         for src, _ in pairs:
@@ -149,7 +159,10 @@ class ReplicaCopier:
         dp, base = self._data_path(total)
         reads = dp.run([Move(False, base + o, s.segment, s.addr, s.length)
                         for o, (s, _) in zip(offs, pairs, strict=True)])
-        ok = [r.ok for r in reads]
+        ok: list[bool | None] = [r.ok for r in reads]
+        for j, (src, _) in enumerate(pairs):
+            if ok[j] and not verify_at(base + offs[j], src.length, sums[j]):
+                ok[j] = None
         todo = [j for j, good in enumerate(ok) if good]
         writes = dp.run([Move(True, base + offs[j], pairs[j][1].segment, pairs[j][1].addr,
                               pairs[j][1].length) for j in todo])

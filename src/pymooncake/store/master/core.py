@@ -25,9 +25,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from pymooncake.store.checksum import describe, well_formed
 from pymooncake.store.config import MasterConfig, ReplicateConfig
 from pymooncake.store.errors import ErrorCode, StoreError
-from pymooncake.store.master import eviction
+from pymooncake.store.master import eviction, recovery
 from pymooncake.store.master.allocator import Segment, SegmentPool
 from pymooncake.store.master.leases import LeaseTable, soft_pin_deadline
 from pymooncake.store.master.objects import (
@@ -105,6 +106,14 @@ class MasterCore:
         """Writes with a generation below this began under an earlier leader (HA): their
         ``put_end``/``put_revoke`` answer ``UNAVAILABLE_IN_CURRENT_STATUS`` (retryable)."""
         self.ssd_used: dict[str, int] = defaultdict(int)  # segment → bytes on SSD
+        self.replicas_lost = False
+        """Set when a published object lost a replica (segment dropped, bad replica): the
+        service's ``rereplication`` pass checks the objects and clears it."""
+        self.lost_ssd: dict[str, dict[str, tuple[int, bytes | None]]] = {}
+        """holder → key → (size, checksum) of objects lost with a dead holder's segment
+        while an SSD copy of them lay there: re-created if that holder rejoins with the
+        file intact (``recovery``). Deleting the key's object (remove, eviction, a newer
+        object of the key later removed) forgets the entry."""
 
     # -- clients and segments ------------------------------------------------------------
 
@@ -124,7 +133,10 @@ class MasterCore:
 
     def mount_segment(self, client_id: str, name: str, host: str, base_addr: int,
                       size_bytes: int, now_ms: float, ssd_capacity_bytes: int = 0,
-                      rpc_host: str = "", rpc_port: int = 0) -> None:
+                      rpc_host: str = "", rpc_port: int = 0, holder: str = "") -> None:
+        """Mount a segment. ``holder`` (a storage process's SSD identity): a segment of the
+        same holder still mounted under another name is its dead previous life (one live
+        owner per SSD directory) and is dropped first (``recovery.takeover``)."""
         if not name:
             raise StoreError(ErrorCode.INVALID_PARAMS, "segment name is empty")
         if size_bytes <= 0 or base_addr < 0 or ssd_capacity_bytes < 0:
@@ -138,8 +150,10 @@ class MasterCore:
                 self._touch(client_id, now_ms)
                 return  # idempotent re-mount
             raise StoreError(ErrorCode.SEGMENT_ALREADY_EXISTS, f"segment {name!r} is mounted")
+        if holder:
+            recovery.takeover(self, holder, name)
         self.pool.mount(Segment(name, client_id, host, base_addr, size_bytes,
-                                ssd_capacity_bytes, rpc_host, rpc_port))
+                                ssd_capacity_bytes, rpc_host, rpc_port, holder))
         if self.segments_changed is not None:
             self.segments_changed.add(name)
         self._touch(client_id, now_ms).segments.add(name)
@@ -164,10 +178,14 @@ class MasterCore:
                 self._discard_write(obj, now_ms=None)
                 lost += 1
                 continue
+            had_ssd = any(r.segment == name and r.tier == TIER_SSD for r in obj.replicas)
             obj.replicas = keep
             self.objects.touch(obj.key)
+            self.replicas_lost = True
             if not any(r.complete for r in keep):
                 self._delete(obj, free_ranges=True)
+                if had_ssd:
+                    recovery.remember_lost(self, name, obj)
                 lost += 1
         self._discarded = [d for d in self._discarded
                            if not all(seg == name for seg, _ in d.ranges)]
@@ -197,6 +215,8 @@ class MasterCore:
                     self._ssd_forget(r.segment, obj.key, r.length)
         self.objects.pop(obj.key)
         self.leases.drop(obj.key)
+        if self.lost_ssd:
+            recovery.forget_lost(self, obj.key)
 
     def _ssd_forget(self, segment: str, key: str, length: int) -> None:
         if segment in self.pool.segments:
@@ -267,7 +287,7 @@ class MasterCore:
                              f"no segment has {size_bytes} free bytes for {key!r}")
         gen = self._next_generation()
         obj = ObjectMeta(key, size_bytes, gen, client_id, now_ms,
-                         last_access_ms=now_ms)
+                         last_access_ms=now_ms, replica_target=len(placed))
         obj.pin.hard = config.hard_pin
         if config.soft_pin:
             obj.soft_pin_ttl_ms = (config.soft_pin_ttl_ms if config.soft_pin_ttl_ms is not None
@@ -297,8 +317,12 @@ class MasterCore:
                              f"{key!r} generation {generation} belongs to another client")
         return obj
 
-    def put_end(self, client_id: str, key: str, generation: int, now_ms: float) -> None:
-        """Publish write ``generation`` of ``key`` (``INVALID_VERSION`` when stale).
+    def put_end(self, client_id: str, key: str, generation: int, now_ms: float,
+                checksum: bytes | None = None) -> None:
+        """Publish write ``generation`` of ``key`` (``INVALID_VERSION`` when stale) with the
+        writer's ``checksum`` of its bytes (``store.checksum``: an algorithm byte and a
+        digest per chunk; ``INVALID_PARAMS`` when it has the wrong type or length). An object
+        published without one never verifies on read (issue 17).
 
         Idempotent for its writer: a ``put_end`` of the generation already published by
         the same client succeeds again (a retry after the answer was lost in a fail-over)."""
@@ -307,6 +331,12 @@ class MasterCore:
                 and done.writer == client_id and isinstance(key, str):
             return
         obj = self._live_write(client_id, key, generation)
+        if checksum is not None and not well_formed(checksum, obj.size_bytes):
+            got = (f"{len(checksum)} bytes" if isinstance(checksum, bytes)
+                   else type(checksum).__name__)
+            raise StoreError(ErrorCode.INVALID_PARAMS, f"{key!r}: checksum must be "
+                             f"{describe(obj.size_bytes)}, got {got}")
+        obj.checksum = checksum
         self._touch(client_id, now_ms)
         obj.state = ObjectState.COMPLETE
         self.objects.touch(key)
@@ -331,7 +361,7 @@ class MasterCore:
         obj = self.read_object(client_id, key, now_ms)
         return ReplicaList(key, obj.size_bytes, obj.generation,
                            tuple(r.desc() for r in obj.readable_replicas()),
-                           self.config.default_kv_lease_ttl_ms)
+                           self.config.default_kv_lease_ttl_ms, obj.checksum)
 
     def read_object(self, client_id: str, key: str, now_ms: float) -> ObjectMeta:
         """``get_replica_list`` without building the answer (the service's fast path)."""
@@ -374,7 +404,10 @@ class MasterCore:
 
     def remove(self, key: str, now_ms: float, force: bool = False) -> None:
         """``OBJECT_NOT_FOUND``; ``REPLICA_IS_NOT_READY`` while written (refused);
-        ``OBJECT_HAS_LEASE`` while a read lease is held (unless ``force``)."""
+        ``OBJECT_HAS_LEASE`` while a read lease is held (unless ``force``). A removed key
+        is never re-created by its dead holder's rejoin (``recovery``)."""
+        if self.lost_ssd:
+            recovery.forget_lost(self, validate_key(key, self.config.max_key_bytes))
         obj = self._lookup(key)
         if not obj.complete:
             raise StoreError(ErrorCode.REPLICA_IS_NOT_READY,
@@ -388,6 +421,7 @@ class MasterCore:
         self._delete(obj, free_ranges=True)
 
     def remove_all(self, now_ms: float, force: bool = False) -> int:
+        self.lost_ssd.clear()  # no dead holder brings a removed key back (``recovery``)
         n = 0
         for obj in self.objects:
             if not obj.complete or obj.spilling or obj.promoting:
@@ -435,6 +469,7 @@ class MasterCore:
         for r in obj.dram_replicas():  # an SSD copy exists: drop the DRAM copies only
             self.pool.free(r.segment, r.addr)
         obj.replicas = obj.ssd_replicas()
+        obj.replica_target = obj.replica_count()  # evicted on purpose: not a loss
         self.objects.touch(key)
 
     def evict(self, need_bytes: int, now_ms: float, reason: str = eviction.EVICT_REASON_NO_SPACE
@@ -519,6 +554,7 @@ class MasterCore:
             for r in obj.dram_replicas():
                 self.pool.free(r.segment, r.addr)
             obj.replicas = [ssd]
+            obj.replica_target = 1  # evicted on purpose: not a loss
         self.ssd_used[segment] += obj.size_bytes
         return True
 

@@ -58,7 +58,7 @@ class LogGap(Exception):
 def segment_record(seg: Segment) -> dict[str, Any]:
     return {"name": seg.name, "client": seg.client_id, "host": seg.host,
             "base": seg.base_addr, "size": seg.size_bytes, "ssd": seg.ssd_capacity_bytes,
-            "rpc_host": seg.rpc_host, "rpc_port": seg.rpc_port}
+            "rpc_host": seg.rpc_host, "rpc_port": seg.rpc_port, "holder": seg.holder}
 
 
 def object_record(obj: ObjectMeta) -> dict[str, Any]:
@@ -66,7 +66,8 @@ def object_record(obj: ObjectMeta) -> dict[str, Any]:
             "writer": obj.writer, "complete": obj.complete,
             "replicas": [[r.replica_id, r.segment, r.addr, r.length, r.tier, r.host,
                           r.complete] for r in obj.replicas],
-            "hard": obj.pin.hard, "soft_ttl_ms": obj.soft_pin_ttl_ms}
+            "hard": obj.pin.hard, "soft_ttl_ms": obj.soft_pin_ttl_ms, "sum": obj.checksum,
+            "want": obj.replica_target}
 
 
 def take_changes(core: MasterCore) -> list[list[Any]]:
@@ -107,6 +108,8 @@ def _check_segment(rec: Any) -> dict[str, Any]:
                  ("size", int), ("ssd", int), ("rpc_host", str), ("rpc_port", int)):
         if not isinstance(rec.get(f), t) or isinstance(rec.get(f), bool):
             raise ValueError(f"segment field {f!r} missing or not {t.__name__}")
+    if not isinstance(rec.get("holder", ""), str):
+        raise ValueError("segment field 'holder' not str")
     if not rec["name"] or rec["size"] <= 0 or rec["base"] < 0 or rec["ssd"] < 0:
         raise ValueError(f"segment {rec['name']!r}: bad name, size or base")
     return rec
@@ -121,6 +124,11 @@ def _check_object(rec: Any) -> dict[str, Any]:
             raise ValueError(f"object field {f!r} missing or not {t.__name__}")
     if not rec["key"] or rec["size"] <= 0 or rec["gen"] <= 0:
         raise ValueError(f"object {rec['key']!r}: bad key, size or generation")
+    if not isinstance(rec.get("sum"), bytes | None):
+        raise ValueError(f"object {rec['key']!r}: checksum is not bytes")
+    want = rec.get("want", 0)  # absent in records of older masters
+    if isinstance(want, bool) or not isinstance(want, int) or want < 0:
+        raise ValueError(f"object {rec['key']!r}: bad replica target 'want'")
     soft = rec.get("soft_ttl_ms")
     if soft is not None and (not isinstance(soft, int | float) or soft < 0):
         raise ValueError(f"object {rec['key']!r}: bad soft_ttl_ms")
@@ -263,7 +271,8 @@ def restore(index: MetaIndex, core: MasterCore, now_ms: float) -> RestoreReport:
     rep = RestoreReport()
     for rec in index.segments.values():
         core.pool.mount(Segment(rec["name"], rec["client"], rec["host"], rec["base"],
-                                rec["size"], rec["ssd"], rec["rpc_host"], rec["rpc_port"]))
+                                rec["size"], rec["ssd"], rec["rpc_host"], rec["rpc_port"],
+                                rec.get("holder", "")))
         c = core.clients.get(rec["client"])
         if c is None:
             c = core.clients[rec["client"]] = _Client(rec["client"], now_ms)
@@ -332,7 +341,9 @@ def restore(index: MetaIndex, core: MasterCore, now_ms: float) -> RestoreReport:
             core._discarded.append(_Discarded(loading, release_ms))
         obj = ObjectMeta(key, rec["size"], rec["gen"], rec["writer"], now_ms,
                          replicas=replicas, state=ObjectState.COMPLETE,
-                         soft_pin_ttl_ms=rec.get("soft_ttl_ms"), last_access_ms=now_ms)
+                         soft_pin_ttl_ms=rec.get("soft_ttl_ms"), last_access_ms=now_ms,
+                         checksum=rec.get("sum"))
+        obj.replica_target = rec.get("want") or obj.replica_count()
         obj.pin.hard = rec["hard"]
         if obj.soft_pin_ttl_ms is not None:
             obj.pin.soft_deadline_ms = now_ms + obj.soft_pin_ttl_ms
@@ -347,4 +358,5 @@ def restore(index: MetaIndex, core: MasterCore, now_ms: float) -> RestoreReport:
     core._generation = max(core._generation, max_gen)
     core.generation_floor = max_gen + 1
     core._replica_id = max(core._replica_id, max_rid)
+    core.replicas_lost = True  # the new leader checks every object's replicas once
     return rep

@@ -50,6 +50,13 @@ class ObjectMeta:
     last_access_ms: float = 0.0
     spilling: bool = False
     promoting: bool = False
+    checksum: bytes | None = None
+    """Per-chunk digests of the object's bytes (``store.checksum``), sent by the writer
+    with ``put_end``; every replica is verified against them on read (issue 17)."""
+    replica_target: int = 0
+    """Replicas the object is meant to have: the count its put got (lowered when an
+    eviction keeps only an SSD copy). A failure that drops one below it is repaired by
+    ``store.master.rereplication``; 0: unknown (counts as ``replica_count()``)."""
 
     @property
     def complete(self) -> bool:
@@ -63,6 +70,10 @@ class ObjectMeta:
 
     def readable_replicas(self) -> list[Replica]:
         return [r for r in self.replicas if r.complete]
+
+    def replica_count(self) -> int:
+        """Segments holding a readable replica (DRAM or SSD: one segment counts once)."""
+        return len({r.segment for r in self.replicas if r.complete})
 
 
 class ObjectTable:

@@ -21,14 +21,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pymooncake.metadata.aio import cancel_and_wait
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
 from pymooncake.rpc import RpcClient, RpcError, RpcServer, from_wire
 from pymooncake.store.config import MasterConfig, ReplicateConfig
 from pymooncake.store.errors import ErrorCode, StoreError
+from pymooncake.store.master import rejoin
 from pymooncake.store.master.copier import ReplicaCopier
 from pymooncake.store.master.core import MasterCore
 from pymooncake.store.master.ha import HaConfig, HaController
+from pymooncake.store.master.rereplicator import ReReplicator
 from pymooncake.store.protocol import (
     TIER_DRAM,
     BatchPutEndRequest,
@@ -37,7 +40,6 @@ from pymooncake.store.protocol import (
     MountRequest,
     PutEndRequest,
     RemoveAllRequest,
-    RemoveRequest,
     ReplicaList,
     SpillOrder,
     UnmountRequest,
@@ -81,10 +83,11 @@ _KEY_FIELDS = frozenset({"client_id", "key"})
 _KEYS_FIELDS = frozenset({"client_id", "keys"})
 _PUT_START_FIELDS = frozenset({"client_id", "key", "size_bytes", "config"})
 _BATCH_PUT_START_FIELDS = frozenset({"client_id", "keys", "sizes_bytes", "config"})
-_PUT_END_FIELDS = frozenset({"client_id", "key", "generation"})
-_BATCH_PUT_END_FIELDS = frozenset({"client_id", "keys", "generations"})
+_PUT_END_FIELDS = frozenset({"client_id", "key", "generation", "checksum"})
+_BATCH_PUT_END_FIELDS = frozenset({"client_id", "keys", "generations", "checksums"})
 _DEFAULT_CONFIG = ReplicateConfig()
-_OPTIONAL = frozenset({"config", "exclude_segments"})
+_REMOVE_FIELDS = frozenset({"client_id", "key", "force"})
+_OPTIONAL = frozenset({"config", "exclude_segments", "force", "checksum", "checksums"})
 _EXCLUDE = frozenset({"exclude_segments"})
 
 
@@ -164,6 +167,8 @@ class MasterService:
         self._ticker: asyncio.Task[None] | None = None
         self.copier = ReplicaCopier(self, host=config.host)
         """Replica copies (hot-block replication); set ``copier.metadata_url`` to enable."""
+        self.rereplicator = ReReplicator(self, config.rereplicate_budget_bytes)
+        """Restores replicas a failure took, through ``copier`` (issue 17)."""
         self._register()
 
     @property
@@ -197,15 +202,14 @@ class MasterService:
         self.core = core
 
     async def stop(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+        if self._ticker is not None:  # (bounded; our own cancellation goes through)
+            await cancel_and_wait(self._ticker, "master tick loop")
         for t in list(self._tasks) + list(self._spills):
             t.cancel()
         if self.ha is not None:
             await self.ha.stop()
         await self.server.stop()
+        self.rereplicator.stop()
         self.copier.close()
         for c in self._peers.values():
             with contextlib.suppress(Exception):
@@ -240,13 +244,14 @@ class MasterService:
         s.register("load_replica_list", self._load_replica_list, KeysRequest)
         s.register("exist", self._exist)
         s.register("batch_exist", self._batch_exist)
-        s.register("remove", self._remove, RemoveRequest)
+        s.register("remove", self._remove)
         s.register("batch_remove", self._batch_remove, KeysRequest)
         s.register("remove_all", self._remove_all, RemoveAllRequest)
         s.register("release_leases", self._release_leases, KeysRequest)
         s.register("list_keys", lambda p: self.core.list_keys())
         s.register("stats", lambda p: self.core.stats(self.now_ms()))
         self.copier.register(s)     # replica_segments, replicate (hot-block replication)
+        rejoin.register(s, self)    # ssd_recover, report_bad_replica (issue 17)
 
     def _gated(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """With HA: refuse unless leading; answer only after the changes the call made
@@ -383,7 +388,8 @@ class MasterService:
 
     def _mount(self, p: MountRequest) -> dict[str, Any]:
         self._call(self.core.mount_segment, p.client_id, p.segment, p.host, p.base_addr,
-                   p.size_bytes, self.now_ms(), p.ssd_capacity_bytes, p.rpc_host, p.rpc_port)
+                   p.size_bytes, self.now_ms(), p.ssd_capacity_bytes, p.rpc_host, p.rpc_port,
+                   p.holder)
         return {"ok": True}
 
     def _unmount(self, p: UnmountRequest) -> int:
@@ -396,19 +402,29 @@ class MasterService:
         return {"key": obj.key, "generation": obj.generation, "size_bytes": obj.size_bytes,
                 "replicas": [replica_to_wire(r) for r in obj.replicas]}
 
-    async def _put_start(self, p: Any) -> Any:
+    def _put_start(self, p: Any) -> Any:
+        """A plain handler (no task per put); when the store is full while spills are in
+        flight it returns the coroutine that waits for them once and tries again."""
         _check(p, _PUT_START_FIELDS)
         cid, key, size, cfg = p["client_id"], p["key"], p["size_bytes"], _config(p)
         try:
             return self._write_wire(self._call(self.core.start_write, cid, key, size, cfg,
                                                self.now_ms()))
         except RpcError as e:
-            if e.code != ErrorCode.NO_AVAILABLE_HANDLE.name or not await self._wait_spills():
+            if e.code != ErrorCode.NO_AVAILABLE_HANDLE.name or not self._spills:
                 raise
+            return self._put_start_again(e, cid, key, size, cfg)
+
+    async def _put_start_again(self, err: RpcError, cid: str, key: str, size: Any,
+                               cfg: ReplicateConfig) -> Any:
+        if not await self._wait_spills():
+            raise err
         return self._write_wire(self._call(self.core.start_write, cid, key, size, cfg,
                                            self.now_ms()))
 
-    async def _batch_put_start(self, p: Any) -> Any:
+    def _batch_put_start(self, p: Any) -> Any:
+        """As ``_put_start``, per key; the keys that found no room while spills are in
+        flight are tried once more after them (by the returned coroutine)."""
         _check(p, _BATCH_PUT_START_FIELDS)
         keys, sizes, cid, cfg = p["keys"], p["sizes_bytes"], p["client_id"], _config(p)
         if not isinstance(keys, list) or not isinstance(sizes, list) or len(keys) != len(sizes):
@@ -420,7 +436,14 @@ class MasterService:
         retry = [i for i, r in enumerate(out)
                  if "e" in r and r["e"][0] == int(ErrorCode.NO_AVAILABLE_HANDLE)]
         self._after()
-        if retry and await self._wait_spills():
+        if retry and self._spills:
+            return self._batch_put_start_again(out, retry, keys, sizes, cid, cfg)
+        return out
+
+    async def _batch_put_start_again(self, out: list, retry: list[int], keys: list,
+                                     sizes: list, cid: str, cfg: ReplicateConfig) -> Any:
+        if await self._wait_spills():
+            start = self.core.start_write
             now = self.now_ms()
             again = self._each(lambda i: self._write_wire(start(cid, keys[i], sizes[i], cfg,
                                                                 now)), retry)
@@ -432,7 +455,7 @@ class MasterService:
     def _put_end(self, p: Any) -> bool:
         _check(p, _PUT_END_FIELDS)
         self._call(self.core.put_end, p["client_id"], p["key"], _int(p, "generation"),
-                   self.now_ms())
+                   self.now_ms(), p.get("checksum"))
         return True
 
     def _batch_put_end(self, p: Any) -> Any:
@@ -440,9 +463,15 @@ class MasterService:
         keys, gens, cid = p["keys"], p["generations"], p["client_id"]
         if not isinstance(keys, list) or not isinstance(gens, list) or len(keys) != len(gens):
             raise RpcError("INVALID_ARGUMENT", "keys and generations must be lists of one length")
+        sums = p.get("checksums")
+        if sums is None:
+            sums = [None] * len(keys)
+        elif not isinstance(sums, list) or len(sums) != len(keys):
+            raise RpcError("INVALID_ARGUMENT", "checksums must be a list as long as keys")
         now = self.now_ms()
         end = self.core.put_end
-        out = self._each(lambda i: end(cid, keys[i], gens[i], now), range(len(keys)))
+        out = self._each(lambda i: end(cid, keys[i], gens[i], now, sums[i]),
+                         range(len(keys)))
         self._after()
         return out
 
@@ -525,7 +554,8 @@ class MasterService:
             return {"key": key, "promote": True}
         _LOOKUP["hit"].inc()
         return {"key": key, "size_bytes": obj.size_bytes, "generation": obj.generation,
-                "replicas": reps, "lease_ttl_ms": self.config.default_kv_lease_ttl_ms}
+                "replicas": reps, "lease_ttl_ms": self.config.default_kv_lease_ttl_ms,
+                "checksum": obj.checksum}
 
     def _get_replica_list(self, p: Any) -> Any:
         _check(p, _KEY_FIELDS)
@@ -550,7 +580,7 @@ class MasterService:
                           "generation": rl.generation,
                           "replicas": [replica_to_wire(r) for r in rl.replicas
                                        if r.tier == TIER_DRAM],
-                          "lease_ttl_ms": rl.lease_ttl_ms}}
+                          "lease_ttl_ms": rl.lease_ttl_ms, "checksum": rl.checksum}}
         return list(await asyncio.gather(*(one(k) for k in p.keys)))
 
     def _exist(self, p: Any) -> bool:
@@ -563,8 +593,13 @@ class MasterService:
         cid, now, ex = p["client_id"], self.now_ms(), _exclude(p)
         return self._each(lambda k: self.core.exist(cid, k, now, ex), _keys(p))
 
-    def _remove(self, p: RemoveRequest) -> bool:
-        self._call(self.core.remove, p.key, self.now_ms(), p.force)
+    def _remove(self, p: Any) -> bool:
+        """A raw map checked by hand, as the other hot paths (``RemoveRequest``'s fields)."""
+        _check(p, _REMOVE_FIELDS)
+        force = p.get("force", False)
+        if not isinstance(force, bool):
+            raise RpcError("INVALID_ARGUMENT", f"force must be a bool, got {type(force).__name__}")
+        self._call(self.core.remove, p["key"], self.now_ms(), force)
         return True
 
     def _batch_remove(self, p: KeysRequest) -> Any:
@@ -590,6 +625,7 @@ class MasterService:
                 now = self.now_ms()
                 self.core.tick(now)
                 self._after()
+                self.rereplicator.poke(now / 1000.0)
                 if now - self._gauges_ms >= GAUGE_INTERVAL_S * 1000.0:
                     self._gauges_ms = now
                     self._update_gauges(now)

@@ -24,12 +24,19 @@ The tier holds at most ``capacity_bytes`` of object bytes: with the default
 objects (reads refresh recency) and reports them, so the master forgets them; with
 ``"none"`` such a write is refused (``SsdFull``) and nothing is written (BUG-26).
 
-On start the directory's previous objects are deleted (``recover=False``, the default:
-without a master snapshot nobody could name them, docs/store.md, BUG-31); with
-``recover=True`` they are re-registered by ``scan()``. ``scan()`` rebuilds the index from
-the directory: it is idempotent (counters are recomputed, never added to), never follows
-a symlink, and skips — and reports — anything that is not a well-formed object file whose
-header names the key its file name derives from (BUG-60).
+On start the directory's previous objects are deleted (``recover=False``, the default of
+the bare tier); with ``recover=True`` they are re-registered by ``scan()`` (the storage
+process does this by default and then re-registers them with the master, issue 17).
+``scan()`` rebuilds the index from the directory: it is idempotent (counters are
+recomputed, never added to), never follows a symlink, and skips — and reports — anything
+that is not a well-formed object file whose header names the key its file name derives
+from (BUG-60); ``drop_bad=True`` also deletes the skipped *object* files (damaged or cut
+``<40 hex>.obj``; strays of other names are left alone). A verifying scan keeps each
+registered object's per-chunk checksum (``store.checksum``) in its report.
+
+``holder()`` is the directory's owner identity: a random id written once (durably) into
+``.holder`` by the first tier that owns the directory, so a storage process restarted on
+the same directory is recognised as the same holder by the master.
 
 The methods are blocking file I/O and thread-safe; the storage process calls them through
 ``asyncio.to_thread`` (``aput``/``aget``/``aremove``) so the event loop never blocks.
@@ -43,21 +50,33 @@ import fcntl
 import itertools
 import os
 import re
-import stat
-import struct
 import threading
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import blake3
+from pymooncake.store.checksum import digests
+from pymooncake.store.tiers.ssd_format import (
+    HEADER,
+    MAGIC,
+    SUFFIX,
+    SsdCorrupt,
+    file_name,
+    read_checked,
+    record_digest,
+    scan_header,
+)
+
+__all__ = ["SSD_EVICTION_POLICIES", "ScanReport", "SsdCorrupt", "SsdDirectoryInUse",
+           "SsdFull", "SsdTier", "file_name"]
 
 SSD_EVICTION_POLICIES: tuple[str, ...] = ("lru", "none")
-_SUFFIX = ".obj"
+_SUFFIX = SUFFIX
 _TMP = ".tmp"
 _LOCK = ".lock"
-_MAGIC = b"PMS1"
-_HEADER = struct.Struct("<4sIQ32s")  # magic, key bytes, payload bytes, blake3(key ‖ payload)
+_HOLDER = ".holder"
+_HOLDER_ID = re.compile(r"[0-9a-f]{32}")
 _NAME_CHARS = frozenset("0123456789abcdef")
 _TMP_NAME = re.compile(r"[0-9a-f]{40}\.\d+\.\d+\.tmp")  # this tier's temporary files
 _tmp_ids = itertools.count()
@@ -65,10 +84,6 @@ _tmp_ids = itertools.count()
 
 class SsdFull(Exception):
     """A write does not fit and the tier's policy forbids eviction (``NO_SPACE``)."""
-
-
-class SsdCorrupt(Exception):
-    """A stored object failed its checksum or header check (``INTEGRITY_ERROR``)."""
 
 
 class SsdDirectoryInUse(Exception):
@@ -83,17 +98,9 @@ class ScanReport:
     used_bytes: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
     removed_tmp: int = 0
-
-
-def _digest(key: bytes, data: bytes | memoryview) -> bytes:
-    h = blake3.blake3(key)
-    h.update(data)
-    return h.digest()
-
-
-def file_name(key: str) -> str:
-    """The file name an object of ``key`` is stored under (40 hex digits + ``.obj``)."""
-    return blake3.blake3(key.encode("utf-8", "surrogatepass")).hexdigest()[:40] + _SUFFIX
+    removed_bad: int = 0
+    checksums: dict[str, bytes] = field(default_factory=dict)
+    """key → per-chunk checksum of its payload (``store.checksum.digests``), verify only."""
 
 
 class SsdTier:
@@ -108,7 +115,7 @@ class SsdTier:
 
     def __init__(self, path: str | os.PathLike[str], capacity_bytes: int,
                  eviction_policy: str = "lru", *, recover: bool = False,
-                 durable: bool = True) -> None:
+                 durable: bool = True, drop_bad: bool = False) -> None:
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes={capacity_bytes}: must be > 0 "
                              "(pass --ssd-capacity BYTES)")
@@ -128,7 +135,7 @@ class SsdTier:
         self._lock_fd = self._take_lock()
         try:
             if recover:
-                self.last_scan = self.scan()
+                self.last_scan = self.scan(drop_bad=drop_bad)
             else:
                 self.last_scan = ScanReport()
                 for entry in os.scandir(self.path):
@@ -151,6 +158,25 @@ class SsdTier:
             except SsdDirectoryInUse:
                 continue
         raise SsdDirectoryInUse(f"{root}: all {max_tiers} tier directories are in use")
+
+    def holder(self) -> str:
+        """This directory's holder id (32 hex digits): read from ``.holder``, or made and
+        written durably (temporary file, fsync, rename, directory fsync) when absent."""
+        p = self.path / _HOLDER
+        with contextlib.suppress(FileNotFoundError, UnicodeDecodeError):
+            text = p.read_text().strip()
+            if _HOLDER_ID.fullmatch(text):
+                return text
+        hid = uuid.uuid4().hex
+        tmp = self.path / f"{_HOLDER}.{os.getpid()}.{next(_tmp_ids)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(hid + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+        self._fsync_dir()
+        return hid
 
     def _take_lock(self) -> int:
         fd = os.open(self.path / _LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -195,7 +221,7 @@ class SsdTier:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(_HEADER.pack(_MAGIC, len(kb), len(data), _digest(kb, data)))
+                f.write(HEADER.pack(MAGIC, len(kb), len(data), record_digest(kb, data)))
                 f.write(kb)
                 f.write(data)
                 f.flush()
@@ -241,44 +267,6 @@ class SsdTier:
 
     # -- read ----------------------------------------------------------------------------
 
-    @staticmethod
-    def _read_checked(path: Path, key: str | None, size: int | None) -> tuple[str, bytes]:
-        """(key, payload) of an object file; ``SsdCorrupt`` on any mismatch (a symlink is
-        never followed: ``O_NOFOLLOW``)."""
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError as e:
-            if isinstance(e, FileNotFoundError):
-                raise
-            raise SsdCorrupt(f"{path.name}: cannot open ({e.strerror})") from None
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise SsdCorrupt(f"{path.name}: not a regular file")
-            hdr = f.read(_HEADER.size)
-            if len(hdr) != _HEADER.size:
-                raise SsdCorrupt(f"{path.name}: short header")
-            magic, klen, plen, digest = _HEADER.unpack(hdr)
-            if magic != _MAGIC or klen > 1 << 20:
-                raise SsdCorrupt(f"{path.name}: not an object file")
-            kb = f.read(klen)
-            try:
-                got_key = kb.decode("utf-8", "surrogatepass")
-            except UnicodeDecodeError:
-                raise SsdCorrupt(f"{path.name}: undecodable key") from None
-            if len(kb) != klen or file_name(got_key) != path.name:
-                raise SsdCorrupt(f"{path.name}: key does not map to this file")
-            if key is not None and got_key != key:
-                raise SsdCorrupt(f"{path.name}: holds {got_key!r}, not {key!r}")
-            if size is not None and plen != size:
-                raise SsdCorrupt(f"{path.name}: {plen} bytes, index says {size}")
-            data = f.read(plen + 1)
-            if len(data) != plen:
-                raise SsdCorrupt(f"{path.name}: {len(data)} payload bytes, header says "
-                                 f"{plen}")
-            if _digest(kb, data) != digest:
-                raise SsdCorrupt(f"{path.name}: checksum mismatch")
-            return got_key, data
-
     def get(self, key: str) -> bytes | None:
         with self._lock:
             size = self._index.get(key)
@@ -286,7 +274,7 @@ class SsdTier:
                 return None
             self._index.move_to_end(key)
             try:
-                _, data = self._read_checked(self._file(key), key, size)
+                _, data = read_checked(self._file(key), key, size)
             except FileNotFoundError:
                 self._drop(key)
                 return None
@@ -315,20 +303,27 @@ class SsdTier:
         with self._lock:
             return list(self._index)
 
+    def sizes(self) -> dict[str, int]:
+        """key → payload bytes of every indexed object."""
+        with self._lock:
+            return dict(self._index)
+
     # -- recovery ------------------------------------------------------------------------
 
-    def scan(self, verify: bool = True) -> ScanReport:
+    def scan(self, verify: bool = True, drop_bad: bool = False) -> ScanReport:
         """Rebuild the index from the directory (see module docstring). Idempotent; never
         raises for a bad entry, never follows a symlink; this tier's orphan temporary
         files (a crash before their rename) are removed, any other stray entry is left
         alone and reported. ``verify`` also checks every payload's digest (reads every
-        byte); without it damaged payloads are found on ``get``."""
+        byte; the report then carries each object's per-chunk checksum); without it
+        damaged payloads are found on ``get``. ``drop_bad``: delete the object files that
+        fail (counted in ``removed_bad``), so a later scan does not meet them again."""
         rep = ScanReport()
         index: OrderedDict[str, int] = OrderedDict()
         with self._lock:
             entries = sorted(os.scandir(self.path), key=lambda e: e.name)
             for e in entries:
-                if e.name == _LOCK:
+                if e.name in (_LOCK, _HOLDER):
                     continue
                 if e.is_symlink() or not e.is_file(follow_symlinks=False):
                     rep.skipped.append((e.name, "not a regular file"))
@@ -343,11 +338,16 @@ class SsdTier:
                     rep.skipped.append((e.name, "not an object file"))
                     continue
                 try:
-                    key, size = self._scan_header(Path(e.path))
+                    key, size = scan_header(Path(e.path))
                     if verify:
-                        self._read_checked(Path(e.path), key, size)
+                        _, data = read_checked(Path(e.path), key, size)
+                        rep.checksums[key] = digests(data)
                 except (SsdCorrupt, OSError) as err:
                     rep.skipped.append((e.name, str(err)))
+                    if drop_bad:
+                        with contextlib.suppress(OSError):
+                            os.unlink(e.path)
+                            rep.removed_bad += 1
                     continue
                 index[key] = size
             self._index = index
@@ -355,29 +355,6 @@ class SsdTier:
             rep.registered, rep.used_bytes = len(index), self.used_bytes
         self.last_scan = rep
         return rep
-
-    @staticmethod
-    def _scan_header(path: Path) -> tuple[str, int]:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            hdr = f.read(_HEADER.size)
-            if len(hdr) != _HEADER.size:
-                raise SsdCorrupt("short header")
-            magic, klen, plen, _ = _HEADER.unpack(hdr)
-            if magic != _MAGIC or klen > 1 << 20:
-                raise SsdCorrupt("not an object file")
-            if st.st_size != _HEADER.size + klen + plen:
-                raise SsdCorrupt(f"{st.st_size} bytes on disk, header says "
-                                 f"{_HEADER.size + klen + plen}")
-            kb = f.read(klen)
-        try:
-            key = kb.decode("utf-8", "surrogatepass")
-        except UnicodeDecodeError:
-            raise SsdCorrupt("undecodable key") from None
-        if not key or file_name(key) != path.name:
-            raise SsdCorrupt("key does not map to this file name")
-        return key, plen
 
     # -- async wrappers ------------------------------------------------------------------
 

@@ -1,0 +1,44 @@
+/* One decoder layer of a one-token step (batch-1 decode) in one call; #included at the end
+ * of kernels.c, never compiled on its own. The same kernels in the same order as
+ * engine/model/fused.py's per-call path (so the same float32 results): RMSNorm, the qkv
+ * GEMV (+ bias), RoPE + the K/V write, paged decode attention, the o GEMV + residual,
+ * RMSNorm, the gate|up GEMV, SiLU-multiply, the down GEMV + residual.
+ *
+ * lp  the layer's plan, int64 [DL_PLAN]: weight addresses (a bias address may be 0) and
+ *     sizes, built once per model (engine/kernels/__init__.py, decode_plan)
+ * st  the step, int64 [DL_STEP]: position, slot, block-table address, context length
+ *     (incl. this token), RoPE cos and sin table addresses
+ * x   the residual stream [hidden], updated in place
+ * scratch  room for hidden + qkv + heads * d + 2 * inter + inter + hidden floats
+ * Returns pmk_paged_decode_f32's code (0, or -1 on a failed scratch allocation). */
+enum { DL_IN_NORM, DL_QKV_W, DL_QKV_B, DL_O_W, DL_POST_NORM, DL_GU_W, DL_DOWN_W, DL_CACHE,
+       DL_HIDDEN, DL_HEADS, DL_KV_HEADS, DL_D, DL_INTER, DL_BLOCKS, DL_BS, DL_PLAN };
+enum { DS_POS, DS_SLOT, DS_TABLE, DS_CTX, DS_COS, DS_SIN, DL_STEP };
+
+int pmk_decode_layer_f32(const int64_t *lp, const int64_t *st, float eps, float scale,
+                         float *x, float *scratch) {
+#define P(i) ((float *)(intptr_t)lp[i])
+    const int64_t hidden = lp[DL_HIDDEN], heads = lp[DL_HEADS], kvh = lp[DL_KV_HEADS];
+    const int64_t d = lp[DL_D], inter = lp[DL_INTER], nb = lp[DL_BLOCKS], bs = lp[DL_BS];
+    const int64_t qkv_n = (heads + 2 * kvh) * d, q_n = heads * d;
+    float *h = scratch, *qkv = h + hidden, *att = qkv + qkv_n, *gu = att + q_n;
+    float *act = gu + 2 * inter, *tmp = act + inter;
+    float *cache = P(DL_CACHE);
+    pmk_rms_norm_f32(x, 1, hidden, hidden, P(DL_IN_NORM), eps, h);
+    pmk_gemv_f32(P(DL_QKV_W), h, qkv_n, hidden, P(DL_QKV_B), NULL, qkv);
+    pmk_rope_write_f32(qkv, 1, qkv_n, heads, kvh, d, &st[DS_POS],
+                       (const float *)(intptr_t)st[DS_COS], (const float *)(intptr_t)st[DS_SIN],
+                       cache, nb, bs, &st[DS_SLOT]);
+    const int rc = pmk_paged_decode_f32(qkv, qkv_n, cache, kvh, nb, bs, d,
+                                        (const int64_t *)(intptr_t)st[DS_TABLE], 0,
+                                        &st[DS_CTX], 1, heads, scale, att);
+    pmk_gemv_f32(P(DL_O_W), att, hidden, q_n, NULL, x, tmp);
+    memcpy(x, tmp, (size_t)hidden * sizeof(float));
+    pmk_rms_norm_f32(x, 1, hidden, hidden, P(DL_POST_NORM), eps, h);
+    pmk_gemv_f32(P(DL_GU_W), h, 2 * inter, hidden, NULL, NULL, gu);
+    pmk_silu_mul_f32(gu, 1, inter, act);
+    pmk_gemv_f32(P(DL_DOWN_W), act, hidden, inter, NULL, x, tmp);
+    memcpy(x, tmp, (size_t)hidden * sizeof(float));
+    return rc;
+#undef P
+}
