@@ -87,6 +87,13 @@ def test_stages_equal_single_worker_smollm2() -> None:
     first, kv = _pipeline("smollm2", ids, 2, 128)
     assert first == token
     _assert_same_kv(eng, ids, kv)
+    # decode from the stages' KV: the single worker's greedy text, token for token
+    want = eng.generate([ids], SamplingParams(max_tokens=12))[0].output_token_ids
+    dec = Engine.from_model_name("smollm2", EngineConfig(num_kv_blocks=len(ids) // 16 + 40))
+    assert dec.import_blocks(exported_blocks(kv, ids, dec.namespace)) == len(ids) // 16
+    out = dec.generate([ids], SamplingParams(max_tokens=12))[0]
+    assert out.num_cached_tokens >= len(ids) - 16
+    assert out.output_token_ids == want and want[0] == token
 
 
 def test_group_processes_prefill_then_decode_continues() -> None:
