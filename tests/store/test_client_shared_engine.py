@@ -9,6 +9,7 @@ import pytest
 
 from pymooncake.store.client import StoreClient
 from pymooncake.store.config import ReplicateConfig
+from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.transfer import TransferConfig, TransferEngine
 
 from .procs import MiB
@@ -56,3 +57,26 @@ def test_store_client_uses_the_given_transfer_engine(cluster_factory) -> None:
         assert te.register_memory(buf) > 0
     finally:
         te.close()
+
+
+def test_a_client_not_started_or_closed_refuses_every_call_and_leaves_nothing(
+        cluster_factory) -> None:
+    """A put on a StoreClient that was never started (or was closed) is one clear error
+    before the master sees it: no bare AssertionError, no key left in PROCESSING that would
+    refuse everyone else's put of it."""
+    cl = cluster_factory()
+    cl.store_server(8 * MiB)
+    idle = StoreClient(cl.master_addr, cl.metadata_url, global_segment_size=MiB)
+    for call in (lambda: idle.put("k", b"v" * 100), lambda: idle.get("k"),
+                 lambda: idle.remove("k")):
+        with pytest.raises(StoreError, match="not started") as e:
+            call()
+        assert e.value.code is ErrorCode.INVALID_PARAMS and not e.value.retryable
+    other = cl.client()
+    other.put("k", b"w" * 100)              # not held up by a half-made put of "k"
+    assert other.get("k") == b"w" * 100
+    c = StoreClient(cl.master_addr, cl.metadata_url, global_segment_size=MiB).start()
+    c.close()
+    with pytest.raises(StoreError, match="was closed"):
+        c.put("k2", b"x")
+    assert not other.exist("k2")

@@ -56,7 +56,7 @@ class BadReplicaOps(MasterOps, MemoryOps):
         view = self._local_view(rep.addr, size)
         if view is not None:
             return not verify(view, checksum)
-        assert self._dp is not None
+        self._started_dp("read")
         addr, _, release = self._stage(size)
         try:
             (r,) = self._dp.run([Move(False, addr, rep.segment, rep.addr, size)])

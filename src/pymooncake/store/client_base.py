@@ -88,3 +88,12 @@ class ClientBase:
     _loop: asyncio.AbstractEventLoop | None
     _stop: asyncio.Event | None
     _rpc_port: int
+
+    def _started_dp(self, what: str) -> DataPath:
+        """The data path, or ``StoreError(INVALID_PARAMS)`` naming ``what`` when this client
+        was never started or was closed (refused before the master sees the call)."""
+        dp = self._dp
+        if dp is None:
+            raise StoreError(ErrorCode.INVALID_PARAMS, f"{what}: this StoreClient is not "
+                             "started (call start() first) or was closed")
+        return dp

@@ -165,7 +165,7 @@ class GetOps(BadReplicaOps):
     def _read(self, plans: list[_ReadPlan], dests: list[tuple[int, int] | None]) -> None:
         """Copy each planned object into ``dests[i] = (addr, capacity)``; replica fallback;
         sets ``plan.error`` on failure."""
-        assert self._dp is not None
+        self._started_dp("get")
         pending = [i for i, p in enumerate(plans) if p.error is None]
         for i in pending:
             d = dests[i]

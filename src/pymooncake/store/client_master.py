@@ -41,6 +41,7 @@ class MasterOps(ClientBase):
         return rpc
 
     def _master(self, method: str, params: Any) -> Any:
+        self._started_dp(method)  # never started, or closed: refused before the master
         try:
             return self._rpc.call(method, params)
         except RpcError as e:

@@ -50,7 +50,7 @@ class MemoryOps(ClientBase):
         Raises ``StoreError(INVALID_PARAMS)`` for a non-contiguous or overlapping buffer."""
         from pymooncake.transfer.memory import buffer_address
 
-        assert self._dp is not None
+        self._started_dp("register_buffer")
         try:
             _, nbytes, keep = buffer_address(buffer)
             addr = self._dp.register(buffer)
@@ -61,7 +61,7 @@ class MemoryOps(ClientBase):
 
     def register_memory(self, addr: int, size: int) -> int:
         """Register raw memory ``[addr, addr+size)`` that the caller keeps alive."""
-        assert self._dp is not None
+        self._started_dp("register_memory")
         if not isinstance(addr, int) or not isinstance(size, int) or addr <= 0 or size <= 0:
             raise StoreError(ErrorCode.INVALID_PARAMS,
                              f"register_memory({addr!r}, {size!r}): need addr > 0, size > 0")
@@ -75,13 +75,13 @@ class MemoryOps(ClientBase):
     def unregister_buffer(self, addr: int) -> None:
         if not _is_int(addr) or addr not in self._registered:
             raise StoreError(ErrorCode.INVALID_PARAMS, f"address {addr!r} is not registered")
-        assert self._dp is not None
+        self._started_dp("unregister_buffer")
         self._dp.unregister(addr)
         del self._registered[addr]
 
     def _stage(self, size: int) -> tuple[int, np.ndarray, Callable[[], None]]:
         """A registered local range of ``size`` bytes: (addr, view, release)."""
-        assert self._dp is not None
+        self._started_dp("_stage")
         if self._staging is not None:
             with self._lock:
                 off = self._staging.allocate(size) if size <= self.local_buffer_size else None

@@ -139,7 +139,7 @@ class PutOps(MasterOps, MemoryOps):
                         staged.append(release)
                     moves.append(Move(True, src_addr, rep[1], rep[2], sizes[i]))
                     owners.append(i)
-            assert self._dp is not None
+            self._started_dp("put")
             results = self._dp.run(moves)
         finally:
             for release in staged:
