@@ -134,6 +134,9 @@ def test_snapshot_round_trip_and_a_bad_chunk() -> None:
 def test_ha_config_and_master_addresses_are_checked() -> None:
     with pytest.raises(ValueError, match="lease_ttl_s"):
         HaConfig("etcd://127.0.0.1:2379", lease_ttl_s=0.5)
+    with pytest.raises(ValueError, match="whole seconds"):   # --ha-lease-ttl 1.5
+        HaConfig("etcd://127.0.0.1:2379", lease_ttl_s=1.5)
+    assert HaConfig("etcd://127.0.0.1:2379", lease_ttl_s=3.0).lease_ttl_s == 3.0
     with pytest.raises(ValueError, match="cluster_id"):
         HaConfig("etcd://127.0.0.1:2379", cluster_id="a/b")
     loc = MasterLocator("etcd://127.0.0.1:2379/blue")

@@ -59,9 +59,9 @@ class HaConfig:
             raise ValueError(f"metadata_url={self.metadata_url!r}: expected etcd://host:port")
         if not self.cluster_id or "/" in self.cluster_id:
             raise ValueError(f"cluster_id={self.cluster_id!r}: must be non-empty, no '/'")
-        if not self.lease_ttl_s >= 1.0:
-            raise ValueError(f"lease_ttl_s={self.lease_ttl_s}: must be >= 1 s (etcd leases "
-                             "are whole seconds)")
+        if not (self.lease_ttl_s >= 1.0 and float(self.lease_ttl_s).is_integer()):
+            raise ValueError(f"lease_ttl_s={self.lease_ttl_s}: must be whole seconds >= 1 "
+                             "(etcd leases are whole seconds)")
         if self.snapshot_every < 1:
             raise ValueError(f"snapshot_every={self.snapshot_every}: must be >= 1")
         if not self.catch_up_timeout_s > 0:
