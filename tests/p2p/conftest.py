@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +51,20 @@ def wait_ready(p: subprocess.Popen, timeout_s: float = 30.0) -> dict:
 def finish(p: subprocess.Popen, timeout_s: float = 60.0) -> tuple[int, str, str]:
     out, err = p.communicate(timeout=timeout_s)
     return p.returncode, out, err
+
+
+def assert_same_tree(a: Path, b: Path) -> None:
+    """Every file under ``a`` is under ``b`` with the same bytes. A difference is reported
+    by file, first differing offset and length (pytest's own diff of two large ``bytes``
+    runs difflib over their reprs: minutes for a few hundred KiB)."""
+    files = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
+    for f in files:
+        x, y = (a / f).read_bytes(), (b / f).read_bytes()
+        if x != y:
+            pairs = list(zip(x, y, strict=False))
+            at = next((i for i, (u, v) in enumerate(pairs) if u != v), len(pairs))
+            diff = sum(u != v for u, v in pairs)
+            blocks = sorted({i >> 16 for i, (u, v) in enumerate(pairs) if u != v})
+            pytest.fail(f"{f}: {len(x)} vs {len(y)} bytes, {diff} differ, first at offset "
+                        f"{at}, in 64 KiB blocks {blocks}")

@@ -17,7 +17,7 @@ import pytest
 from pymooncake.metadata import open_metadata
 from pymooncake.p2p.manifest import Holder, holders_prefix
 
-from .conftest import finish, start_p2p, wait_ready
+from .conftest import assert_same_tree, finish, start_p2p, wait_ready
 
 pytestmark = pytest.mark.integration
 SHARD_MIB = "0.25"
@@ -42,11 +42,6 @@ def model(tmp_path: Path) -> Path:
     return src
 
 
-def _same(a: Path, b: Path) -> None:
-    names = sorted(p.name for p in a.iterdir())
-    assert names == sorted(p.name for p in b.iterdir())
-    for n in names:
-        assert (a / n).read_bytes() == (b / n).read_bytes(), n
 
 
 def test_one_seed_three_receivers_every_byte(etcd_url, procs, model, tmp_path) -> None:
@@ -59,7 +54,7 @@ def test_one_seed_three_receivers_every_byte(etcd_url, procs, model, tmp_path) -
         assert rc == 0, err
         doc = json.loads(out)
         assert doc["bytes"] == total and doc["checksum_failures"] == 0
-        _same(model, tmp_path / f"r{i}")
+        assert_same_tree(model, tmp_path / f"r{i}")
     ls = start_p2p(procs, etcd_url, "list", "--json")
     rc, out, _ = finish(ls)
     [info] = [i for i in json.loads(out) if i["name"] == "m1"]
@@ -113,7 +108,7 @@ def test_holder_killed_mid_pull_still_completes(etcd_url, procs, model, tmp_path
     assert bin(seen.have).count("1") < num_shards      # b was still pulling at the kill
     rc, out, err = finish(b)
     assert rc == 0, err
-    _same(model, tmp_path / "b")
+    assert_same_tree(model, tmp_path / "b")
     doc = json.loads(out)
     assert len(doc["bytes_from"]) == 2          # it had pulled from the seed and from a
 
@@ -141,7 +136,7 @@ def test_corrupt_holder_repulled_elsewhere(etcd_url, procs, model, tmp_path) -> 
                 fh.write(bytes([byte[0] ^ 0x5A]))
     rc, out, err = finish(start_p2p(procs, etcd_url, "get", "m4", str(tmp_path / "b"), "--json"))
     assert rc == 0, err
-    _same(model, tmp_path / "b")
+    assert_same_tree(model, tmp_path / "b")
     assert json.loads(out)["checksum_failures"] >= 1
 
 

@@ -19,6 +19,8 @@ from pymooncake.p2p import (
     PullOptions,
 )
 
+from .conftest import assert_same_tree
+
 SHARD = 64 * 1024
 FAST = PullOptions(parallel=4, stall_timeout_s=1.0, retry_backoff_s=0.2, refresh_s=0.05)
 
@@ -44,11 +46,6 @@ def model_dir(tmp_path: Path) -> Path:
     return src
 
 
-def _same_tree(a: Path, b: Path) -> None:
-    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
-    assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
-    for f in files:
-        assert (a / f).read_bytes() == (b / f).read_bytes(), f
 
 
 def test_register_get_replica_list_unregister(peers, model_dir, tmp_path) -> None:
@@ -57,10 +54,10 @@ def test_register_get_replica_list_unregister(peers, model_dir, tmp_path) -> Non
     assert len(m.shards) == 6 + 1 and m.total_bytes == 5 * SHARD + 123 + SHARD // 3
     assert seed.register("org/m", [model_dir], shard_bytes=SHARD) == m   # idempotent
     ra = a.get_replica("org/m", tmp_path / "a", FAST)
-    _same_tree(model_dir, tmp_path / "a")
+    assert_same_tree(model_dir, tmp_path / "a")
     assert ra.stats.bytes == m.total_bytes and ra.path == tmp_path / "a"
     rb = b.get_replica("org/m", tmp_path / "b", FAST)
-    _same_tree(model_dir, tmp_path / "b")
+    assert_same_tree(model_dir, tmp_path / "b")
     assert not list((tmp_path / "b").rglob("*.p2p-part"))
     # b could pull from the seed and from a, which became a holder
     assert set(rb.stats.bytes_from) <= {seed.segment, a.segment}
@@ -122,7 +119,7 @@ def test_corrupt_holder_is_skipped_and_repulled_elsewhere(peers, model_dir, tmp_
                                                         stall_timeout_s=2.0, seed=3))
     assert rb.stats.checksum_failures >= 1
     assert rb.stats.bytes_from.get(a.segment, 0) == 0      # nothing from a was kept
-    _same_tree(model_dir, tmp_path / "b")
+    assert_same_tree(model_dir, tmp_path / "b")
 
 
 def test_only_holder_corrupt_is_an_error_not_data(peers, model_dir, tmp_path) -> None:
@@ -183,6 +180,36 @@ def test_a_receiver_serves_shards_before_it_has_finished(peers, model_dir, tmp_p
     rb = b.get_replica("m", tmp_path / "b", FAST)
     assert t.is_alive()                           # a is still pulling...
     assert rb.stats.bytes_from.get(a.segment, 0) > 0    # ...and b pulled from it
-    _same_tree(model_dir, tmp_path / "b")
+    assert_same_tree(model_dir, tmp_path / "b")
     t.join(15)
-    _same_tree(model_dir, tmp_path / "a")
+    assert_same_tree(model_dir, tmp_path / "a")
+
+
+class _ClockThatMovesBetweenReads:
+    """``time`` for the puller whose every second ``monotonic()`` is 1 s later: a worker
+    preempted between two reads of the clock (CI, two busy workers on two cores)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sleep, self.time = time.sleep, time.time
+
+    def monotonic(self) -> float:
+        self.n += 1
+        return time.monotonic() + (1.0 if self.n % 2 == 0 else 0.0)
+
+
+def test_a_rate_limited_worker_preempted_before_its_sleep_still_pulls_every_shard(
+        peers, model_dir, tmp_path, monkeypatch) -> None:
+    """The CI failure of ``test_a_receiver_serves_shards_before_it_has_finished``: a's
+    only worker checked ``start_at > monotonic()``, was preempted past ``start_at``, then
+    slept ``start_at - monotonic()`` < 0: ValueError killed the thread (CI's "1 warning"),
+    the pull "succeeded" with shards missing and the files were renamed with zeros."""
+    import pymooncake.p2p.puller as puller_mod
+
+    seed, a, _ = peers
+    seed.register("m", [model_dir], shard_bytes=SHARD)
+    monkeypatch.setattr(puller_mod, "time", _ClockThatMovesBetweenReads())
+    slow = PullOptions(parallel=1, max_rate=4 * SHARD, refresh_s=0.05)
+    r = a.get_replica("m", tmp_path / "a", slow)
+    assert_same_tree(model_dir, tmp_path / "a")
+    assert r.stats.shards == 7

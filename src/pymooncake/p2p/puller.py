@@ -132,6 +132,9 @@ class Puller:
             w.join()
         self.stop.set()
         refresher.join()
+        if self.error is None and self.missing:     # never a short "success"
+            self.error = P2PError(f"payload {self.manifest.name!r}: the pull workers ended "
+                                  f"with shards {sorted(self.missing)} missing")
         self.stats.seconds = time.monotonic() - t0
         self.stats.finished_at = time.time()
         if self.error is not None:
@@ -219,6 +222,16 @@ class Puller:
         return _Job(shard, self.holders[seg], start_at)
 
     def _worker(self) -> None:
+        try:
+            self._work()
+        except BaseException as e:      # a bug: the pull fails, never "succeeds" short
+            logger.error("p2p: a pull worker of %s failed", self.manifest.name, exc_info=True)
+            with self.cond:
+                if self.error is None:
+                    self.error = P2PError(f"a pull worker failed: {e!r}")
+                self.cond.notify_all()
+
+    def _work(self) -> None:
         job: _Job | None = None
         while True:
             if job is None:
@@ -226,8 +239,11 @@ class Puller:
                     job = self._next_locked(block=True)
                 if job is None:
                     return
-            if self.opts.max_rate and job.start_at > time.monotonic():
-                time.sleep(job.start_at - time.monotonic())
+            # One read of the clock: a thread preempted between a check and a second
+            # read slept a negative time (ValueError killed it, a shard stayed missing).
+            wait_s = job.start_at - time.monotonic() if self.opts.max_rate else 0.0
+            if wait_s > 0:
+                time.sleep(wait_s)
             try:
                 failure = self._pull_one(job.shard, job.holder)
             except Exception as e:      # noqa: BLE001 - a bug must end the pull, not hang it

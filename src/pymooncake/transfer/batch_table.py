@@ -41,6 +41,9 @@ class RequestState:
     remaining: int = 0
     nbytes: int = 0
     t0: float = 0.0
+    failure: TransferStatus | None = None
+    """The first failed slice's status (tcp): the request fails with it once every one of
+    its slices has ended, never while one may still move bytes of it."""
 
 
 @dataclass(slots=True, eq=False)
@@ -156,14 +159,12 @@ class BatchTable:
                 r = batch.reqs[s.request_index]
                 if r.status.state is not pending:
                     continue
-                if code is not ok:
-                    self.finish_locked(batch, s.request_index,
-                                       TransferStatus.failed(code, msg), "tcp")
-                    continue
+                if code is not ok and r.failure is None:
+                    r.failure = TransferStatus.failed(code, msg)
                 r.remaining -= 1
-                if not r.remaining:
-                    self.finish_locked(batch, s.request_index, completed(r.nbytes), "tcp",
-                                       tally)
+                if not r.remaining:  # final only once no slice of it can write any more
+                    self.finish_locked(batch, s.request_index,
+                                       r.failure or completed(r.nbytes), "tcp", tally)
         _observe("tcp", tally)
 
     def finish_copies(self, jobs: Sequence[CopyJob], error: str) -> None:

@@ -294,8 +294,7 @@ class TransferEngine:
         self._check_open()
         # Route every request first (no side effects beyond caches), then record the
         # whole submission under one lock: refused ones final, the rest pending.
-        route = self._router.route
-        verdicts = [route(req) for req in requests]
+        verdicts = [self._router.route(req) for req in requests]
         now = time.monotonic()
         copies: list[CopyJob] = []
         tcp_work: dict[str, tuple[SegmentDescriptor, list[Slice]]] = {}
@@ -321,7 +320,8 @@ class TransferEngine:
                 transport, target_addr, desc, local = verdict
                 if transport == "tcp":
                     slices = self._router.slices(batch_id, idx, req, local)
-                    reqs.append(RequestState(PENDING, "tcp", len(slices), req.length, now))
+                    state = RequestState(PENDING, "tcp", len(slices), req.length, now)
+                    reqs.append(self._router.own(slices, state))
                     work = tcp_work.get(req.target_segment)
                     if work is None:
                         assert desc is not None

@@ -234,6 +234,16 @@ class TcpPaths:
                     port: int) -> None:
         cfg = self.config
         key = lane.key
+        if any(s.owner is not None and s.owner.failure is not None for s in window):
+            # Another slice of their request failed: the request fails once these end, so
+            # they end here, unsent, instead of moving bytes nobody will use.
+            dropped = [(s, StatusCode.INTERNAL, "dropped: another slice of its request "
+                        "failed") for s in window
+                       if s.owner is not None and s.owner.failure is not None]
+            window = [s for s in window if s.owner is None or s.owner.failure is None]
+            self._finish_slices(dropped)
+            if not window:
+                return
 
         def opener() -> Any:
             source_ip = None if lane.device == "lo" else device_ipv4(lane.device)

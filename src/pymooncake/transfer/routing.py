@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 from pymooncake.obs.logging import init_logger
 from pymooncake.transfer import slicing
@@ -32,6 +33,7 @@ Route = tuple[str, int, SegmentDescriptor | None, MemoryRegion]
 registered local region)``."""
 
 _NOOP = TransferStatus.completed(0)
+_S = TypeVar("_S")
 
 
 class Router:
@@ -122,6 +124,13 @@ class Router:
         return [Slice(req.op, req.local_addr + off, req.target_addr + off, n, batch_id, idx,
                       view=view[off:off + n])
                 for off, n in slicing.split(req.length, size)]
+
+    @staticmethod
+    def own(slices: list[Slice], state: _S) -> _S:
+        """Point every slice of a request at its batch-table ``state``; returns ``state``."""
+        for s in slices:
+            s.owner = state
+        return state
 
     def close(self) -> None:
         with self._lock:

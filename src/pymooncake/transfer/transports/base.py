@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pymooncake.transfer.batch import StatusCode, TransferOp
 
@@ -24,6 +25,9 @@ class Slice:
     last_error: str = field(default="")
     view: memoryview | None = field(default=None, repr=False)
     """The local range as a view (slice of the registered region's view), when known."""
+    owner: Any = field(default=None, repr=False)
+    """The request's state in the batch table (``failure`` set once a slice of it failed:
+    its slices still queued are then dropped unsent)."""
 
 
 class PathError(Exception):
