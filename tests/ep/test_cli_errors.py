@@ -256,6 +256,20 @@ def test_serve_bad_ranks(capsys, spec) -> None:
     assert "--ranks" in line or "bad address" in line
 
 
+@pytest.mark.parametrize(("args", "named"), [
+    (["--ranks", "0"], "--ranks 0"),
+    (["--ranks", "2", "--kill-rank", "5"], "--kill-rank 5"),
+    (["--kill-rank", "-1"], "--kill-rank -1"),
+    (["--concurrency", "0"], "--concurrency 0"),
+    (["--after-s", "0"], "--after-s 0"),
+])
+def test_bench_argument_errors_before_any_rank_starts(capsys, args, named) -> None:
+    t0 = time.monotonic()
+    rc, _, err = _in_proc(capsys, "bench", *args)
+    assert rc == 2 and time.monotonic() - t0 < 5, err  # was: the whole run, then IndexError
+    assert named in _one_error_line(err)
+
+
 def test_request_errors_have_the_standard_prefix(front, capsys) -> None:
     f = front([])  # experts in the front process
     server = f"127.0.0.1:{f.port}"

@@ -46,6 +46,25 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline", type=float, default=1.0, help="heartbeat deadline (s)")
 
 
+def check_bench_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``ep bench``'s flags (one line), or ``None``: checked before any
+    rank starts."""
+    if args.ranks < 1:
+        return f"--ranks {args.ranks}: need at least 1 rank"
+    if not 0 <= args.kill_rank < args.ranks:
+        return f"--kill-rank {args.kill_rank}: must be a rank index in [0, {args.ranks})"
+    for flag, v in (("--slots-per-rank", args.slots_per_rank),
+                    ("--concurrency", args.concurrency), ("--max-tokens", args.max_tokens),
+                    ("--prompt-len", args.prompt_len)):
+        if v < 1:
+            return f"{flag} {v}: must be >= 1"
+    for flag, f in (("--before-s", args.before_s), ("--after-s", args.after_s),
+                    ("--deadline", args.deadline)):
+        if not f > 0:
+            return f"{flag} {f}: must be > 0 seconds"
+    return None
+
+
 def _start_rank() -> tuple[subprocess.Popen, int]:
     p = subprocess.Popen([sys.executable, "-m", "pymooncake", "ep", "rank", "--port", "0"],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,

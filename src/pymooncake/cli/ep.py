@@ -293,7 +293,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from pymooncake.bench.ep import run_bench, summary
+    from pymooncake.bench.ep import check_bench_args, run_bench, summary
+    from pymooncake.cli.main import UsageError
+    bad = check_bench_args(args)
+    if bad is not None:
+        raise UsageError(bad)
     res = run_bench(args)
     emit(res, args.json, summary)
     return 0
