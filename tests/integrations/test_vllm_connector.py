@@ -151,6 +151,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         a.stop()
         out["log_a"] = (wd / "vllm-A.log").read_text()
         out["warm"] = [complete(port, DOC + q, 16) for q in (Q1, Q2)]
+        # another tenant (vLLM's cache_salt) asks Q1: nothing of A's or B's unsalted blocks
+        out["salted"] = complete(port, DOC + Q1, 16, cache_salt="tenant-x")
         b.stop()
         out["log_b"] = (wd / "vllm-B.log").read_text()
         return out
@@ -185,6 +187,16 @@ def test_instance_b_answers_from_the_prefix_instance_a_stored(scenario) -> None:
     for w, c in zip(warm, cold, strict=True):
         assert w.token_ids == c.token_ids, (w.text, c.text)
     assert "PymooncakeConnector: 30 layers" in scenario["log_b"]
+
+
+def test_a_request_with_another_cache_salt_gets_no_block_of_the_store(scenario) -> None:
+    """CASES BUG-66: the Store is keyed by vLLM's per-request ``cache_salt`` too. Q1 with a
+    salt no one used gets 0 cached tokens (B's local cache and the Store hold Q1's blocks,
+    unsalted) and the same greedy tokens as the cold run."""
+    salted, cold = scenario["salted"], scenario["cold"][0]
+    assert salted.prompt_token_ids == cold.prompt_token_ids
+    assert salted.cached_tokens == 0
+    assert salted.token_ids == cold.token_ids
 
 
 def test_pd_over_the_transfer_engine_returns_the_single_instance_greedy_text(scenario

@@ -17,6 +17,7 @@ from pymooncake.integrations.vllm.plan import (
     leading_hits,
     loadable_blocks,
     object_keys,
+    request_namespace,
     tail_key,
     vllm_namespace,
     weight_digest,
@@ -210,7 +211,8 @@ def test_unreachable_master_names_the_config_key_and_its_address() -> None:
 def test_planner_saves_blocks_of_generated_tokens_as_they_fill() -> None:
     seen = []
 
-    def keys_of(tokens):
+    def keys_of(req_id, tokens):
+        assert req_id == "r"
         seen.append(list(tokens))
         return [f"g{len(tokens)}-{i}" for i in range(len(tokens) // 4)]
 
@@ -226,3 +228,23 @@ def test_planner_saves_blocks_of_generated_tokens_as_they_fill() -> None:
     assert seen == [prompt + [50, 51]]
     # a token not sampled yet (computed ahead of the list): nothing keyed beyond the list
     assert p.scheduled("r", [5], False, 8, 4, tokens=prompt + [50, 51, 52]) == (None, None)
+
+
+def test_request_namespace_folds_in_the_cache_salt_and_bypasses_lora_and_multimodal() -> None:
+    """CASES BUG-66: different vLLM ``cache_salt`` values never give the same block key;
+    no salt (None or "") is the instance's namespace; LoRA or multimodal requests bypass
+    the Store (their KV is not a function of the token ids alone)."""
+    ns = vllm_namespace(model_id="m", weight_revision="w", tokenizer_fingerprint="t",
+                        kv_dtype="float32", num_layers=2, num_kv_heads=1, head_dim=8,
+                        block_size=4)
+    toks = list(range(12))
+    base = block_keys(toks, ns)
+    assert request_namespace(ns) is ns and request_namespace(ns, cache_salt="") is ns
+    a = block_keys(toks, request_namespace(ns, cache_salt="tenant-a"))
+    b = block_keys(toks, request_namespace(ns, cache_salt="tenant-b"))
+    assert len(a) == len(b) == len(base) == 3
+    assert not set(a) & set(b) and not set(a) & set(base) and not set(b) & set(base)
+    assert a == block_keys(toks, request_namespace(ns, cache_salt="tenant-a"))  # stable
+    assert request_namespace(ns, lora=object()) is None
+    assert request_namespace(ns, cache_salt="x", multimodal=[object()]) is None
+    assert request_namespace(ns, multimodal=[]) is ns

@@ -199,12 +199,16 @@ class Completion:
 
 
 def complete(port: int, prompt: str | list[int], max_tokens: int,
-             timeout_s: float = 600.0) -> Completion:
+             timeout_s: float = 600.0, cache_salt: str | None = None) -> Completion:
     """A greedy ``/v1/completions`` request, streamed: TTFT is the arrival of the first
-    chunk carrying a token. Raises ``httpx.HTTPError`` on a failed request."""
-    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens,
-            "temperature": 0.0, "ignore_eos": True, "return_token_ids": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    chunk carrying a token; ``cache_salt`` is vLLM's per-request prefix-cache salt. Raises
+    ``httpx.HTTPError`` on a failed request."""
+    body: dict[str, Any] = {
+        "model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+        "ignore_eos": True, "return_token_ids": True, "stream": True,
+        "stream_options": {"include_usage": True}}
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
     t0 = time.perf_counter()
     ttft = None
     ids: list[int] = []

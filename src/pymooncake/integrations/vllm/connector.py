@@ -54,7 +54,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from pymooncake.identity import block_keys
+from pymooncake.identity import CacheNamespace, block_keys
 from pymooncake.integrations.vllm.instance import namespace_of, shared_client
 from pymooncake.integrations.vllm.pd import (
     DirectLoad,
@@ -70,6 +70,7 @@ from pymooncake.integrations.vllm.plan import (
     leading_hits,
     loadable_blocks,
     object_keys,
+    request_namespace,
     tail_key,
 )
 from pymooncake.integrations.vllm.worker_side import (
@@ -110,6 +111,7 @@ class PymooncakeConnector(ConnectorWorkerSide, KVConnectorBase_V1):
         self._warned: set[str] = set()
         self._planner = Planner(self._block_size, keys_of=self._keys_of)
         self._requests: dict[str, Request] = {}   # live requests: their tokens as they grow
+        self._req_ns: dict[str, CacheNamespace] = {}  # their namespaces (cache_salt folded in)
         self._engine_id = str(self._kv_transfer_config.engine_id)
         self._direct_params: dict[str, dict[str, Any]] = {}
         self._direct_queue: list[DirectLoad] = []
@@ -132,12 +134,15 @@ class PymooncakeConnector(ConnectorWorkerSide, KVConnectorBase_V1):
         logger.info("PymooncakeConnector (%s) on master %s, namespace %s", role.name,
                     self._cfg.master, self._ns.digest()[:16])
 
-    def _keys_of(self, tokens: Any) -> list[str]:
-        """Block keys of the known prefix of ``tokens`` (vLLM may hold placeholders, < 0,
-        for tokens still being sampled)."""
+    def _keys_of(self, req_id: str, tokens: Any) -> list[str]:
+        """Block keys of the known prefix of ``tokens`` under ``req_id``'s namespace (vLLM
+        may hold placeholders, < 0, for tokens still being sampled)."""
+        ns = self._req_ns.get(req_id)
+        if ns is None:
+            return []
         toks = list(tokens)
         cut = next((i for i, t in enumerate(toks) if t < 0), len(toks))
-        return block_keys(toks[:cut], self._ns)
+        return block_keys(toks[:cut], ns)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -159,7 +164,9 @@ class PymooncakeConnector(ConnectorWorkerSide, KVConnectorBase_V1):
         from a P/D prefill, docs/vllm.md) gets every prompt token but the last when the
         Store holds them all. Loads are synchronous (``False``)."""
         prompt = list(request.prompt_token_ids or [])
-        keys = block_keys(prompt, self._ns)
+        ns = request_namespace(self._ns, cache_salt=getattr(request, "cache_salt", None),
+                               lora=getattr(request, "lora_request", None),
+                               multimodal=getattr(request, "mm_features", None))
         n = loadable_blocks(len(prompt), self._block_size)
         pd = pd_mode(request.kv_transfer_params, request.request_id)
         params = request.kv_transfer_params or {}
@@ -168,13 +175,19 @@ class PymooncakeConnector(ConnectorWorkerSide, KVConnectorBase_V1):
             if pd == "decode" and self._cfg.load else 0
         if ext:  # P/D over the Transfer Engine: read after allocation, asynchronously
             self._direct_params[request.request_id] = params
-            self._planner.lookup(request.request_id, keys, len(prompt), n,
-                                 num_computed_tokens)  # its blocks are the Store's too
+            if ns is not None:  # its blocks are the Store's too
+                self._req_ns[request.request_id] = ns
+                self._planner.lookup(request.request_id, block_keys(prompt, ns), len(prompt),
+                                     n, num_computed_tokens)
             return ext, True
-        tail = tail_key(prompt, keys, self._ns) if pd == "prefill" else None
+        if ns is None:  # LoRA or multimodal: not keyed by token ids alone, no Store
+            return 0, False
+        self._req_ns[request.request_id] = ns
+        keys = block_keys(prompt, ns)
+        tail = tail_key(prompt, keys, ns) if pd == "prefill" else None
         last = None
         if pd == "decode" and (len(prompt) - 1) % self._block_size:
-            last = keys[n] if n < len(keys) else tail_key(prompt, keys, self._ns)
+            last = keys[n] if n < len(keys) else tail_key(prompt, keys, ns)
         hits, last_ok = 0, False
         if self._cfg.load and n + (last is not None) > num_computed_tokens // self._block_size:
             self.stats["lookups"] += 1
@@ -233,6 +246,7 @@ class PymooncakeConnector(ConnectorWorkerSide, KVConnectorBase_V1):
         response) tell the decode instance to load every prompt token but the last."""
         self._planner.finished(request.request_id)
         self._requests.pop(request.request_id, None)
+        self._req_ns.pop(request.request_id, None)
         self._direct_params.pop(request.request_id, None)
         if pd_mode(request.kv_transfer_params, request.request_id) == "prefill":
             params = {"pymooncake_pd": "decode",

@@ -19,7 +19,7 @@ import math
 import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import blake3
@@ -161,6 +161,22 @@ def vllm_namespace(*, model_id: str, weight_revision: str, tokenizer_fingerprint
                           tp_size=tp_size, tenant_salt=tenant_salt)
 
 
+def request_namespace(ns: CacheNamespace, *, cache_salt: str | None = None,
+                      lora: object | None = None, multimodal: object = None
+                      ) -> CacheNamespace | None:
+    """The namespace of one request's blocks: the instance's ``ns`` plus vLLM's
+    per-request ``cache_salt`` (CASES BUG-66: requests with different salts never share a
+    block through the Store, as vLLM's own prefix cache keeps them apart); ``None``, the
+    request bypasses the Store (no lookup, no save), for a LoRA request or one with
+    multimodal inputs: their KV also depends on the adapter or on the image content,
+    which the prompt's token ids do not carry."""
+    if lora is not None or multimodal:
+        return None
+    if not cache_salt:
+        return ns
+    return replace(ns, extra=(*ns.extra, ("vllm_cache_salt", str(cache_salt))))
+
+
 _LAYER_RE = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 
 
@@ -265,13 +281,14 @@ class Planner:
     """
 
     def __init__(self, block_size: int,
-                 keys_of: Callable[[Sequence[int]], list[str]] | None = None) -> None:
+                 keys_of: Callable[[str, Sequence[int]], list[str]] | None = None) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be > 0, got {block_size}")
         self.block_size = block_size
         self.keys_of = keys_of
-        """Block keys of a token sequence (``identity.block_keys`` under the namespace):
-        with it, blocks of generated tokens are saved too (``scheduled(tokens=...)``)."""
+        """Block keys of a request's token sequence, ``keys_of(req_id, tokens)``
+        (``identity.block_keys`` under that request's namespace): with it, blocks of
+        generated tokens are saved too (``scheduled(tokens=...)``)."""
         self.reqs: dict[str, _Req] = {}
 
     def lookup(self, req_id: str, block_keys: Sequence[str], prompt_len: int, hits: int,
@@ -338,7 +355,7 @@ class Planner:
         computed = computed_before + num_scheduled
         if tokens is not None and self.keys_of is not None \
                 and min(computed, len(tokens)) // self.block_size > len(r.keys):
-            r.keys = self.keys_of(tokens[:min(computed, len(tokens))])
+            r.keys = self.keys_of(req_id, tokens[:min(computed, len(tokens))])
         else:
             computed = min(computed, r.prompt_len)
         done = min(computed // self.block_size, len(r.keys), len(r.block_ids))
