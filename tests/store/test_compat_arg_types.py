@@ -119,3 +119,31 @@ def test_a_second_setup_checks_its_arguments_and_keeps_the_client(store) -> None
     assert store.setup("localhost", cl.metadata_url, 16 * MB, 16 * MB, "tcp", "",
                        cl.master_addr) == 0
     assert store.put("again", b"2") == 0 and store.get("again") == b"2"
+
+
+@pytest.mark.integration
+def test_setup_string_arguments_of_another_type_raise_and_codes_log_their_reason(
+        cluster_factory, caplog) -> None:
+    """``setup(123, ...)`` raises pybind's TypeError (it printed a bind traceback from a
+    thread and returned -1); a -600 says why in the log (Mooncake logs its errors)."""
+    cl = cluster_factory()
+    s = MooncakeDistributedStore()
+    for args in ((123, cl.metadata_url), ("localhost", None), ("localhost", cl.metadata_url)):
+        kw = {"master_server_addr": 50051} if args[1] == cl.metadata_url else {}
+        with pytest.raises(TypeError, match="incompatible function arguments"):
+            s.setup(*args, 16 * MB, 16 * MB, "tcp", "", **kw)
+    with caplog.at_level(logging.WARNING, logger="pymooncake.store.compat._codes"):
+        assert s.setup("localhost", cl.metadata_url, "50%", 16 * MB, "tcp", "",
+                       cl.master_addr) == INVALID_PARAMS
+    assert "a percentage is not accepted" in caplog.text
+    assert s.setup("localhost", cl.metadata_url, MB, MB, "tcp", "", cl.master_addr) == 0
+    try:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="pymooncake.store.compat._codes"):
+            assert s.put("big", b"x" * (4 * MB)) != 0        # a 1 MiB local buffer
+            assert "larger than local_buffer_size (1048576 bytes)" in caplog.text
+            caplog.clear()
+            assert s.get("missing") == b""
+        assert caplog.text == ""                          # a miss is not a warning
+    finally:
+        s.close()

@@ -3,11 +3,15 @@ pymooncake's errors, size strings, free ports, buffer sizes."""
 
 from __future__ import annotations
 
+import logging
 import random
 import socket
 from typing import Any
 
+from pymooncake.obs.logging import init_logger
 from pymooncake.store.errors import ErrorCode, StoreError
+
+logger = init_logger(__name__)
 
 OK = int(ErrorCode.OK)
 INVALID_PARAMS = int(ErrorCode.INVALID_PARAMS)
@@ -42,6 +46,11 @@ def parse_size(value: Any, name: str) -> int:
 
 
 def code(e: BaseException) -> int:
+    """Mooncake's return code for ``e``; the reason is logged (Mooncake logs its errors,
+    the code alone does not say why): a missing or existing key at DEBUG, the rest at
+    WARNING."""
+    quiet = isinstance(e, StoreError) and e.code in (ErrorCode.OBJECT_NOT_FOUND, EXISTS)
+    logger.log(logging.DEBUG if quiet else logging.WARNING, "mooncake compat: %s", e)
     if isinstance(e, StoreError):
         # Mooncake's Python API answers -600 for an empty or oversized key
         return INVALID_PARAMS if e.code == ErrorCode.INVALID_KEY else int(e.code)

@@ -17,7 +17,7 @@ from pymooncake.store.compat._tasks import TaskMethods
 from pymooncake.store.compat._tensor_api import TensorMethods
 from pymooncake.store.compat._tensor_parallel import TensorParallelMethods
 from pymooncake.store.compat._tensor_tp import TensorTpMethods
-from pymooncake.store.compat._types import typed_keys
+from pymooncake.store.compat._types import incompatible, typed_keys
 from pymooncake.store.compat._write import WriteMethods
 from pymooncake.store.errors import ErrorCode, StoreError
 
@@ -83,6 +83,11 @@ class MooncakeDistributedStore(WriteMethods, ReadMethods, TensorMethods, TensorT
                     ssd_offload_path=cfg.get("ssd_offload_path", ""))
             except (KeyError, ValueError):
                 return INVALID_PARAMS
+        for what, v in (("local_hostname", local_hostname),
+                        ("metadata_server", metadata_server),
+                        ("master_server_addr", master_server_addr)):
+            if not isinstance(v, str):  # pybind's std::string: a TypeError, not a bind error
+                raise incompatible("setup", what, v, "str")
         try:
             gseg = parse_size(global_segment_size, "global_segment_size")
             lbuf = parse_size(local_buffer_size, "local_buffer_size")

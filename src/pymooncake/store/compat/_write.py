@@ -60,13 +60,16 @@ class WriteMethods:
         ``local_buffer_size`` is -600 (as Mooncake). Raises TypeError for bad types."""
         sizes = [_buffer_nbytes(v) for v in values]
         if len(keys) != len(values):
-            return [_INVALID_PARAMS] * max(len(keys), 1)
+            return [_code(ValueError(f"{len(keys)} keys but {len(values)} values"))] * max(
+                len(keys), 1)
         if config is not None and not isinstance(config, ReplicateConfig):
             raise incompatible("put", "config", config, "ReplicateConfig")  # as pybind11
         try:
             cfg = self._cfg(config)
             if any(n > self._local_buffer_size for n in sizes):
-                return [_INVALID_PARAMS] * len(keys)
+                return [_code(ValueError(
+                    f"a value of {max(sizes)} bytes is larger than local_buffer_size "
+                    f"({self._local_buffer_size} bytes)"))] * len(keys)
             if upsert:
                 return self._upsert(list(keys), lambda ks, ix: self.client.batch_put(
                     ks, [values[i] for i in ix], cfg))
