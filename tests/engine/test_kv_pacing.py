@@ -50,3 +50,35 @@ def test_pacing_ends_when_batch_steps_stop() -> None:
 def test_share_outside_0_1_is_refused(share: float) -> None:
     with pytest.raises(ValueError, match="load share"):
         LoadPacer(share)
+
+
+def test_active_only_while_a_batch_steps() -> None:
+    p = LoadPacer(0.1, hold_s=10.0)
+    assert not p.active()
+    p.batch_step()
+    assert p.active()
+    p.engine_waits()
+    assert not p.active() and not LoadPacer(1.0).active()
+
+
+def test_the_loader_paces_for_decode_steps_only() -> None:
+    """``StoreKVLoader.start_step``: a step with a decoding sequence (one new token after
+    computed ones) turns pacing on; prefills only, or a step that loads, leave it off."""
+    from types import SimpleNamespace
+
+    from pymooncake.engine.hooks import KVLoad, ScheduledSeq, StepContext
+    from pymooncake.engine.kv_loader import StoreKVLoader
+
+    def step(*seqs: tuple[int, int], loads: tuple[KVLoad, ...] = ()) -> bool:
+        fake = SimpleNamespace(pacer=LoadPacer(0.1, hold_s=10.0), _fetches={},
+                               _step_imports=[])
+        ctx = StepContext(1, tuple(ScheduledSeq(f"r{i}", (0,), c, n)
+                                   for i, (c, n) in enumerate(seqs)), loads)
+        StoreKVLoader.start_step(fake, ctx, SimpleNamespace(block_size=16))  # type: ignore[arg-type]
+        return fake.pacer.active()
+
+    assert step((40, 1), (0, 512))  # one request decodes beside a prefill
+    assert not step((0, 512), (512, 256))  # prefill chunks only
+    assert not step((0, 1))  # a one-token prompt's prefill, not a decode
+    assert not step()
+    assert not step((40, 1), loads=(KVLoad("x", (3,), (), 0, 16),))  # the engine waits

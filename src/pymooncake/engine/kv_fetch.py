@@ -327,12 +327,13 @@ class StoreFetcher:
     def _sliced_read(self, reader: Any, slots: list[int], start: int, end: int,
                      stop_at_error: bool = False) -> list[tuple[int, Any]]:
         """Bytes ``[start, end)`` of each block into its slot, ``slice_blocks`` blocks per
-        round of reads with a pacing point after each (one round when unpaced: fewer
-        transfer batches); the ``(block, error)`` failures
+        round of reads with a pacing point after each while the pacer is active (otherwise
+        the rest in one round: fewer transfer batches); the ``(block, error)`` failures
         (the first only, and no later rounds, with ``stop_at_error``)."""
         bad: list[tuple[int, Any]] = []
-        k = self.slice_blocks if self.pacer.share < 1 else max(1, len(slots))  # unpaced: 1
-        for j in range(0, len(slots), k):
+        j = 0
+        while j < len(slots):  # the rest in one round whenever no decode batch is paced for
+            k = self.slice_blocks if self.pacer.active() else len(slots) - j
             c0 = time.thread_time()
             errs = reader.read([(i, start, end - start, self._addr(s) + start)
                                 for i, s in enumerate(slots[j:j + k], j)])
@@ -340,4 +341,5 @@ class StoreFetcher:
             self.pacer.after_slice(time.thread_time() - c0)
             if bad and stop_at_error:
                 return bad[:1]
+            j += k
         return bad

@@ -78,7 +78,8 @@ class StoreKVLoader(NullHooks):
     ``staging_blocks``: block slots of the registered staging buffer (loads and puts share
     it; a load's blocks beyond the free slots are read as ``bytes``). ``mode``: one of
     ``LOAD_MODES``. ``load_share``: the share of a core the fetch thread may use while
-    the engine steps a batch that waits for no load (``kv_pacing``; 1 = unpaced). Raises
+    the engine steps a decoding batch that waits for no load (``kv_pacing.LOAD_SHARE``,
+    0.1; 1 = unpaced). Raises
     ``ValueError`` for an unknown mode or a share outside ``(0, 1]``.
     """
 
@@ -230,12 +231,12 @@ class StoreKVLoader(NullHooks):
 
     def start_step(self, ctx: StepContext, kv: KVTensors) -> None:
         """Per load of the step: where its layers come from and go to (index tensors built
-        once, not per layer). A step that loads nothing paces the fetch thread; one that
-        loads waits for it: unpaced."""
+        once, not per layer). A step that decodes and loads nothing paces the fetch thread;
+        one that loads waits for it (unpaced); one of prefills only leaves it unpaced."""
         if ctx.loads:
             self.pacer.engine_waits()
-        elif ctx.seqs:
-            self.pacer.batch_step()
+        elif any(s.num_new_tokens == 1 and s.num_computed_tokens > 0 for s in ctx.seqs):
+            self.pacer.batch_step()  # a decode batch: its TBT is what pacing protects
         self._step_imports = []
         for ld in ctx.loads:
             f = self._fetches.get(ld.request_id)
