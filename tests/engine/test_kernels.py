@@ -197,3 +197,22 @@ def test_one_call_decode_layers_equal_the_per_call_path(monkeypatch) -> None:
         assert a.output_token_ids == b.output_token_ids
         assert torch.equal(torch.stack(list(a.logits)), torch.stack(list(b.logits)))
     assert isinstance(one_call.model.__dict__.get("_decode_layers"), kernels.DecodeLayers)
+
+
+def test_argmax_rows_is_torch_argmax() -> None:
+    """Greedy sampling's C argmax: the first index of each row's largest value (ties), NaN
+    counted as the largest (its first index), a strided row view, every length mod 64."""
+    g = torch.Generator().manual_seed(5)
+    for n in (1, 15, 64, 65, 200, 49152):
+        x = torch.randn(7, n, generator=g)
+        assert kernels.argmax_rows(x) == torch.argmax(x, dim=-1).tolist()
+    x = torch.zeros(4, 130)
+    x[0, [3, 70, 129]] = 2.0  # a tie: the first
+    x[1, 129] = 1.0  # in the last partial chunk
+    x[2, [10, 90]] = float("nan")
+    x[2, 5] = 9.0  # NaN beats any number
+    x[3] = float("-inf")
+    assert kernels.argmax_rows(x) == [3, 129, 10, 0] == torch.argmax(x, dim=-1).tolist()
+    wide = torch.randn(3, 300, generator=g)
+    view = wide[:, :257]  # row stride 300, unit column stride
+    assert kernels.argmax_rows(view) == torch.argmax(view, dim=-1).tolist()

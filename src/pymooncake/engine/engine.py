@@ -252,7 +252,7 @@ class Engine:
             return [self._output(r) for r in failed]
         sampled: dict[str, tuple[int, float, object]] = {}
         rows = [s for s in out.scheduled if s.samples]
-        greedy = torch.argmax(logits, dim=-1).tolist() if rows else []
+        greedy = kernels.argmax_rows(logits) if rows else []
         for row, s in enumerate(rows):
             req = s.request
             p = req.params

@@ -27,6 +27,10 @@
 #define PMK_AVX2 1
 #include "kernels_avx2.c"
 #endif
+#if defined(__AVX2__) && defined(__FMA__)
+#define PMK_VEXP 1
+#include "kernels_vexp.c"
+#endif
 
 /* e^x for x <= 0 (softmax arguments after subtracting the row max), vectorisable.
  * Cephes' expf: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial for e^r, 2^n by building
@@ -53,7 +57,7 @@ static inline float exp_neg(float x) {
 
 /* Softmax weights in place over s[0..n): returns 1 / sum (the caller scales at the end). */
 static float softmax_unnormalised(float *s, int64_t n) {
-#ifdef PMK_AVX2
+#ifdef PMK_VEXP
     return softmax_unnormalised_avx2(s, n);
 #endif
     float m = s[0];
@@ -84,8 +88,16 @@ static void attend_group(const float *q, int64_t q_stride, int64_t g_count,
         const float *kb = kc + blk * bs * d;
 #ifdef __AVX512F__
         if (d == 64 && g_count <= 8) {
+            /* blocks sit at random addresses: prefetch the next K block and this V block
+             * (read by the P.V pass below) while the scores of this one are computed */
+            const float *kn = t0 + bs < n ? kc + table[(t0 + bs) / bs] * bs * d : NULL;
+            const float *vb_pf = vc + blk * bs * d;
             for (int64_t o = 0; o < m; o++) {
                 const float *krow = kb + o * d;
+                for (int c = 0; c < 64; c += 16) {
+                    if (kn) _mm_prefetch((const char *)(kn + o * d + c), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(vb_pf + o * d + c), _MM_HINT_T0);
+                }
                 __m512 k0 = _mm512_loadu_ps(krow), k1 = _mm512_loadu_ps(krow + 16),
                        k2 = _mm512_loadu_ps(krow + 32), k3 = _mm512_loadu_ps(krow + 48);
                 for (int64_t g = 0; g < g_count; g++) {
@@ -494,7 +506,7 @@ void pmk_silu_mul_f32(const float *gu, int64_t rows, int64_t n, float *out) {
         const float *g = gu + r * 2 * n, *u = g + n;
         float *o = out + r * n;
         int64_t i0 = 0;
-#ifdef PMK_AVX2
+#ifdef PMK_VEXP
         i0 = silu_mul_row_avx2(g, u, n, o);
 #endif
 #pragma omp simd
@@ -504,6 +516,36 @@ void pmk_silu_mul_f32(const float *gu, int64_t rows, int64_t n, float *out) {
             const float sig = (x > 0.0f ? 1.0f : e) / (1.0f + e); /* one division */
             o[i] = x * sig * u[i];
         }
+    }
+}
+
+/* Greedy sampling: out[r] = the first index of the largest value of row r of x (rows at
+ * `stride` floats, n values each), as torch.argmax answers; a row holding a NaN answers
+ * its first NaN's index (torch.argmax counts NaN as the largest). Two vectorised passes:
+ * the maximum (and whether a NaN is there), then the first 64-float chunk holding it. */
+void pmk_argmax_rows_f32(const float *x, int64_t rows, int64_t n, int64_t stride,
+                         int64_t *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * stride;
+        float m = row[0];
+        int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+        for (int64_t t = 0; t < n; t++) {
+            m = row[t] > m ? row[t] : m;
+            nan |= row[t] != row[t];
+        }
+        int64_t best = 0;
+        for (int64_t t0 = 0; t0 < n; t0 += 64) {
+            const int64_t end = n - t0 < 64 ? n : t0 + 64;
+            int hit = 0;
+#pragma omp simd reduction(| : hit)
+            for (int64_t t = t0; t < end; t++) hit |= nan ? row[t] != row[t] : row[t] == m;
+            if (!hit) continue;
+            for (best = t0; best < end; best++)
+                if (nan ? row[best] != row[best] : row[best] == m) break;
+            break;
+        }
+        out[r] = best;
     }
 }
 
