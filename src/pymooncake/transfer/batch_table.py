@@ -254,6 +254,11 @@ def observe_noop() -> None:
     _LATENCY["none"].observe(0.0)
 
 
+def observe_latency(transport: str, seconds: float) -> None:
+    """One request of ``transport`` completed in ``seconds`` (without the table)."""
+    _LATENCY[transport].observe(seconds)
+
+
 def _wake_async(batch: BatchState) -> None:
     for loop, fut in batch.waiters:
         with contextlib.suppress(RuntimeError):

@@ -54,15 +54,15 @@ from pymooncake.transfer.batch import (
 )
 from pymooncake.transfer.batch_table import BatchTable, RequestState, observe_noop
 from pymooncake.transfer.config import TransferConfig
+from pymooncake.transfer.engine_memory import SegmentMemory
+from pymooncake.transfer.lone import sync_one
 from pymooncake.transfer.memory import (
-    MemoryRegion,
     MemoryRegistry,
     SharedBuffer,
-    buffer_address,
 )
 from pymooncake.transfer.paths import TcpPaths
 from pymooncake.transfer.publisher import SegmentPublisher
-from pymooncake.transfer.routing import Router
+from pymooncake.transfer.routing import Route, Router
 from pymooncake.transfer.segment import BufferDesc, SegmentDescriptor, local_host_id
 from pymooncake.transfer.topology import Topology, get_topology
 from pymooncake.transfer.transports import local as local_transport
@@ -71,7 +71,7 @@ from pymooncake.transfer.transports.base import Slice
 from pymooncake.transfer.transports.local import CopyJob, LocalCopier
 
 
-class TransferEngine:
+class TransferEngine(SegmentMemory):
     """One process's Transfer Engine (its segment is named ``name``).
 
     ``metadata`` is a :class:`~pymooncake.metadata.MetadataStore` or a URL for
@@ -201,52 +201,6 @@ class TransferEngine:
         if self._started and not self._closed:
             self._publisher.publish()
 
-    def register_memory(self, buffer: object) -> int:
-        """Register a contiguous buffer; returns its base address.
-
-        Accepts bytearray, mmap, numpy arrays, torch CPU tensors and :class:`SharedBuffer`
-        (the only kind same-host peers reach with ``shm``; others go over ``tcp``). The
-        buffer must stay alive until :meth:`unregister_memory`. Raises ``ValueError`` for a
-        non-contiguous, empty, overlapping or CUDA buffer, ``TypeError`` for a non-buffer.
-        """
-        addr, nbytes, keepalive = buffer_address(buffer)
-        shm_name = buffer.name if isinstance(buffer, SharedBuffer) else None
-        self.registry.add(MemoryRegion(addr, nbytes, keepalive, shm_name))
-        self._publish()
-        return addr
-
-    def register_memory_at(self, addr: int, length: int) -> int:
-        """Register raw memory ``[addr, addr+length)`` owned by the caller (Mooncake style)."""
-        if addr <= 0 or length <= 0:
-            raise ValueError(f"need addr > 0 and length > 0, got {addr:#x} and {length}")
-        self.registry.add(MemoryRegion(addr, length, None))
-        self._publish()
-        return addr
-
-    def allocate_shared(self, length: int) -> SharedBuffer:
-        """A new registered :class:`SharedBuffer` (freed by unregister or :meth:`close`)."""
-        shm = SharedBuffer(length)
-        self._owned_shm[shm.addr] = shm
-        try:
-            self.register_memory(shm)
-        except Exception:
-            self._owned_shm.pop(shm.addr).close()
-            raise
-        return shm
-
-    def unregister_memory(self, addr_or_buffer: int | object) -> None:
-        """Withdraw a registered range (by base address or the registered object).
-
-        Raises ``KeyError`` when nothing is registered there.
-        """
-        addr = (addr_or_buffer if isinstance(addr_or_buffer, int)
-                else buffer_address(addr_or_buffer)[0])
-        self.registry.remove(addr)
-        self._publish()
-        shm = self._owned_shm.pop(addr, None)
-        if shm is not None:
-            shm.close()
-
     def _resolve(self, segment: str, refresh: bool = False) -> SegmentDescriptor | None:
         return self._publisher.resolve(segment, refresh)
 
@@ -287,14 +241,18 @@ class TransferEngine:
         """
         return self._submit(batch_id, requests, inline=False)
 
-    def _submit(self, batch_id: BatchId, requests: Sequence[TransferRequest],
-                inline: bool) -> int:
+    def _submit(self, batch_id: BatchId, requests: Sequence[TransferRequest], inline: bool,
+                verdicts: list[TransferStatus | Route] | None = None,
+                tried: Slice | None = None) -> int:
         """:meth:`submit`; with ``inline`` the caller's thread does the copies and runs the
-        tcp windows itself on an idle path (``TcpPaths.run_inline``) before returning."""
+        tcp windows itself on an idle path (``TcpPaths.run_inline``) before returning.
+        ``verdicts``: the requests' routes when known; ``tried``: the lone request's slice
+        that already failed ``tried.retries`` times (``lone.sync_one``)."""
         self._check_open()
         # Route every request first (no side effects beyond caches), then record the
         # whole submission under one lock: refused ones final, the rest pending.
-        verdicts = [self._router.route(req) for req in requests]
+        if verdicts is None:
+            verdicts = [self._router.route(req) for req in requests]
         now = time.monotonic()
         copies: list[CopyJob] = []
         tcp_work: dict[str, tuple[SegmentDescriptor, list[Slice]]] = {}
@@ -320,6 +278,9 @@ class TransferEngine:
                 transport, target_addr, desc, local = verdict
                 if transport == "tcp":
                     slices = self._router.slices(batch_id, idx, req, local)
+                    if tried is not None:
+                        for x in slices:
+                            x.retries, x.last_error = tried.retries, tried.last_error
                     state = RequestState(PENDING, "tcp", len(slices), req.length, now)
                     reqs.append(self._router.own(slices, state))
                     work = tcp_work.get(req.target_segment)
@@ -382,11 +343,19 @@ class TransferEngine:
         """Submit ``requests`` as one batch, wait, free; the per-request statuses.
 
         The calling thread does the work itself (copies; tcp I/O on an idle path, with the
-        other paths' threads helping on larger batches): no hand-off and wake-up.
+        other paths' threads helping on larger batches): no hand-off and wake-up; a lone
+        one-slice tcp request without even a batch (``lone.sync_one``).
         """
+        verdicts, tried = None, None
+        if len(requests) == 1:
+            self._check_open()
+            one = sync_one(self._router, self._paths, self.config, requests[0])
+            if isinstance(one, TransferStatus):
+                return [one]
+            verdicts, tried = one
         bid = self.allocate_batch(len(requests))
         try:
-            self._submit(bid, requests, inline=True)
+            self._submit(bid, requests, True, verdicts, tried)
             statuses = self._batches.pop_if_done(bid)  # usually all done inline
             if statuses is not None:
                 return statuses

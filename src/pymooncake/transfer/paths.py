@@ -1,6 +1,6 @@
 """TCP paths to peers: per-peer slice queues, one thread and pooled connection per path.
 
-Each peer gets a :class:`_PeerChannel` with ``num_paths`` paths. A path's thread takes a
+Each peer gets a :class:`PeerChannel` with ``num_paths`` paths. A path's thread takes a
 fair share of the peer's queue as a window, sends it over its pooled connection
 (``transports/tcp.py``) and reports each slice's outcome. On a link error the unfinished
 slices go back to the front of the queue with their retry count raised, so another path
@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from pymooncake.obs.logging import init_logger
@@ -21,6 +19,7 @@ from pymooncake.transfer import metrics as m
 from pymooncake.transfer.batch import StatusCode
 from pymooncake.transfer.config import TransferConfig
 from pymooncake.transfer.endpoint_pool import EndpointPool
+from pymooncake.transfer.lanes import Lane, PeerChannel
 from pymooncake.transfer.segment import SegmentDescriptor
 from pymooncake.transfer.topology import Topology, device_ipv4
 from pymooncake.transfer.transports import tcp
@@ -30,43 +29,6 @@ logger = init_logger(__name__)
 
 FinishSlices = Callable[[Sequence[tuple[Slice, StatusCode, str]]], None]
 Resolve = Callable[[str], SegmentDescriptor | None]
-
-
-@dataclass(slots=True, eq=False)
-class _Lane:
-    index: int
-    device: str
-    down_until: float = 0.0
-    seq: int = 0
-    busy: bool = False
-    """A window is running on this path (by its thread or inline by a caller)."""
-    thread: threading.Thread | None = None
-    bytes_metric: Any = None
-    slices_metric: Any = None
-    retries_metric: Any = None
-    latency_metric: Any = None
-    key: tuple[str, int] = ("", 0)
-    """The pool key of this path's connection: (peer name, path index)."""
-
-    def __post_init__(self) -> None:
-        self.latency_metric = m.window_latency_seconds.labels("tcp", self.label)
-        self.bytes_metric = m.bytes_total.labels("tcp", self.label)
-        self.slices_metric = m.slices_total.labels("tcp", self.label)
-        self.retries_metric = m.retries_total.labels("tcp", self.label)
-
-    @property
-    def label(self) -> str:
-        return f"{self.device}#{self.index}"
-
-
-@dataclass(slots=True, eq=False)
-class _PeerChannel:
-    name: str
-    host: str
-    port: int
-    lanes: list[_Lane]
-    queue: deque[Slice] = field(default_factory=deque)
-    cond: threading.Condition = field(default_factory=threading.Condition)
 
 
 class TcpPaths:
@@ -84,7 +46,7 @@ class TcpPaths:
         self._finish_slices = finish_slices
         self._refresh = refresh
         self._lock = threading.Lock()
-        self._channels: dict[str, _PeerChannel] = {}
+        self._channels: dict[str, PeerChannel] = {}
         self._closed = False
         self.pool: EndpointPool[tuple[str, int], Any] = EndpointPool(
             config.max_endpoints, _close_connection)
@@ -162,7 +124,7 @@ class TcpPaths:
                 if lane.thread is not None:
                     lane.thread.join(timeout=2 * self.config.slice_timeout_s)
 
-    def _channel(self, desc: SegmentDescriptor) -> _PeerChannel:
+    def _channel(self, desc: SegmentDescriptor) -> PeerChannel:
         ch = self._channels.get(desc.name)  # the common case, without the lock
         if ch is not None:
             return ch
@@ -172,10 +134,10 @@ class TcpPaths:
                 return ch
             location = "cpu:0"
             loopback = desc.host.startswith("127.") or desc.host in ("localhost", "::1")
-            lanes = [_Lane(k, "lo" if loopback else self.topology.path_device(location, k),
+            lanes = [Lane(k, "lo" if loopback else self.topology.path_device(location, k),
                            key=(desc.name, k))
                      for k in range(self.config.num_paths)]
-            ch = self._channels[desc.name] = _PeerChannel(desc.name, desc.host, desc.tcp_port,
+            ch = self._channels[desc.name] = PeerChannel(desc.name, desc.host, desc.tcp_port,
                                                           lanes)
             for lane in lanes:
                 lane.thread = threading.Thread(target=self._lane_loop, args=(ch, lane),
@@ -184,7 +146,7 @@ class TcpPaths:
                 lane.thread.start()
             return ch
 
-    def _take_window(self, ch: _PeerChannel) -> list[Slice]:
+    def _take_window(self, ch: PeerChannel) -> list[Slice]:
         """Pop the next window off the queue (``ch.cond`` is held); ``[]`` when empty.
 
         A fair share of the queue, so that every path gets slices. A window holds one
@@ -211,7 +173,7 @@ class TcpPaths:
             window.append(queue.popleft())
         return window
 
-    def _lane_loop(self, ch: _PeerChannel, lane: _Lane) -> None:
+    def _lane_loop(self, ch: PeerChannel, lane: Lane) -> None:
         while not self._closed:
             with ch.cond:
                 if not ch.queue or lane.busy:
@@ -230,7 +192,95 @@ class TcpPaths:
                 with ch.cond:
                     lane.busy = False
 
-    def _run_window(self, ch: _PeerChannel, lane: _Lane, window: list[Slice], host: str,
+    def run_one(self, desc: SegmentDescriptor, s: Slice) -> tuple[StatusCode, str] | None:
+        """The lone slice of a sync request, run now in the calling thread on an idle path
+        while nothing is queued for the peer: no batch, queue or wake-up. Its outcome
+        ``(code, message)``, or ``None``: no idle path, or the link broke and it may be
+        tried again (``s.retries`` counts it) — the caller then submits it as usual."""
+        ch = self._channel(desc)
+        with ch.cond:
+            if ch.queue or self._closed:
+                return None
+            now = time.monotonic()
+            lane = next((x for x in ch.lanes if not x.busy and x.down_until <= now), None)
+            if lane is None:
+                return None
+            lane.busy = True
+            host, port = ch.host, ch.port
+        try:
+            return self._run_one(ch, lane, s, host, port)
+        finally:
+            lane.busy = False  # a window queued meanwhile found us busy: wake its path
+            if ch.queue:
+                with ch.cond:
+                    ch.cond.notify_all()
+
+    def _run_one(self, ch: PeerChannel, lane: Lane, s: Slice, host: str, port: int
+                 ) -> tuple[StatusCode, str] | None:
+        """``run_one`` on ``lane``: the path-error rules of ``_run_window``, for one slice."""
+        cfg = self.config
+        try:
+            conn, reused = self._connect(ch, lane, host, port)
+        except OSError as e:
+            self._refresh_address(ch)
+            return self._one_failed(ch, lane, s, StatusCode.CONNECTION_ERROR,
+                                    f"connect to {ch.name} at {host}:{port} failed: {e!r}", True)
+        seq = lane.seq
+        lane.seq += 1
+        t0 = time.monotonic()
+        try:
+            ((code, msg),) = tcp.run_window(conn, (s,), cfg.checksum, seq)
+        except PathError as e:
+            self.pool.discard(lane.key, conn)
+            if reused:
+                m.reconnects_total.labels(lane.label).inc()
+            return self._one_failed(ch, lane, s, e.code, f"path {lane.label} to {ch.name}: {e}",
+                                    not reused)
+        if conn.closed_by_peer:
+            self.pool.discard(lane.key, conn)
+        else:
+            self.pool.release(lane.key, conn)
+        lane.latency_metric.observe(time.monotonic() - t0)
+        if code is StatusCode.OK:
+            lane.bytes_metric.inc(s.length)
+            lane.slices_metric.inc()
+        elif code is StatusCode.INVALID_ARGUMENT:
+            msg = f"refused by target: {msg}"
+        return code, msg
+
+    def _one_failed(self, ch: PeerChannel, lane: Lane, s: Slice, code: StatusCode,
+                    reason: str, mark_down: bool) -> tuple[StatusCode, str] | None:
+        s.retries += 1
+        s.last_error = reason
+        if mark_down:
+            with ch.cond:
+                lane.down_until = time.monotonic() + self.config.path_retry_interval_s
+        if s.retries > self.config.max_retries:
+            return code, f"{reason} (after {s.retries} tries)"
+        lane.retries_metric.inc()
+        return None
+
+    def _connect(self, ch: PeerChannel, lane: Lane, host: str, port: int
+                 ) -> tuple[Any, bool]:
+        """``lane``'s pooled connection (opened when there is none; a stale one reopened,
+        BUG-36) and whether it was reused; ``OSError`` when the connect fails."""
+        cfg = self.config
+
+        def opener() -> Any:
+            source_ip = None if lane.device == "lo" else device_ipv4(lane.device)
+            return tcp.open_connection(host, port, cfg.connect_timeout_s, cfg.slice_timeout_s,
+                                       source_ip)
+
+        conn, reused = self.pool.acquire(lane.key, opener)
+        if reused and tcp.is_stale(conn):  # closed by the peer while idle (BUG-36)
+            logger.info("path %s to %s: pooled connection is stale; reopening",
+                        lane.label, ch.name)
+            self.pool.discard(lane.key, conn)
+            m.reconnects_total.labels(lane.label).inc()
+            conn, reused = self.pool.acquire(lane.key, opener)
+        return conn, reused
+
+    def _run_window(self, ch: PeerChannel, lane: Lane, window: list[Slice], host: str,
                     port: int) -> None:
         cfg = self.config
         key = lane.key
@@ -245,19 +295,8 @@ class TcpPaths:
             if not window:
                 return
 
-        def opener() -> Any:
-            source_ip = None if lane.device == "lo" else device_ipv4(lane.device)
-            return tcp.open_connection(host, port, cfg.connect_timeout_s, cfg.slice_timeout_s,
-                                       source_ip)
-
         try:
-            conn, reused = self.pool.acquire(key, opener)
-            if reused and tcp.is_stale(conn):  # closed by the peer while idle (BUG-36)
-                logger.info("path %s to %s: pooled connection is stale; reopening",
-                            lane.label, ch.name)
-                self.pool.discard(key, conn)
-                m.reconnects_total.labels(lane.label).inc()
-                conn, reused = self.pool.acquire(key, opener)
+            conn, reused = self._connect(ch, lane, host, port)
         except OSError as e:
             self._path_failed(ch, lane, window, [], StatusCode.CONNECTION_ERROR,
                               f"connect to {ch.name} at {host}:{port} failed: {e!r}",
@@ -290,7 +329,7 @@ class TcpPaths:
         self._account(window, results, lane)
 
     def _account(self, window: Sequence[Slice], results: Sequence[tuple[StatusCode, str]],
-                 lane: _Lane) -> None:
+                 lane: Lane) -> None:
         if len(window) == 1 and results and results[0][0] is StatusCode.OK:  # fast path
             lane.bytes_metric.inc(window[0].length)
             lane.slices_metric.inc()
@@ -311,7 +350,7 @@ class TcpPaths:
         if outcomes:
             self._finish_slices(outcomes)
 
-    def _path_failed(self, ch: _PeerChannel, lane: _Lane, window: list[Slice],
+    def _path_failed(self, ch: PeerChannel, lane: Lane, window: list[Slice],
                      results: list[tuple[StatusCode, str]], code: StatusCode, reason: str,
                      mark_down: bool, count_retry: bool = True) -> None:
         self._account(window[:len(results)], results, lane)
@@ -337,7 +376,7 @@ class TcpPaths:
             ch.queue.extendleft(reversed(retry))
             ch.cond.notify_all()
 
-    def _refresh_address(self, ch: _PeerChannel) -> None:
+    def _refresh_address(self, ch: PeerChannel) -> None:
         try:
             desc = self._refresh(ch.name)
         except Exception:  # noqa: BLE001 - metadata down: keep the old address
