@@ -318,6 +318,13 @@ class GetOps(BadReplicaOps):
                     if p.error is not None:
                         self._finish_read(p)
                         return [p.error]
+            if p.error is None and p.size:  # another segment's: staged, then one copy out
+                addr, arr, release = self._stage(p.size)
+                try:
+                    self._read(plans, [(addr, p.size)])
+                    return [p.error if p.error is not None else arr.tobytes()]
+                finally:
+                    release()
         views: dict[int, np.ndarray] = {}
         for i, p in enumerate(plans):  # a replica in our own segment: one memcpy out
             if p.error is None and p.replicas and p.replicas[0].segment == self.segment_name:

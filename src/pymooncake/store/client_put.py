@@ -102,20 +102,29 @@ class PutOps(MasterOps, MemoryOps):
         idx = [i for i in range(len(keys)) if out[i] is None]
         if not idx:
             return
-        req: dict[str, Any] = {"client_id": self.client_id, "keys": [keys[i] for i in idx],
-                               "sizes_bytes": [sizes[i] for i in idx]}
+        one = len(idx) == 1  # one key: put_start/put_end, no batch wrapping on either side
+        req: dict[str, Any] = ({"client_id": self.client_id, "key": keys[idx[0]],
+                                "size_bytes": sizes[idx[0]]} if one else
+                               {"client_id": self.client_id, "keys": [keys[i] for i in idx],
+                                "sizes_bytes": [sizes[i] for i in idx]})
         if config is not None and config is not DEFAULT_CONFIG:
             wire = _config_wire(config)
             if wire is not None:
                 req["config"] = wire
-        res = self._master("batch_put_start", req)
         handles: dict[int, dict[str, Any]] = {}
-        for i, item in zip(idx, res, strict=True):
-            r = self._batch_item(item)
+        if one:
+            r = self._answer("put_start", req)
             if isinstance(r, StoreError):
-                out[i] = r
-            else:
-                handles[i] = r
+                out[idx[0]] = r
+                return
+            handles[idx[0]] = r
+        else:
+            for i, item in zip(idx, self._master("batch_put_start", req), strict=True):
+                r = self._batch_item(item)
+                if isinstance(r, StoreError):
+                    out[i] = r
+                else:
+                    handles[i] = r
         moves, owners = [], []
         staged: list[Callable[[], None]] = []
         sums: dict[int, bytes] = {}  # the bytes' checksum, sent with put_end (issue 17)
@@ -155,7 +164,13 @@ class PutOps(MasterOps, MemoryOps):
                 tuple(handles[i]["generation"] for i in failed)))
             for i, reason in failed.items():
                 out[i] = StoreError(ErrorCode.TRANSFER_FAIL, f"write of {keys[i]!r}: {reason}")
-        if ok:
+        if ok and one:
+            r = self._answer("put_end", {"client_id": self.client_id, "key": keys[ok[0]],
+                                         "generation": handles[ok[0]]["generation"],
+                                         "checksum": sums[ok[0]]})
+            if isinstance(r, StoreError):
+                out[ok[0]] = r
+        elif ok:
             res = self._master("batch_put_end", {
                 "client_id": self.client_id, "keys": [keys[i] for i in ok],
                 "generations": [handles[i]["generation"] for i in ok],
@@ -164,3 +179,13 @@ class PutOps(MasterOps, MemoryOps):
                 r = self._batch_item(item)
                 if isinstance(r, StoreError):
                     out[i] = r
+
+    def _answer(self, method: str, params: dict[str, Any]) -> Any:
+        """A single-key call's result, or the master's ``StoreError`` answer as a value (as
+        a batch item carries it); a lost or timed-out call raises, as a batch call does."""
+        try:
+            return self._master(method, params)
+        except StoreError as e:
+            if e.code in (ErrorCode.RPC_TIMEOUT, ErrorCode.RPC_FAIL):
+                raise
+            return e

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pymooncake.transfer.batch import StatusCode, TransferOp, TransferRequest
+
 
 @dataclass(frozen=True, slots=True)
 class Move:
@@ -33,6 +35,10 @@ class MoveResult:
     ok: bool
     reason: str = ""
     peer_down: bool = False
+
+
+_MOVED = MoveResult(True)
+_READ, _WRITE = TransferOp.READ, TransferOp.WRITE
 
 
 class DataPath:
@@ -59,6 +65,7 @@ class DataPath:
         if engine is not None:
             self.engine = engine
             self._metadata = engine.metadata
+            self._may_map_dead = self.may_map_dead_memory
             return
         self._metadata = open_metadata(metadata_url)
         self.engine = TransferEngine(name, self._metadata, config=transfer_config)
@@ -68,6 +75,7 @@ class DataPath:
             with contextlib.suppress(Exception):
                 self.engine.close()
             raise
+        self._may_map_dead = self.may_map_dead_memory
 
     @property
     def may_map_dead_memory(self) -> bool:
@@ -95,14 +103,11 @@ class DataPath:
     def run(self, moves: list[Move]) -> list[MoveResult]:
         if not moves:
             return []
-        from pymooncake.transfer import TransferOp, TransferRequest
-        from pymooncake.transfer.batch import StatusCode
-
-        check = self.owner_dead is not None and self.may_map_dead_memory
+        check = self.owner_dead is not None and self._may_map_dead
         if check and self.owner_prefetch is not None:
             self.owner_prefetch([m.segment for m in moves if m.segment != self.name])
-        reqs = [TransferRequest(TransferOp.WRITE if m.write else TransferOp.READ, m.local_addr,
-                                m.segment, m.target_addr, m.length) for m in moves]
+        reqs = [TransferRequest(_WRITE if m.write else _READ, m.local_addr, m.segment,
+                                m.target_addr, m.length) for m in moves]
         try:
             statuses = self.engine.batch_transfer_sync(reqs)
         except Exception as e:  # the engine refused the whole batch
@@ -119,7 +124,7 @@ class DataPath:
                     if why is not None:  # copied to/from a dead process's leftover memory
                         out.append(MoveResult(False, why, True))
                         continue
-                out.append(MoveResult(True))
+                out.append(_MOVED)
             else:
                 down = st.code in (StatusCode.CONNECTION_ERROR, StatusCode.TIMEOUT,
                                    StatusCode.NOT_FOUND)
