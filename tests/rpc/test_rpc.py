@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from dataclasses import dataclass
 
@@ -325,6 +326,37 @@ def test_sync_client_timeouts_and_pipelined_frames_on_uvloop() -> None:
                     buf = buf[4 + n:]
             assert got == {1: 10, 2: 20, 3: 30}
         client.close()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_sync_client_polls_for_quick_answers_and_falls_back_to_sleeping() -> None:
+    """``SyncRpcClient`` polls ``poll_s`` for an answer before its receive sleeps (issue
+    16): an answer inside the window, one after it, a timeout longer than the window, a
+    server gone while polling, and no polling at all all give what the sleeping receive
+    gives."""
+    proc = subprocess.Popen([sys.executable, "-c", UVLOOP_SERVER_SCRIPT],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        wide = SyncRpcClient("127.0.0.1", port, timeout_s=5, poll_s=0.5)
+        assert wide.call("maybe_later", -4) == -3        # 50 ms later: inside the window
+        assert wide.call("sleep", 0.6) == "slept"        # past the window: slept for it
+        narrow = SyncRpcClient("127.0.0.1", port, timeout_s=5, poll_s=0.0)
+        assert [narrow.call("mul", [i, 3]) for i in range(20)] == [3 * i for i in range(20)]
+        t0 = time.monotonic()
+        with pytest.raises(RpcTimeout):
+            wide.call("sleep", 2.0, timeout_s=0.7)        # the window, then the timeout
+        assert 0.65 < time.monotonic() - t0 < 2.0
+        assert wide.call("mul", [6, 7]) == 42
+        t0 = time.monotonic()
+        threading.Timer(0.1, proc.kill).start()
+        with pytest.raises(RpcConnectionError):
+            wide.call("sleep", 5.0)                       # the server dies mid-window
+        assert time.monotonic() - t0 < 2.0
+        wide.close()
+        narrow.close()
     finally:
         proc.kill()
         proc.wait(10)

@@ -108,3 +108,27 @@ def test_lone_request_to_a_dead_peer_fails_after_its_tries(metadata_url: str,
         assert not eng._batches._batches
     finally:
         eng.close()
+
+
+def test_reply_polling_window(metadata_url: str, spawn_peer) -> None:  # noqa: ANN001
+    """A path polls ``reply_poll_s`` for a window's replies before it sleeps: a reply inside
+    the window (the peer takes 4 ms a slice), after it (16 slices: 32 ms), and without
+    polling (0) all land exactly; the window is bounded."""
+    with pytest.raises(ValueError, match="reply_poll_s"):
+        TransferConfig(reply_poll_s=-1.0)
+    with pytest.raises(ValueError, match="reply_poll_s"):
+        TransferConfig(reply_poll_s=1.0)
+    peer = spawn_peer("lone-slow", size=1 << 20, seed=8, delay_per_slice_ms=4)
+    for poll_s in (0.0, 0.01):
+        eng = TransferEngine(f"poll-{time.monotonic_ns()}", metadata_url, config=TransferConfig(
+            checksum=True, reply_poll_s=poll_s)).start()
+        try:
+            dst = np.zeros(1 << 20, dtype=np.uint8)
+            daddr = eng.register_memory(dst)
+            st = eng.transfer_sync(TransferOp.READ, daddr, peer.name, peer.addr, 64 * KiB)
+            assert st.ok, st.reason
+            st = eng.transfer_sync(TransferOp.READ, daddr, peer.name, peer.addr, 1 << 20)
+            assert st.ok, st.reason
+            assert np.array_equal(dst, peer.initial_bytes())
+        finally:
+            eng.close()

@@ -36,6 +36,10 @@ class TransferConfig:
     """A path that failed on a fresh connection is not used again for this long."""
     max_endpoints: int = 256
     """Pooled TCP connections (all peers) before SIEVE evicts one."""
+    reply_poll_s: float = 50e-6
+    """How long a path polls for the replies of a window it sent (yielding the CPU between
+    polls) before it sleeps in the kernel; 0 never polls. A small transfer's reply usually
+    comes within it, and a woken sleeper costs far more than that on a VM's CPUs."""
     checksum: bool = False
     """CRC32 per slice, checked on the receiving side (tests turn it on)."""
     metadata_timeout_s: float = 5.0
@@ -67,6 +71,8 @@ class TransferConfig:
                      "segment_ttl_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if not 0 <= self.reply_poll_s <= 0.01:
+            raise ValueError(f"reply_poll_s must be in [0, 0.01] seconds, got {self.reply_poll_s}")
         if self.max_retries < 0 or self.path_retry_interval_s < 0:
             raise ValueError("max_retries and path_retry_interval_s must be >= 0")
         if self.max_endpoints < 1:

@@ -229,7 +229,7 @@ class TcpPaths:
         lane.seq += 1
         t0 = time.monotonic()
         try:
-            ((code, msg),) = tcp.run_window(conn, (s,), cfg.checksum, seq)
+            ((code, msg),) = tcp.run_window(conn, (s,), cfg.checksum, seq, cfg.reply_poll_s)
         except PathError as e:
             self.pool.discard(lane.key, conn)
             if reused:
@@ -307,7 +307,7 @@ class TcpPaths:
         lane.seq += len(window)
         t0 = time.monotonic()
         try:
-            results = tcp.run_window(conn, window, cfg.checksum, seq)
+            results = tcp.run_window(conn, window, cfg.checksum, seq, cfg.reply_poll_s)
         except PathError as e:
             self.pool.discard(key, conn)
             if e.refused:  # the target refused a slice and hung up: the rest goes again

@@ -88,8 +88,9 @@ def is_stale(conn: TcpConnection) -> bool:
 
 
 def run_window(conn: TcpConnection, slices: Sequence[Slice], checksum: bool,
-               first_seq: int) -> list[tuple[StatusCode, str]]:
-    """Send a window of slices and read their replies in order.
+               first_seq: int, poll_s: float = 0.0) -> list[tuple[StatusCode, str]]:
+    """Send a window of slices and read their replies in order (polling for the first
+    reply up to ``poll_s`` before sleeping: ``RecvBuffer.poll``).
 
     Returns one ``(code, message)`` per slice (a refusal by the target is a result, not a
     path error). Raises :class:`PathError` when the link breaks, with how many slices
@@ -112,6 +113,7 @@ def run_window(conn: TcpConnection, slices: Sequence[Slice], checksum: bool,
     results: list[tuple[StatusCode, str]] = []
     try:
         sendmsg_all(sock, bufs)
+        reader.poll(poll_s)
         for i, s in enumerate(slices):
             magic, status, rflags, msg_len, seq, length, crc = reader.read_struct(REP)
             if magic != REP_MAGIC or seq != first_seq + i:
