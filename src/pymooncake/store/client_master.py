@@ -60,6 +60,9 @@ class MasterOps(ClientBase):
         """The key, or ``StoreError(INVALID_KEY)`` (generic ``INVALID_ARGUMENT``) for a
         non-str, empty, over-long (> ``MAX_KEY_BYTES`` UTF-8 bytes), NUL-carrying or not
         UTF-8-encodable key (case BUG-28): refused here, before any RPC, never a crash."""
+        if type(key) is str and key.isascii() and 0 < len(key) <= MAX_KEY_BYTES \
+                and "\x00" not in key:
+            return key  # ASCII: one byte a character, encodable; the checks below all pass
         validate_key(key, MAX_KEY_BYTES)
         assert isinstance(key, str)
         if "\x00" in key:

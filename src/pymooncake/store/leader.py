@@ -179,8 +179,8 @@ def _retry_hint(method: str, e: RpcError) -> str | None:
 class _Attempts:
     """Retry bookkeeping of one call: the masters it may already have run on."""
 
-    def __init__(self, failover_timeout_s: float) -> None:
-        self.deadline = time.monotonic() + failover_timeout_s
+    def __init__(self, failover_timeout_s: float, start: float | None = None) -> None:
+        self.deadline = (time.monotonic() if start is None else start) + failover_timeout_s
         self.ran_on: set[tuple[str, int]] = set()
         self.first: RpcError | None = None
 
@@ -224,7 +224,16 @@ class LeaderSyncRpc:
     def call(self, method: str, params: Any = None, timeout_s: float | None = None) -> Any:
         """``SyncRpcClient.call`` on the leader; raises the last ``RpcError`` when no
         leader answers within ``failover_timeout_s`` (or at once without HA)."""
-        tries = _Attempts(self.failover_timeout_s)
+        t0 = time.monotonic()
+        rpc, addr = self._rpc, self._addr
+        if rpc is not None and addr is not None and addr == self.locator.peek():
+            try:  # the usual case, the known leader answers: no bookkeeping before a failure
+                return rpc.call(method, params, timeout_s)
+            except RpcError as e:
+                tries = _Attempts(self.failover_timeout_s, t0)
+                self._failed(method, addr, e, tries)
+        else:
+            tries = _Attempts(self.failover_timeout_s, t0)
         while True:
             addr = self.locator.current()
             if addr is None:
@@ -237,13 +246,19 @@ class LeaderSyncRpc:
                     return self._client(addr).call(method, params, timeout_s)
                 except RpcError as e:
                     err = e
-            hint = tries.next_hint(method, addr, err, self.locator.ha)
-            if hint is None:
-                tries.raise_error(err)
-            if addr is not None:
-                self.locator.failover(addr, hint)
-            if self.locator.peek() == addr or not hint:
-                time.sleep(0.1)
+            self._failed(method, addr, err, tries)
+
+    def _failed(self, method: str, addr: tuple[str, int] | None, err: RpcError,
+                tries: _Attempts) -> None:
+        """After a failed try: raise ``err`` (or the first possibly-run call's error), or
+        fail over, pausing when no other leader is known yet."""
+        hint = tries.next_hint(method, addr, err, self.locator.ha)
+        if hint is None:
+            tries.raise_error(err)
+        if addr is not None:
+            self.locator.failover(addr, hint)
+        if self.locator.peek() == addr or not hint:
+            time.sleep(0.1)
 
     def close(self) -> None:
         if self._rpc is not None:
@@ -273,7 +288,7 @@ class LeaderRpc:
         while True:
             addr = await asyncio.to_thread(self.locator.current)
             if addr is None:
-                err: RpcError = RpcConnectionError(
+                err = RpcConnectionError(
                     f"{method}: no master leader found in {self.locator.spec}")
             elif tries.blocked(addr):
                 err = tries.first or RpcConnectionError(f"{method}: no other leader")
