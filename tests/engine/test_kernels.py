@@ -48,7 +48,9 @@ def _ref_attention(q: torch.Tensor, kv: torch.Tensor, scale: float,
     return o[0].transpose(0, 1).float()
 
 
-@pytest.mark.parametrize("heads,kv_heads,d,bs", [(9, 3, 64, 16), (4, 4, 32, 8), (8, 2, 128, 16)])
+@pytest.mark.parametrize("heads,kv_heads,d,bs", [(9, 3, 64, 16), (4, 4, 32, 8), (8, 2, 128, 16),
+                                                  (4, 1, 64, 16), (8, 8, 64, 8),
+                                                  (10, 2, 64, 16)])
 def test_paged_decode_matches_reference(heads: int, kv_heads: int, d: int, bs: int) -> None:
     lens = [1, 17, 160, 33, 5]
     cache, tables, seqs = _paged(kv_heads, d, bs, lens, seed=heads + d)

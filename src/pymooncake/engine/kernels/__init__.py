@@ -33,7 +33,8 @@ log = init_logger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
 INCLUDED = tuple(Path(__file__).with_name(n)
-                 for n in ("kernels_avx2.c", "kernels_vexp.c", "kernels_decode.c"))
+                 for n in ("kernels_avx2.c", "kernels_vexp.c", "kernels_attn512.c",
+                           "kernels_decode.c"))
 """Files ``kernels.c`` #includes (part of the build key)."""
 CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=fast", "-std=gnu11", "-fPIC",
           "-shared")

@@ -184,6 +184,8 @@ static void attend_group_any(const float *q, int64_t q_stride, int64_t g_count,
                      s_stride, acc, out, out_stride);
 }
 
+#include "kernels_attn512.c"
+
 /* Decode attention: one query per sequence over its paged context.
  * q       [num_seqs, heads, d] (token stride q_stride floats, heads contiguous)
  * cache   one layer's K plane followed by its V plane (see the header)
@@ -206,6 +208,15 @@ int pmk_paged_decode_f32(const float *q, int64_t q_stride, const float *cache,
     for (int64_t b = 0; b < num_seqs; b++) {
         const int64_t n = ctx_lens[b];
         for (int64_t kh = 0; kh < kv_heads; kh++) {
+#ifdef __AVX512F__
+            if (d == 64 && g_count <= 4) {
+                attend_decode64(q + b * q_stride + kh * g_count * d, g_count,
+                                cache + kh * head_stride, cache + plane + kh * head_stride,
+                                tables + b * table_stride, bs, n, scale, scores, max_ctx,
+                                out + (b * heads + kh * g_count) * d);
+                continue;
+            }
+#endif
             attend_group_any(q + b * q_stride + kh * g_count * d, d, g_count,
                          cache + kh * head_stride, cache + plane + kh * head_stride,
                          tables + b * table_stride, bs, d, n, NULL, scale,
