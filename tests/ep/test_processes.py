@@ -53,12 +53,13 @@ def test_kill_rank_mid_generation_then_rejoin(cluster, front) -> None:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         st = f.client().call("ep.status")
-        if st["ranks"][1]["alive"]:
+        # alive flips in the re-balance's switch phase, before its replan is recorded (as in
+        # test_stopped_rank_is_timed_out_then_rejoins): wait for the rejoin's own replan
+        if st["ranks"][1]["alive"] and st["replans"][-1][0] == "rank 1 rejoined":
             break
         time.sleep(0.2)
-    assert st["ranks"][1]["alive"], st
+    assert st["ranks"][1]["alive"] and st["replans"][-1][0] == "rank 1 rejoined", st
     assert any(1 in rs for layer in st["placement"] for rs in layer.values())
-    assert st["replans"][-1][0] == "rank 1 rejoined"
     threads, results = generate_all(f, 24)
     _join(threads)
     assert [results[i]["token_ids"] for i in range(3)] == reference(24)
