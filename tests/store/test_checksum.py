@@ -10,9 +10,12 @@ import xxhash
 
 from pymooncake.store.checksum import (
     CHUNK,
+    COPY_PIECE,
     DIGEST,
+    FUSED_MIN,
     checksum_len,
     chunk_span,
+    copy_verified,
     digests,
     n_chunks,
     verify,
@@ -75,6 +78,24 @@ def test_verify_whole_and_chunk_ranges_and_every_flip() -> None:
     assert not verify(v, None)  # stored without a checksum: never verifies
     with pytest.raises(ValueError, match="not a multiple of 65536"):
         verify(v[10:CHUNK], s, 10)
+
+
+@pytest.mark.parametrize("n", [1000, SIZE, FUSED_MIN, FUSED_MIN + 3 * COPY_PIECE + 777])
+def test_copy_verified_copies_exactly_and_refuses_any_flip(n: int) -> None:
+    """``copy_verified``: a new ``bytes`` equal to the source when it matches its checksum
+    (whole-copy path below ``FUSED_MIN``, piece by piece from it on), None after a flipped
+    byte in any piece (first, middle, the short last one) or without a checksum."""
+    src = np.frombuffer(bytearray(_value(n, n)), dtype=np.uint8)
+    s = digests(src.tobytes())
+    addr = src.ctypes.data
+    out = copy_verified(addr, n, s)
+    assert out == src.tobytes() and type(out) is bytes
+    assert copy_verified(addr, n, None) is None
+    for at in (0, n // 2, n - 1):
+        src[at] ^= 0x01
+        assert copy_verified(addr, n, s) is None, at
+        src[at] ^= 0x01
+    assert copy_verified(addr, n, s) == src.tobytes()
 
 
 @pytest.mark.parametrize(("off", "n", "span"), [

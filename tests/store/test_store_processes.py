@@ -51,7 +51,7 @@ def test_put_get_two_phase_and_distinct_replicas(cluster_factory) -> None:
     counter = CountingPath(local)
     copies = []
     inner = local._copy_out
-    local._copy_out = lambda views: copies.extend(views) or inner(views)
+    local._copy_out = lambda views, sums: copies.extend(views) or inner(views, sums)
     for _ in range(4):
         assert local.get("loc") == v
     assert counter.by_segment == {} and len(copies) == 4  # all four served locally
@@ -302,8 +302,8 @@ def test_bug_15_every_read_path_checks_the_lease_after_the_copy(cluster_factory)
     c._dp.run = slow_copy
     inner_local = c._copy_out
 
-    def slow_local_copy(views):  # the same for replicas read from the own segment
-        out = inner_local(views)
+    def slow_local_copy(views, sums):  # the same for replicas read from the own segment
+        out = inner_local(views, sums)
         clock.t += delay["s"]
         return out
 

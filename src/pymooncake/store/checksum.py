@@ -22,6 +22,7 @@ compares checksums as opaque bytes.
 from __future__ import annotations
 
 import ctypes
+import sys
 
 import blake3
 import xxhash
@@ -119,3 +120,37 @@ def verify(buf: memoryview | bytes | bytearray, checksum: bytes | None,
 def verify_at(addr: int, length: int, checksum: bytes | None, start: int = 0) -> bool:
     """``verify`` of ``length`` bytes at raw address ``addr``."""
     return verify(view_at(addr, length), checksum, start)
+
+
+COPY_PIECE = 4 * CHUNK
+"""Bytes ``copy_verified`` copies before hashing them (256 KiB: still in L2 when hashed)."""
+FUSED_MIN = 16 * COPY_PIECE
+"""Values from this size (4 MiB) on are copied and hashed piece by piece; smaller ones are
+copied whole, then hashed (both fit in cache: nothing to gain)."""
+_new_bytes = None
+_BYTES_DATA = bytes.__basicsize__ - 1  # CPython: offset of a bytes object's data
+if sys.implementation.name == "cpython":
+    _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+    _new_bytes.restype = ctypes.py_object
+    _new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+
+
+def copy_verified(addr: int, length: int, checksum: bytes | None) -> bytes | None:
+    """A new ``bytes`` holding the ``length`` bytes at raw address ``addr`` (a whole object)
+    if they match ``checksum``, else None (corrupt, or no checksum). From ``FUSED_MIN``
+    bytes on, each ``COPY_PIECE`` is hashed from the new object right after its copy, while
+    it is still in cache, instead of a second pass over the source (a 16 MiB value here:
+    2.5 -> 2.3 ms); the object is filled through CPython's ``PyBytes_FromStringAndSize(NULL,
+    n)``, the C API's create-then-fill, and is not visible to anyone before it is full."""
+    if length < FUSED_MIN or _new_bytes is None or checksum is None:
+        value = ctypes.string_at(addr, length)
+        return value if verify(value, checksum) else None
+    out = _new_bytes(None, length)
+    dst = id(out) + _BYTES_DATA
+    mv = memoryview(out)
+    for off in range(0, length, COPY_PIECE):
+        n = min(COPY_PIECE, length - off)
+        ctypes.memmove(dst + off, addr + off, n)
+        if not verify(mv[off:off + n], checksum, off):
+            return None
+    return out

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from pymooncake.store.checksum import verify, verify_at
+from pymooncake.store.checksum import copy_verified, verify_at
 from pymooncake.store.client_badreplica import BadReplicaOps
 from pymooncake.store.client_base import (
     GET_LATENCY,
@@ -231,9 +231,13 @@ class GetOps(BadReplicaOps):
             ctypes.memmove(dst, src, n)
 
     @staticmethod
-    def _copy_out(views: list[np.ndarray]) -> list[bytes]:
-        """Local-replica reads of one batch: a memcpy each out of this client's segment."""
-        return [v.tobytes() for v in views]
+    def _copy_out(views: list[np.ndarray], checksums: list[bytes | None]
+                  ) -> list[bytes | None]:
+        """Local-replica reads of one batch: each copied out of this client's segment and
+        checked against its object's checksum as it lands (``checksum.copy_verified``):
+        None for a copy that fails it (issue 17)."""
+        return [copy_verified(v.ctypes.data, v.nbytes, c)
+                for v, c in zip(views, checksums, strict=True)]
 
     def _finish_read(self, p: _ReadPlan) -> None:
         """The one lease check of every read path, after the copy (case BUG-15); replicas
@@ -308,9 +312,9 @@ class GetOps(BadReplicaOps):
             p = plans[0]
             if p.error is None and p.replicas and p.replicas[0].segment == self.segment_name:
                 view = self._local_view(p.replicas[0].addr, p.size)
-                if view is not None:
-                    (value,) = self._copy_out([view])
-                    if verify(value, p.checksum):  # after the copy (issue 17)
+                if view is not None:  # verified while copied (issue 17)
+                    (value,) = self._copy_out([view], [p.checksum])
+                    if value is not None:
                         self._finish_read(p)
                         return [p.error if p.error is not None else value]
                     p.bad_copy(p.replicas[0])  # corrupt: the other replicas, or an error
@@ -331,11 +335,12 @@ class GetOps(BadReplicaOps):
                 if view is not None:
                     views[i] = view
                     p.error = LOCAL_DONE
-        local = dict(zip(views, self._copy_out(list(views.values())), strict=True)) \
-            if views else {}
-        for i in list(local):  # verified after the copy; a corrupt one falls over
+        local = dict(zip(views, self._copy_out(list(views.values()),
+                                               [plans[i].checksum for i in views]),
+                         strict=True)) if views else {}
+        for i in list(local):  # verified as copied; a corrupt one falls over
             p = plans[i]
-            if not verify(local[i], p.checksum):
+            if local[i] is None:
                 del local[i]
                 p.error = None
                 p.bad_copy(p.replicas[0])
