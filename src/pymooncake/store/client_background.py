@@ -32,6 +32,16 @@ RECOVER_BATCH = 512
 """SSD objects per ``ssd_recover`` call of a restarted storage process."""
 
 
+
+def heartbeat_timeout_s(interval_s: float, rpc_timeout_s: float) -> float:
+    """How long one heartbeat waits for its answer (s): the heartbeat interval, at least
+    0.5 s and at most the RPC timeout. A heartbeat sent to a leader that froze (SIGSTOP, a
+    partition) then times out after about a second and is retried on the new leader
+    (``LeaderRpc``: heartbeats are idempotent), instead of after the whole RPC timeout —
+    longer than a short ``--client-ttl``, after which the new leader dropped the holder's
+    segment and every object on it."""
+    return min(rpc_timeout_s, max(0.5, interval_s))
+
 class Background(MasterOps):
     """Heartbeats, segment (re-)mounting, SSD orders and owner liveness."""
 
@@ -143,8 +153,11 @@ class Background(MasterOps):
                     await asyncio.wait_for(self._stop.wait(), self._hb_interval)
                 if self._stop.is_set() or not self.started:
                     continue
-                try:
-                    res = await master.call("heartbeat", HeartbeatRequest(self.client_id))
+                try:  # a short timeout: a frozen leader is left for the next one well
+                    # within the master's client TTL, which drops a silent holder's segment
+                    res = await master.call("heartbeat", HeartbeatRequest(self.client_id),
+                                            heartbeat_timeout_s(self._hb_interval,
+                                                                self._rpc_timeout))
                     if not res.get("known", True) and self.global_segment_size:
                         await self._remount(master)
                 except RpcError as e:

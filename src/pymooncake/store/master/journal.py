@@ -256,8 +256,9 @@ class RestoreReport:
 def restore(index: MetaIndex, core: MasterCore, now_ms: float) -> RestoreReport:
     """Load ``index`` into an empty ``core`` at ``now_ms``.
 
-    Segments are mounted and their clients known (last seen now, so each has a full
-    ``client_ttl`` to heartbeat the new leader). Published objects become readable with
+    Segments are mounted and their clients known (last seen one ``client_ttl`` from now,
+    so each has two to find and heartbeat the new leader: its calls to a frozen old
+    leader may still be timing out). Published objects become readable with
     their ranges reserved at the same offsets, LRU recency and soft pins starting now,
     and a fresh read lease (``default_kv_lease_ttl``): reads that began under the old
     leader hold leases this core never saw, so no restored object is evicted or removed
@@ -275,7 +276,10 @@ def restore(index: MetaIndex, core: MasterCore, now_ms: float) -> RestoreReport:
                                 rec.get("holder", "")))
         c = core.clients.get(rec["client"])
         if c is None:
-            c = core.clients[rec["client"]] = _Client(rec["client"], now_ms)
+            # seen "one TTL from now": a client may still be timing out on the old leader
+            # before it finds this one; a holder lost with it is dropped one TTL later
+            c = core.clients[rec["client"]] = _Client(
+                rec["client"], now_ms + core.config.client_ttl_s * 1000.0)
         c.segments.add(rec["name"])
         rep.segments += 1
     bad: dict[str, str] = {}
