@@ -181,7 +181,9 @@ def test_second_front_does_not_break_the_first(two_ranks, capsys) -> None:
         rc, _, err = _in_proc(capsys, "serve", "--ranks", spec)
         assert rc == 1 and "--take-over" in _one_error_line(err)
         time.sleep(1.0)  # past several heartbeats: the first front still owns both ranks
-        st = _status(port)
+        rc, sout, err = _in_proc(capsys, "status", "--server", f"127.0.0.1:{port}", "--json")
+        assert rc == 0, err  # `ep status --json` is accepted: its answer is JSON either way
+        st = json.loads(sout)
         assert [r["alive"] for r in st["ranks"]] == [True, True] and st["missing"] == [], st
         rc, out2, err = _in_proc(capsys, "generate", "--server", f"127.0.0.1:{port}", "--ids",
                                  "256,72", "--max-tokens", "4", "--json")

@@ -66,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     st = g.add_parser("status", help="ranks, placement, missing experts of an EP front")
     st.add_argument("--server", required=True)
     st.add_argument("--timeout", type=float, default=10.0, help="give up after (s)")
+    add_json_flag(st)  # accepted like every reporting command's; the status is JSON anyway
     st.set_defaults(handler=_cmd_status)
     b = g.add_parser("bench", help="recovery time and degraded throughput with a rank killed",
                      description="Starts N ranks and a front on loopback, measures "
