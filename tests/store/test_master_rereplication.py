@@ -177,3 +177,32 @@ def test_passes_restore_within_budget_and_give_up_on_a_failing_key() -> None:
     core.replicas_lost = True  # a new failure: the key is tried again
     asyncio.run(run(1))
     assert svc.copier.calls[-1][1] == [lost[0]]
+
+
+def test_without_a_metadata_server_it_warns_only_when_objects_are_under_replicated(
+        caplog) -> None:  # noqa: ANN001
+    """A master without ``--metadata`` copies nothing; a promotion (which asks for one
+    check of every object) with every replica in place says nothing, a dropped holder's
+    objects are counted and reported once (newcomer check: the warning came on every
+    promotion of an empty cluster)."""
+    import logging
+    from types import SimpleNamespace
+
+    from pymooncake.store.master.rereplicator import M_UNDER, ReReplicator
+
+    core = _core(["h0", "h1", "h2"])
+    for i in range(4):
+        _put(core, f"k{i}", 256 * KiB, float(i))
+    svc = SimpleNamespace(core=core, copier=SimpleNamespace(metadata_url=""))
+    rr = ReReplicator(svc, budget_bytes=1 * MiB, interval_s=0.0)
+    with caplog.at_level(logging.WARNING, "pymooncake.store.master.rereplicator"):
+        core.replicas_lost = True  # as restore() sets it on promotion
+        rr.poke(0.0)
+        assert not caplog.records and M_UNDER._value.get() == 0 and not core.replicas_lost
+        lost = [f"k{i}" for i in range(4) if "s0" in _segments(core, f"k{i}")]
+        core._drop_segment("s0")
+        rr.poke(1.0)
+        rr.poke(2.0)
+        assert len(caplog.records) == 1, caplog.records
+        assert caplog.records[0].getMessage().startswith(f"{len(lost)} objects lost replicas")
+        assert M_UNDER._value.get() == len(lost) > 0 and rr._task is None

@@ -52,11 +52,14 @@ class ReReplicator:
             return
         if self._task is not None and not self._task.done():
             return
-        if not self.service.copier.metadata_url:
-            if not self._warned:
+        if not self.service.copier.metadata_url:  # count them, say so once, copy none
+            core.replicas_lost = self._again = False
+            under = plan(core, self.budget_bytes, frozenset()).under_replicated
+            M_UNDER.set(under)
+            if under and not self._warned:  # (a promotion checks every object: often 0)
                 self._warned = True
-                logger.warning("replicas were lost but this master copies none (no "
-                               "metadata server): objects stay under-replicated")
+                logger.warning("%d objects lost replicas but this master copies none (no "
+                               "metadata server): they stay under-replicated", under)
             return
         self._next_s = now_s + self.interval_s
         self._task = asyncio.ensure_future(self._pass(core))
