@@ -17,13 +17,31 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from pymooncake.rpc.codec import HEADER, MAX_FRAME_BYTES, pack_frame, unpack_body
 from pymooncake.rpc.errors import ErrorCode, RpcConnectionError, RpcError, RpcTimeout
 
+T = TypeVar("T")
+
 REPLY_POLL_S = 50e-6
 """How long ``SyncRpcClient`` polls for an answer before its receive sleeps."""
+
+
+def poll_recv(recv: Callable[[], T], budget_s: float) -> T | None:
+    """``recv()`` — a non-blocking receive (``MSG_DONTWAIT``) — retried until it returns or
+    ``budget_s`` seconds have passed (then ``None``), the CPU handed to any other runnable
+    thread between two tries: an answer that comes quickly finds the caller awake instead
+    of waking it (a cross-CPU wake-up costs tens of µs on a VM's CPUs). Used before a
+    blocking receive by ``SyncRpcClient`` and the Transfer Engine's tcp paths."""
+    end = time.monotonic() + budget_s
+    while True:
+        try:
+            return recv()
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                return None
+            os.sched_yield()
 
 
 def _result_of(msg: Any) -> Any:
@@ -223,7 +241,7 @@ class SyncRpcClient:
 
     def _read_msg(self, sock: socket.socket) -> Any:
         """The next frame's decoded body (usually one ``recv``: the whole response), polled
-        for up to ``poll_s`` before the receive sleeps (``_poll``)."""
+        for up to ``poll_s`` before the receive sleeps (``poll_recv``)."""
         buf = self._buf
         hsize = HEADER.size
         poll = self.poll_s > 0
@@ -239,7 +257,8 @@ class SyncRpcClient:
                     del buf[:end]
                     return unpack_body(body)
                 want = max(want, end - len(buf))
-            chunk = self._poll(sock, want) if poll else None
+            chunk = poll_recv(lambda w=want: sock.recv(w, socket.MSG_DONTWAIT),
+                              self.poll_s) if poll else None
             poll = False
             if chunk is None:
                 chunk = sock.recv(want)
@@ -250,20 +269,6 @@ class SyncRpcClient:
                 if length <= MAX_FRAME_BYTES and len(chunk) == hsize + length:
                     return unpack_body(memoryview(chunk)[hsize:])
             buf += chunk
-
-    def _poll(self, sock: socket.socket, want: int) -> bytes | None:
-        """The first bytes of the answer if they come within ``poll_s`` (polled, the CPU
-        handed to any other runnable thread between two polls), else ``None``: a quick
-        answer finds this thread awake instead of waking it (a cross-CPU wake-up costs tens
-        of µs on a VM's CPUs)."""
-        end = time.monotonic() + self.poll_s
-        while True:
-            try:
-                return sock.recv(want, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                if time.monotonic() >= end:
-                    return None
-                os.sched_yield()
 
     def call(self, method: str, params: Any = None, timeout_s: float | None = None) -> Any:
         """Call ``method`` and block for its result (see ``RpcClient.call``)."""

@@ -29,7 +29,7 @@ from pymooncake.store.protocol import (
     TIER_DRAM,
     KeysRequest,
     ReplicaDesc,
-    replica_from_wire,
+    replica_list_from_wire,
 )
 
 
@@ -129,12 +129,13 @@ class GetOps(BadReplicaOps):
               prefer_local: bool) -> None:
         """``p`` from the master's answer ``r`` (asked at ``t_asked``, client clock): size,
         lease expiry and the DRAM replicas to try, in order."""
-        p.size = r["size_bytes"]  # the wire map read as replica_list_from_wire reads it
-        p.checksum = r.get("checksum")
-        p.generation = r["generation"]
-        ttl = r["lease_ttl_ms"]
-        p.lease_expiry = t_asked + ttl / 1000.0 if ttl > 0 else float("inf")
-        reps = [x for x in map(replica_from_wire, r["replicas"]) if x.tier == TIER_DRAM
+        rl = replica_list_from_wire(r)
+        p.size = rl.size_bytes
+        p.checksum = rl.checksum
+        p.generation = rl.generation
+        p.lease_expiry = (t_asked + rl.lease_ttl_ms / 1000.0 if rl.lease_ttl_ms > 0
+                          else float("inf"))
+        reps = [x for x in rl.replicas if x.tier == TIER_DRAM
                 and (not self._bad or self._bad.get(x.segment, 0.0) <= now)]
         if len(reps) > 1:
             self._rng.shuffle(reps)

@@ -65,17 +65,16 @@ class DataPath:
         if engine is not None:
             self.engine = engine
             self._metadata = engine.metadata
-            self._may_map_dead = self.may_map_dead_memory
-            return
-        self._metadata = open_metadata(metadata_url)
-        self.engine = TransferEngine(name, self._metadata, config=transfer_config)
-        try:
-            self.engine.start()
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self.engine.close()
-            raise
-        self._may_map_dead = self.may_map_dead_memory
+        else:
+            self._metadata = open_metadata(metadata_url)
+            self.engine = TransferEngine(name, self._metadata, config=transfer_config)
+            try:
+                self.engine.start()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self.engine.close()
+                raise
+        self._may_map_dead = self.may_map_dead_memory  # the engine's config is fixed
 
     @property
     def may_map_dead_memory(self) -> bool:

@@ -16,12 +16,12 @@ requests of this window follow: the target may hold its replies). Reply flags:
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import struct
 import time
 from collections.abc import Sequence
 
+from pymooncake.rpc.client import poll_recv
 from pymooncake.transfer.batch import StatusCode
 
 REQ = struct.Struct("!4sBBHQQQI")
@@ -121,19 +121,11 @@ class RecvBuffer:
         if self._start != self._end or budget_s <= 0:
             return
         recv_into, mv = self.sock.recv_into, self._mv
-        end = time.monotonic() + budget_s
-        while True:
-            try:
-                k = recv_into(mv, 0, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                if time.monotonic() >= end:
-                    return
-                os.sched_yield()
-                continue
-            if k == 0:
-                raise ConnectionError("peer closed the connection")
+        k = poll_recv(lambda: recv_into(mv, 0, socket.MSG_DONTWAIT), budget_s)
+        if k == 0:
+            raise ConnectionError("peer closed the connection")
+        if k is not None:
             self._start, self._end = 0, k
-            return
 
     def wait_readable(self) -> bool:
         """Block (without a deadline) until bytes arrive; ``False`` when the peer closed.
