@@ -229,12 +229,23 @@ def test_every_stage_of_a_request_is_measured(cluster):
     """Issue #6 item 7: tokenize, schedule, prefix lookup, cache load, prefill, P→D transfer,
     decode-side load, decode queue and decode are each recorded for a P/D request."""
     url = cluster.url
-    a = _ids(30, 96)
+    a = _ids(90, 96)              # 6 blocks no other test uses
+    stored = health(url)["num_store_blocks"]
     assert complete(url, a, 4).status_code == 200
-    wait_store_blocks(url, 1)
+    # b is placed on what the Conductor knows the Store holds: wait for a's first 4 blocks
+    # (the count is cumulative over the module's tests, so "at least 1" would not wait)
+    wait_store_blocks(url, stored + 4)
     before = _stage_counts(url)
-    b = a[:64] + _ids(31, 40)     # 4 blocks; round-robin puts b on the other prefill
-    assert complete(url, b, 5).status_code == 200     # worker: they come from the Store
+    # b shares a's first 4 blocks; round-robin puts it on the prefill worker that did not
+    # run a, where they come from the Store. Should it land where a ran (a request the
+    # policy placed twice), the next b with another suffix lands on the other worker.
+    for attempt in range(3):
+        b = a[:64] + _ids(91 + attempt, 40)
+        assert complete(url, b, 5).status_code == 200
+        grew = {k for k, (n, _) in _stage_counts(url).items()
+                if n > before.get(k, (0.0, 0.0))[0]}
+        if {"store_lookup", "store_load", "cache_load"} <= grew:
+            break
     r = httpx.post(url + "/v1/chat/completions", timeout=30, json={
         "model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200, r.text
