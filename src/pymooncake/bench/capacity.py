@@ -36,7 +36,7 @@ DOC_KIND = "pymooncake-bench-capacity"
 DOC_VERSION = 1
 MAX_BAD_FRACTION = 0.10
 """A rate counts only when at most this share of its requests was rejected or failed."""
-OURS = ("ours-colocated", "ours-pd")
+OURS = ("ours-colocated", "ours-1w", "ours-pd")
 PEER_PREFIX = "vllm"
 """Systems named ``vllm...`` (vllm, vllm-t<N>, vllm-2x1) are the peer's configurations."""
 REJECT_STATUSES = (429, 503)

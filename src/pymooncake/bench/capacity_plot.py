@@ -13,7 +13,7 @@ from typing import Any
 from pymooncake.bench import capacity as cap
 
 COLORS = {"vllm": "tab:blue", "vllm-2x1": "tab:cyan", "ours-colocated": "tab:orange",
-          "ours-pd": "tab:red"}
+          "ours-1w": "tab:olive", "ours-pd": "tab:red"}
 
 
 def marked_pair(analysis_trace: dict[str, Any], ttft_multiple: float, tbt_multiple: float

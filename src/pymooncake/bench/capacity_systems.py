@@ -7,6 +7,8 @@ cores and stopped as a whole process group.
   to the cores, the KV space of all the engines of the other systems together;
 * ``vllm-2x1``: one such server per core, one thread each, the client round-robins;
 * ``ours-colocated``: ``pymooncake serve --colocated --prefill <cores>`` (prefix cache on);
+* ``ours-1w``: one colocated worker on all the cores, ``--threads <cores>`` (vLLM's layout:
+  one engine whose every step uses each core), the KV space of the others together;
 * ``ours-pd``: ``pymooncake serve --prefill 1 --decode 1`` (global Store, Algorithm 1);
   both with the Conductor's early rejection at the given TTFT/TBT objectives.
 
@@ -32,7 +34,7 @@ from typing import Any
 
 from pymooncake.bench.peer import child_env, vllm_preload
 
-SYSTEMS = ("vllm", "vllm-2x1", "ours-colocated", "ours-pd")
+SYSTEMS = ("vllm", "vllm-2x1", "ours-colocated", "ours-1w", "ours-pd")
 
 
 class SystemError_(RuntimeError):
@@ -188,11 +190,17 @@ def ours_kv_blocks(s: Settings) -> int:
 def _start_ours(s: Settings, server: Server, tag: str, ttft_slo_s: float, tbt_slo_s: float
                 ) -> Server:
     name = server.name
-    roles = (["--colocated", "--prefill", str(_engines(s))] if name == "ours-colocated"
-             else ["--prefill", "1", "--decode", "1"])
+    blocks = ours_kv_blocks(s)
+    if name == "ours-colocated":
+        roles = ["--colocated", "--prefill", str(_engines(s))]
+    elif name == "ours-1w":   # one engine, one thread per core, every engine's KV space
+        roles = ["--colocated", "--prefill", "1", "--threads", str(_engines(s))]
+        blocks *= _engines(s)
+    else:
+        roles = ["--prefill", "1", "--decode", "1"]
     argv = [sys.executable, "-m", "pymooncake", "serve", "--port", "0", "--model",
             str(s.model_dir), *roles, "--block-size", str(s.block_size),
-            "--num-kv-blocks", str(ours_kv_blocks(s)), "--max-model-len", str(s.max_model_len),
+            "--num-kv-blocks", str(blocks), "--max-model-len", str(s.max_model_len),
             "--ttft-slo", f"{ttft_slo_s:.4g}", "--tbt-slo", f"{tbt_slo_s:.4g}"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false")

@@ -104,7 +104,8 @@ def _register_capacity(bench: argparse._SubParsersAction) -> None:
                    help="trace names in --traces-dir or JSONL paths (default %(default)s)")
     p.add_argument("--traces-dir", default=DEFAULT_TRACES_DIR)
     p.add_argument("--systems", default=",".join(d.systems),
-                   help="comma-separated: vllm, vllm-t<N>, vllm-2x1, ours-colocated, ours-pd")
+                   help="comma-separated: vllm, vllm-t<N>, vllm-2x1, ours-colocated, ours-1w, "
+                        "ours-pd")
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in d.rates),
                    help="arrival rates swept, req/s (default %(default)s)")
     p.add_argument("--repeats", type=int, default=d.repeats)

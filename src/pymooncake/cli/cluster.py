@@ -36,6 +36,8 @@ class ClusterSpec:
         self.max_model_len: int = kw.pop("max_model_len", 8192)
         self.max_num_batched_tokens: int | None = kw.pop("max_num_batched_tokens", None)
         """None = the workers' default (``WorkerConfig.max_num_batched_tokens``)."""
+        self.num_threads: int = kw.pop("num_threads", 1)
+        """torch intra-op threads of every worker's engine (``--threads``)."""
         self.ttft_slo_s: float = kw.pop("ttft_slo_s", 10.0)
         self.tbt_slo_s: float = kw.pop("tbt_slo_s", 1.0)
         self.profile: str | None = kw.pop("profile", None)
@@ -181,6 +183,8 @@ class LocalCluster:
                 common += ["--num-kv-blocks", str(s.num_kv_blocks)]
             if s.max_num_batched_tokens is not None:
                 common += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+            if s.num_threads != 1:
+                common += ["--threads", str(s.num_threads)]
             if not s.prefix_cache:
                 common.append("--no-prefix-cache")
             if s.otel:

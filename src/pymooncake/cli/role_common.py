@@ -128,6 +128,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="token budget of one engine step (default: one 512-token prefill "
                         "chunk per step when colocated, so decodes are not held up by "
                         "several prompts; 2048 for prefill/decode workers)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads of each engine (default %(default)s: one "
+                        "core per engine; a single colocated worker on a whole machine "
+                        "uses one thread per core, as vLLM-CPU does)")
 
 
 def run_until_signal(coro_factory: Any) -> int:

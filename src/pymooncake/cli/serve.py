@@ -99,6 +99,7 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
                     ("--max-num-seqs", args.max_num_seqs),
                     ("--max-model-len", args.max_model_len),
                     ("--max-num-batched-tokens", args.max_num_batched_tokens or 1),
+                    ("--threads", args.threads),
                     ("--max-concurrency", args.max_concurrency)):
         if v < 1:
             raise UsageError(f"{flag} must be >= 1, got {v}")
@@ -122,7 +123,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
                        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                        max_num_batched_tokens=args.max_num_batched_tokens,
-                       ttft_slo_s=args.ttft_slo, tbt_slo_s=args.tbt_slo, profile=args.profile,
+                       num_threads=args.threads, ttft_slo_s=args.ttft_slo,
+                       tbt_slo_s=args.tbt_slo, profile=args.profile,
                        max_concurrency=args.max_concurrency, quiet=args.demo,
                        global_store=args.global_store, otel=args.otel, metadata=args.metadata,
                        cpp_argv=cpp_worker_argv(args) if args.cpp_stages is not None else [])

@@ -80,7 +80,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             metadata_url=args.metadata, master=getattr(args, "master", None), host=args.host,
             port=args.port, model=args.model, num_kv_blocks=args.num_kv_blocks,
             block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads,
             max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_cache,
             global_segment_size_bytes=getattr(args, "global_segment_size", None),
             recv_buffer_bytes=getattr(args, "recv_buffer_size", None),

@@ -100,7 +100,8 @@ class EngineWorker:
                            max_num_seqs=max_seqs, max_model_len=c.max_model_len,
                            waiting_order=c.prefill_order if role == "prefill" else "fcfs",
                            enable_prefix_caching=c.enable_prefix_caching, role=role,
-                           dtype=c.dtype, **self._step_budget(role))
+                           dtype=c.dtype, num_threads=c.num_threads,
+                           **self._step_budget(role))
         engine = Engine.from_model_name(c.model, cfg, hooks=hooks, kv_source=kv_source)
         self.sizing = worker_sizing(c, engine.kv.block_nbytes // c.block_size, blocks)
         logger.info("%s %s: %s", role, c.instance_id, self.sizing.describe(role))

@@ -44,6 +44,9 @@ class WorkerConfig:
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
     dtype: str = "float32"
+    num_threads: int = 1
+    """torch intra-op threads of the engine (``EngineConfig.num_threads``): 1 = one core per
+    worker; a worker alone on several cores uses one per core."""
     global_segment_size_bytes: int | None = None
     """DRAM a prefill worker contributes to the Store; None = sized from the model's KV
     bytes per token (twice the paged cache)."""
@@ -107,6 +110,8 @@ class WorkerConfig:
                                  f"got {v}")
         if self.prefill_batch < 1:
             raise ValueError(f"prefill_batch must be >= 1, got {self.prefill_batch}")
+        if not isinstance(self.num_threads, int) or self.num_threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {self.num_threads}")
 
 
 def worker_sizing(c: WorkerConfig, kv_bytes_per_token: int, num_kv_blocks: int) -> Any:
