@@ -166,3 +166,21 @@ def test_unknown_metadata_scheme_is_one_line_exit_2(capsys, cmd):
     line = _one_line(err)
     assert rc == 2
     assert "--metadata 'bogus': not a metadata service URL" in line
+
+
+@pytest.mark.parametrize(("args", "want"), [
+    (("--client-ttl", "-1"), "--client-ttl -1.0: must be > 0"),
+    (("--eviction-ratio", "2"), "--eviction-ratio 2.0: must be in [0, 1]"),
+    (("--put-start-discard-timeout", "5", "--put-start-release-timeout", "1"),
+     "--put-start-release-timeout must be >= --put-start-discard-timeout"),
+    (("--ha", "--etcd-endpoints", "127.0.0.1:1", "--ha-lease-ttl", "0"),
+     "--ha: --ha-lease-ttl 0.0: must be whole seconds >= 1"),
+])
+def test_master_config_errors_name_the_flag_not_the_field(capsys, args, want):
+    """A bad master setting is reported with the flag the user typed, not the config
+    field behind it (a newcomer read ``client_ttl_s=-1.0`` and looked for that flag)."""
+    rc, err = _main(capsys, "master", "--port", "0", *args)
+    assert rc == 2
+    line = _one_line(err)
+    assert want in line, line
+    assert "_s=" not in line and "_ttl_s" not in line

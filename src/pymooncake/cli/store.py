@@ -120,6 +120,34 @@ def _stop_event() -> threading.Event:
     return stop
 
 
+MASTER_FLAGS = {
+    "port": "--port", "default_kv_lease_ttl_ms": "--default-kv-lease-ttl",
+    "default_kv_soft_pin_ttl_ms": "--default-kv-soft-pin-ttl",
+    "eviction_high_watermark_ratio": "--eviction-high-watermark-ratio",
+    "eviction_ratio": "--eviction-ratio", "client_ttl_s": "--client-ttl",
+    "allocation_strategy": "--allocation-strategy",
+    "put_start_discard_timeout_s": "--put-start-discard-timeout",
+    "put_start_release_timeout_s": "--put-start-release-timeout",
+    "metrics_port": "--metrics-port", "rereplicate_budget_bytes": "--rereplicate-budget",
+    "cluster_id": "--cluster-id", "lease_ttl_s": "--ha-lease-ttl",
+    "snapshot_every": "--ha-snapshot-every"}
+"""``MasterConfig``/``HaConfig`` field → the ``master`` flag that sets it."""
+
+
+def flag_message(message: str, flags: dict[str, str] = MASTER_FLAGS) -> str:
+    """A config error in the flags' words: ``client_ttl_s=-1.0: must be > 0`` →
+    ``--client-ttl -1.0: must be > 0``; every other field name it mentions is swapped for
+    its flag too (``put_start_release_timeout_s must be >= …``)."""
+    import re
+
+    def swap(m: re.Match[str]) -> str:
+        flag = flags[m.group(1)]
+        return f"{flag} " if m.group(2) == "=" else flag
+
+    pattern = r"\b(" + "|".join(sorted(map(re.escape, flags), key=len, reverse=True)) + r")\b(=?)"
+    return re.sub(pattern, swap, message)
+
+
 def _run_master(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -140,7 +168,7 @@ def _run_master(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port,
             rereplicate_budget_bytes=args.rereplicate_budget)
     except ValueError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(flag_message(str(e))) from None
     ha = _ha_config(args)
     if args.metadata:   # the replica copies' metadata service: refuse one that is down now
         from pymooncake.cli.role_common import check_metadata_url, check_reachable
@@ -213,7 +241,7 @@ def _ha_config(args: argparse.Namespace):  # noqa: ANN202
         return HaConfig(url, cluster_id=args.cluster_id, lease_ttl_s=args.ha_lease_ttl,
                         snapshot_every=args.ha_snapshot_every)
     except ValueError as e:
-        raise UsageError(f"--ha: {e}") from None
+        raise UsageError(f"--ha: {flag_message(str(e))}") from None
 
 
 @contextlib.contextmanager
