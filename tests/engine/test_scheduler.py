@@ -59,6 +59,39 @@ def test_token_budget_is_respected_each_step() -> None:
         engine.scheduler.update_from_output(out, sampled)
 
 
+def test_decode_step_tokens_caps_only_steps_that_decode() -> None:
+    """``decode_step_tokens``: while a request decodes, a step computes at most that many
+    tokens (its decode and a short prefill chunk); a step with no decode keeps the full
+    ``max_num_batched_tokens``. Output equals the uncapped engine's (same greedy tokens)."""
+    prompts = random_prompts(4, 150, 220, seed=21)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    ref = make_engine(enable_prefix_caching=False, prefill_chunk_tokens=128,
+                      max_num_batched_tokens=128).generate(prompts, params)
+    engine = make_engine(enable_prefix_caching=False, prefill_chunk_tokens=128,
+                         max_num_batched_tokens=128, decode_step_tokens=24)
+    for p in prompts:
+        engine.add_request(p, params)
+    capped = full = 0
+    while engine.has_unfinished():
+        sch = engine.scheduler
+        decoding = any(r.num_tokens - r.num_computed_tokens == 1 for r in sch.running)
+        out = sch.schedule()
+        if decoding:
+            assert out.num_batched_tokens <= 24
+            capped += 1
+        elif out.num_batched_tokens == 128:
+            full += 1
+        logits = engine.runner.execute(out)
+        rows = [s for s in out.scheduled if s.samples]
+        sch.update_from_output(out, {s.request.request_id: (int(logits[i].argmax()), 0.0, None)
+                                     for i, s in enumerate(rows)})
+    assert capped > 0 and full > 0
+    again = make_engine(enable_prefix_caching=False, prefill_chunk_tokens=128,
+                        max_num_batched_tokens=128, decode_step_tokens=24).generate(prompts,
+                                                                                    params)
+    assert [o.output_token_ids for o in again] == [o.output_token_ids for o in ref]
+
+
 def test_preemption_by_recompute_loses_nothing() -> None:
     prompts = random_prompts(8, 40, 60, seed=14)
     params = SamplingParams(max_tokens=40)

@@ -93,6 +93,18 @@ def wait_store_blocks(url: str, at_least: int, timeout_s: float = 10.0) -> int:
         health(url)["num_store_blocks"]), timeout_s, f"{at_least} blocks in the Store")
 
 
+def settled_store_blocks(url: str, quiet_s: float = 0.4, timeout_s: float = 10.0) -> int:
+    """The Conductor's count of Store blocks once it has not changed for ``quiet_s``: the
+    puts of earlier requests (made off the TTFT path) have all been reported, so a later
+    ``wait_store_blocks(url, settled + n)`` waits for this test's own ``n`` blocks."""
+    def quiet() -> int | None:
+        a = health(url)["num_store_blocks"]
+        time.sleep(quiet_s)
+        b = health(url)["num_store_blocks"]
+        return b if a == b else None
+    return wait_for(quiet, timeout_s, "a settled Store block count")
+
+
 def metric_value(url: str, name: str) -> float:
     """A sample's value from ``url/metrics`` (0.0 when absent), parsed by prometheus-client."""
     from prometheus_client.parser import text_string_to_metric_families

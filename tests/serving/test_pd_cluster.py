@@ -20,8 +20,8 @@ import pytest
 
 from tests.serving.conftest import (
     complete,
-    health,
     metric_value,
+    settled_store_blocks,
     stream_token_ids,
     wait_for,
     wait_store_blocks,
@@ -85,7 +85,7 @@ def test_prefix_reused_through_store_on_another_prefill_worker(cluster):
     a = _ids(10, 200)
     b = a[:160] + _ids(11, 40)
     before = _quiet_counts(url)
-    stored = health(url)["num_store_blocks"]
+    stored = settled_store_blocks(url)
     ra = complete(url, a, 4)
     assert ra.status_code == 200, ra.text
     assert ra.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
@@ -104,7 +104,7 @@ def test_prefix_reused_through_store_on_another_prefill_worker(cluster):
 def test_bug_55_cached_tokens_always_present(cluster):
     url = cluster.url
     p = _ids(20, 24)
-    stored = health(url)["num_store_blocks"]
+    stored = settled_store_blocks(url)
     r1 = complete(url, p, 3).json()
     wait_store_blocks(url, stored + 1)
     r2 = complete(url, p, 3).json()
@@ -123,7 +123,7 @@ def test_bug_56_cached_tokens_are_the_prefill_side_hit(cluster, stream):
     cached_tokens = 48 — not 76 (KV moved P→D) and not 0 (decode side)."""
     url = cluster.url
     prefix = _ids(30 + stream, 48)
-    stored = health(url)["num_store_blocks"]
+    stored = settled_store_blocks(url)
     assert complete(url, prefix, 1).status_code == 200
     wait_store_blocks(url, stored + 3)
     prompt = prefix + _ids(40 + stream, 29)
@@ -230,7 +230,7 @@ def test_every_stage_of_a_request_is_measured(cluster):
     decode-side load, decode queue and decode are each recorded for a P/D request."""
     url = cluster.url
     a = _ids(90, 96)              # 6 blocks no other test uses
-    stored = health(url)["num_store_blocks"]
+    stored = settled_store_blocks(url)
     assert complete(url, a, 4).status_code == 200
     # b is placed on what the Conductor knows the Store holds: wait for a's first 4 blocks
     # (the count is cumulative over the module's tests, so "at least 1" would not wait)

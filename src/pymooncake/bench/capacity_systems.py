@@ -8,7 +8,8 @@ cores and stopped as a whole process group.
 * ``vllm-2x1``: one such server per core, one thread each, the client round-robins;
 * ``ours-colocated``: ``pymooncake serve --colocated --prefill <cores>`` (prefix cache on);
 * ``ours-1w``: one colocated worker on all the cores, ``--threads <cores>`` (vLLM's layout:
-  one engine whose every step uses each core), the KV space of the others together;
+  one engine whose every step uses each core), the KV space of the others together, steps
+  of at most 256 tokens while requests decode (``--decode-step-tokens``);
 * ``ours-pd``: ``pymooncake serve --prefill 1 --decode 1`` (global Store, Algorithm 1);
   both with the Conductor's early rejection at the given TTFT/TBT objectives.
 
@@ -182,6 +183,10 @@ def _wait_http(server: Server, timeout_s: float) -> None:
         time.sleep(1.0)
 
 
+OURS_1W_DECODE_STEP_TOKENS = 256
+"""``ours-1w``'s step budget while requests decode (a 512-token step otherwise)."""
+
+
 def ours_kv_blocks(s: Settings) -> int:
     """Blocks of ``block_size`` tokens in ``kv_gib`` (vLLM's arithmetic: floor)."""
     return max(1, int(s.kv_gib * (1 << 30) // (s.kv_bytes_per_token * s.block_size)))
@@ -194,7 +199,8 @@ def _start_ours(s: Settings, server: Server, tag: str, ttft_slo_s: float, tbt_sl
     if name == "ours-colocated":
         roles = ["--colocated", "--prefill", str(_engines(s))]
     elif name == "ours-1w":   # one engine, one thread per core, every engine's KV space
-        roles = ["--colocated", "--prefill", "1", "--threads", str(_engines(s))]
+        roles = ["--colocated", "--prefill", "1", "--threads", str(_engines(s)),
+                 "--decode-step-tokens", str(OURS_1W_DECODE_STEP_TOKENS)]
         blocks *= _engines(s)
     else:
         roles = ["--prefill", "1", "--decode", "1"]

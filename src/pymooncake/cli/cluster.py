@@ -36,6 +36,8 @@ class ClusterSpec:
         self.max_model_len: int = kw.pop("max_model_len", 8192)
         self.max_num_batched_tokens: int | None = kw.pop("max_num_batched_tokens", None)
         """None = the workers' default (``WorkerConfig.max_num_batched_tokens``)."""
+        self.decode_step_tokens: int | None = kw.pop("decode_step_tokens", None)
+        """``--decode-step-tokens`` of every worker (None: not given)."""
         self.num_threads: int = kw.pop("num_threads", 1)
         """torch intra-op threads of every worker's engine (``--threads``)."""
         self.ttft_slo_s: float = kw.pop("ttft_slo_s", 10.0)
@@ -183,6 +185,8 @@ class LocalCluster:
                 common += ["--num-kv-blocks", str(s.num_kv_blocks)]
             if s.max_num_batched_tokens is not None:
                 common += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+            if s.decode_step_tokens is not None:
+                common += ["--decode-step-tokens", str(s.decode_step_tokens)]
             if s.num_threads != 1:
                 common += ["--threads", str(s.num_threads)]
             if not s.prefix_cache:

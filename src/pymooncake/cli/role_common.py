@@ -128,6 +128,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="token budget of one engine step (default: one 512-token prefill "
                         "chunk per step when colocated, so decodes are not held up by "
                         "several prompts; 2048 for prefill/decode workers)")
+    p.add_argument("--decode-step-tokens", type=int, default=None, metavar="N",
+                   help="while requests decode, a step computes at most N tokens (their "
+                        "decodes and a prefill chunk): lower TBT, a step without decodes "
+                        "still takes --max-num-batched-tokens (default: no cap)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads of each engine (default %(default)s: one "
                         "core per engine; a single colocated worker on a whole machine "

@@ -98,8 +98,9 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
                     ("--block-size", args.block_size),
                     ("--max-num-seqs", args.max_num_seqs),
                     ("--max-model-len", args.max_model_len),
-                    ("--max-num-batched-tokens", args.max_num_batched_tokens or 1),
+                    ("--max-num-batched-tokens", _given(args.max_num_batched_tokens)),
                     ("--threads", args.threads),
+                    ("--decode-step-tokens", _given(args.decode_step_tokens)),
                     ("--max-concurrency", args.max_concurrency)):
         if v < 1:
             raise UsageError(f"{flag} must be >= 1, got {v}")
@@ -110,6 +111,11 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
         raise UsageError("--cpp-stages adds a CPP prefill group to a P/D cluster; it "
                          "does not apply with --colocated")
     cpp_worker_config(args)     # exit 2 naming the --cpp-* flag (one without --cpp-stages)
+
+
+def _given(value: int | None) -> int:
+    """An optional count for the >= 1 check: unset (None) passes, 0 does not."""
+    return 1 if value is None else value
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -123,7 +129,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
                        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                        max_num_batched_tokens=args.max_num_batched_tokens,
-                       num_threads=args.threads, ttft_slo_s=args.ttft_slo,
+                       num_threads=args.threads, decode_step_tokens=args.decode_step_tokens,
+                       ttft_slo_s=args.ttft_slo,
                        tbt_slo_s=args.tbt_slo, profile=args.profile,
                        max_concurrency=args.max_concurrency, quiet=args.demo,
                        global_store=args.global_store, otel=args.otel, metadata=args.metadata,

@@ -20,6 +20,10 @@ class EngineConfig:
     """KV blocks in the paged cache (all layers); capacity = num_kv_blocks * block_size."""
     max_num_batched_tokens: int = 2048
     """Token budget of one step (decodes + prefill chunks)."""
+    decode_step_tokens: int | None = None
+    """While a running request decodes, the step's budget is at most this (None: no cap):
+    prefill chunks stay short enough that the decodes' TBT stays low, and a step with no
+    decode still takes ``max_num_batched_tokens`` (Sarathi-Serve's stall-free batching)."""
     max_num_seqs: int = 64
     """Running requests at most."""
     enable_chunked_prefill: bool = True
@@ -65,6 +69,10 @@ class EngineConfig:
         if not self.aging_tokens_per_s >= 0:
             raise ValueError(f"EngineConfig.aging_tokens_per_s must be >= 0, got "
                              f"{self.aging_tokens_per_s!r}")
+        if self.decode_step_tokens is not None and (
+                not isinstance(self.decode_step_tokens, int) or self.decode_step_tokens < 1):
+            raise ValueError(f"EngineConfig.decode_step_tokens must be a positive int or None, "
+                             f"got {self.decode_step_tokens!r}")
         if self.num_threads < 0:
             raise ValueError(f"EngineConfig.num_threads must be >= 0, got {self.num_threads}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:

@@ -109,6 +109,10 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        cap = self.config.decode_step_tokens
+        if cap is not None and cap < budget and any(
+                r.num_tokens - r.num_computed_tokens == 1 for r in self.running):
+            budget = cap
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]

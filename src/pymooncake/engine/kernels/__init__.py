@@ -253,6 +253,8 @@ def prefill_attention(q: torch.Tensor, layer_cache: torch.Tensor, blocks: torch.
     already in the cache; ``blocks`` ``[>= ceil(ctx_len / block_size)]`` int64 block ids of
     the sequence; writes ``[n, heads, head_dim]`` into ``out`` (same layout rules as ``q``).
     Raises ``ValueError`` on a layout it cannot read, ``RuntimeError`` if the kernel fails.
+    With ``torch.get_num_threads() > 1``, a long chunk's rows run in runs of equal work on
+    that many threads at once (``kernels.parallel``).
     """
     lib = _need()
     n, heads, d = q.shape
@@ -264,9 +266,15 @@ def prefill_attention(q: torch.Tensor, layer_cache: torch.Tensor, blocks: torch.
             or not blocks.is_contiguous() or blocks.numel() * bs < ctx_len or n > ctx_len):
         raise ValueError("prefill_attention: float32 q/out [n, heads, D] with contiguous "
                          "heads, a contiguous float32 cache, int64 blocks covering ctx_len")
-    rc = lib.pmk_prefill_attn_f32(q.data_ptr(), q.stride(0), n, layer_cache.data_ptr(),
-                                  kv_heads, num_blocks, bs, d, blocks.data_ptr(), ctx_len,
-                                  heads, scale, out.data_ptr(), out.stride(0))
+    qp, qs, op, os_ = q.data_ptr(), q.stride(0), out.data_ptr(), out.stride(0)
+
+    def rows(a: int, b: int) -> int:   # queries a..b-1: positions ctx_len - n + a .. + b-1
+        return lib.pmk_prefill_attn_f32(qp + 4 * a * qs, qs, b - a, layer_cache.data_ptr(),
+                                        kv_heads, num_blocks, bs, d, blocks.data_ptr(),
+                                        ctx_len - n + b, heads, scale, op + 4 * a * os_, os_)
+
+    from pymooncake.engine.kernels.parallel import run_rows
+    rc = run_rows(rows, n, ctx_len)
     if rc != 0:
         raise RuntimeError("prefill_attention: kernel failed (scratch allocation or heads > "
                            "64 x kv_heads)")

@@ -98,7 +98,8 @@ class EngineWorker:
                 blocks = -(-max(DEFAULT_KV_CAPACITY_TOKENS, c.max_model_len) // c.block_size)
         cfg = EngineConfig(block_size=c.block_size, num_kv_blocks=blocks,
                            max_num_seqs=max_seqs, max_model_len=c.max_model_len,
-                           waiting_order=c.prefill_order if role == "prefill" else "fcfs",
+                           waiting_order=c.prefill_order if role != "decode" else "fcfs",
+                           decode_step_tokens=c.decode_step_tokens,
                            enable_prefix_caching=c.enable_prefix_caching, role=role,
                            dtype=c.dtype, num_threads=c.num_threads,
                            **self._step_budget(role))

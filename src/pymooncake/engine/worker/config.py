@@ -44,6 +44,9 @@ class WorkerConfig:
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
     dtype: str = "float32"
+    decode_step_tokens: int | None = None
+    """``EngineConfig.decode_step_tokens``: a colocated worker's step budget while requests
+    decode (None: ``max_num_batched_tokens`` always)."""
     num_threads: int = 1
     """torch intra-op threads of the engine (``EngineConfig.num_threads``): 1 = one core per
     worker; a worker alone on several cores uses one per core."""
@@ -81,8 +84,8 @@ class WorkerConfig:
     results) waited up to 5 ms per GIL hand-over, which showed as ~15 ms per
     ``prepare_decode`` on a busy decode worker."""
     prefill_order: str = "shortest"
-    """Prefill role: which queued prompt runs next, ``shortest`` (fewest tokens first, aged)
-    or ``fcfs`` (``EngineConfig.waiting_order``)."""
+    """Prefill and colocated roles: which queued prompt is admitted next, ``shortest``
+    (fewest tokens first, aged) or ``fcfs`` (``EngineConfig.waiting_order``)."""
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode", "colocated"):
@@ -110,6 +113,8 @@ class WorkerConfig:
                                  f"got {v}")
         if self.prefill_batch < 1:
             raise ValueError(f"prefill_batch must be >= 1, got {self.prefill_batch}")
+        if self.decode_step_tokens is not None and self.decode_step_tokens < 1:
+            raise ValueError(f"--decode-step-tokens must be >= 1, got {self.decode_step_tokens}")
         if not isinstance(self.num_threads, int) or self.num_threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.num_threads}")
 

@@ -1,0 +1,56 @@
+"""``--threads`` and ``--decode-step-tokens`` of the workers and ``serve``: a colocated
+worker given two threads and a decode-step cap serves exactly what one engine computes,
+and bad values exit 2 naming the flag."""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.serving.conftest import stream_token_ids, workers
+
+
+def _ids(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(256) for _ in range(n)]
+
+
+def test_two_thread_colocated_worker_with_a_decode_cap_equals_one_engine(make_cluster):
+    from pymooncake.engine import Engine, EngineConfig, SamplingParams
+    cluster = make_cluster(colocated=True, num_prefill=1, num_decode=0, num_threads=2,
+                           decode_step_tokens=32, max_model_len=2048, num_kv_blocks=512,
+                           max_num_batched_tokens=256)
+    (w,) = workers(cluster.url).values()
+    assert w["role"] == "colocated"
+    # long prompts arriving while others decode: their chunks are cut to the cap
+    prompts = [_ids(70 + i, 300 + 97 * i) for i in range(4)]
+    ref = Engine.from_model_name("tiny", EngineConfig(max_model_len=2048)).generate(
+        prompts, SamplingParams(max_tokens=10, ignore_eos=True))
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda p: stream_token_ids(cluster.url, p, 10, ignore_eos=True),
+                            prompts))
+    for (ids, usage, errors), r in zip(got, ref, strict=True):
+        assert not errors
+        assert ids == list(r.output_token_ids)
+        assert usage["completion_tokens"] == 10
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["serve", "--threads", "0"], "--threads must be >= 1, got 0"),
+    (["serve", "--decode-step-tokens", "0"], "--decode-step-tokens must be >= 1, got 0"),
+    (["decode", "--colocated", "--id", "c", "--conductor", "127.0.0.1:1", "--threads", "-2"],
+     "--threads must be >= 1, got -2"),
+    (["decode", "--colocated", "--id", "c", "--conductor", "127.0.0.1:1",
+      "--decode-step-tokens", "0"], "--decode-step-tokens must be >= 1, got 0"),
+])
+def test_bad_engine_flags_exit_2_naming_the_flag(argv, message, capsys):
+    from pymooncake.cli.main import main
+    try:
+        rc = main([*argv, "--model", "tiny"])
+    except SystemExit as e:
+        rc = e.code
+    stderr = capsys.readouterr().err
+    assert rc == 2, stderr
+    assert message in stderr
