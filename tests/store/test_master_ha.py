@@ -376,7 +376,8 @@ def test_bug_61_unfinished_put_is_journaled_unpublished_and_retryable_after_fail
     (["--etcd-endpoints", "etcd://127.0.0.1:1"], 2, "without --ha"),
     (["--ha", "--etcd-endpoints", "http://127.0.0.1:1"], 2, "expected etcd://host:port"),
     (["--ha", "--etcd-endpoints", "etcd://127.0.0.1:x"], 2, "bad port"),
-    (["--ha", "--etcd-endpoints", "127.0.0.1:1", "--ha-lease-ttl", "0.5"], 2, "lease_ttl_s"),
+    (["--ha", "--etcd-endpoints", "127.0.0.1:1", "--ha-lease-ttl", "0.5"], 2,
+     "--ha-lease-ttl 0.5: must be whole seconds"),
     (["--ha", "--etcd-endpoints", f"127.0.0.1:{free_port()}"], 1, "unreachable"),
 ])
 def test_master_ha_flags_fail_with_one_line(capsys, args: list[str], code: int,  # noqa: ANN001

@@ -93,6 +93,9 @@ class LocalCluster:
     def __init__(self, spec: ClusterSpec) -> None:
         self.spec = spec
         self.procs: dict[str, Any] = {}
+        self._stderr: dict[str, Any] = {}
+        """Quiet mode: each child's stderr, kept in an unlinked temporary file so that a
+        child that dies while starting is reported with its last lines."""
         self.url = ""
         self.model_name = ""
         """What ``/v1/models`` lists (the Conductor's ``ready`` line)."""
@@ -110,7 +113,10 @@ class LocalCluster:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-        stderr = subprocess.DEVNULL if self.spec.quiet else None
+        stderr = None
+        if self.spec.quiet:
+            import tempfile
+            stderr = self._stderr[name] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         p = subprocess.Popen([sys.executable, "-m", "pymooncake", *argv],
                              stdout=subprocess.PIPE, stderr=stderr, env=env,
                              preexec_fn=_set_pdeathsig)
@@ -142,8 +148,18 @@ class LocalCluster:
         finally:
             sel.close()
         if p.poll() is not None:
-            raise RuntimeError(f"{name} exited with status {p.returncode}")
+            raise RuntimeError(f"{name} exited with status {p.returncode}{self._tail(name)}")
         raise TimeoutError(f"{name} not ready in {timeout_s:.0f} s")
+
+    def _tail(self, name: str, lines: int = 15) -> str:
+        """``"; its stderr ended: …"`` with the last ``lines`` lines (quiet mode), else ""."""
+        f = self._stderr.get(name)
+        if f is None:
+            return ""
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - 8192))
+        tail = f.read().decode("utf-8", "replace").strip().splitlines()[-lines:]
+        return "; its stderr ended:\n  " + "\n  ".join(tail) if tail else "; no stderr"
 
     def start(self) -> None:
         s = self.spec
@@ -295,6 +311,9 @@ class LocalCluster:
         for _, p in order:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(5)
+        for f in self._stderr.values():
+            f.close()
+        self._stderr.clear()
 
 
 def _drain(stream: Any) -> None:

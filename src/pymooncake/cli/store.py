@@ -136,16 +136,19 @@ MASTER_FLAGS = {
 
 def flag_message(message: str, flags: dict[str, str] = MASTER_FLAGS) -> str:
     """A config error in the flags' words: ``client_ttl_s=-1.0: must be > 0`` →
-    ``--client-ttl -1.0: must be > 0``; every other field name it mentions is swapped for
-    its flag too (``put_start_release_timeout_s must be >= …``)."""
+    ``--client-ttl -1.0: must be > 0``; a snake_case field name it mentions elsewhere is
+    swapped for its flag too (``put_start_release_timeout_s must be >= …``), a plain word
+    (``port``) only where it is written ``port=``."""
     import re
 
     def swap(m: re.Match[str]) -> str:
-        flag = flags[m.group(1)]
-        return f"{flag} " if m.group(2) == "=" else flag
+        name, eq = m.group(1), m.group(2)
+        if not eq and "_" not in name:
+            return m.group(0)
+        return f"{flags[name]} " if eq else flags[name]
 
-    pattern = r"\b(" + "|".join(sorted(map(re.escape, flags), key=len, reverse=True)) + r")\b(=?)"
-    return re.sub(pattern, swap, message)
+    names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
+    return re.sub(r"\b(" + names + r")\b(=?)", swap, message)
 
 
 def _run_master(args: argparse.Namespace) -> int:
