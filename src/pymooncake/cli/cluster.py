@@ -224,7 +224,7 @@ class LocalCluster:
                 self._popen("prefill-cpp", ["prefill", "--id", "prefill-cpp", "--master",
                                             self.master_addr, *common, *s.cpp_argv])
                 names.append("prefill-cpp")
-            for i in range(s.num_decode):
+            for i in range(0 if s.colocated else s.num_decode):   # colocated: none
                 self._popen(f"decode-{i}", ["decode", "--id", f"decode-{i}", *common])
                 names.append(f"decode-{i}")
             worker_timeout_s = 60.0 if s.model == "tiny" else 180.0   # a real model loads
