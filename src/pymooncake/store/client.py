@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from pymooncake.rpc import SyncRpcClient
+from pymooncake.rpc import RpcError, SyncRpcClient
 from pymooncake.store.client_background import Background
 from pymooncake.store.client_base import MAX_KEY_BYTES, parse_addr
 from pymooncake.store.client_put import PutOps
@@ -63,6 +63,10 @@ from pymooncake.store.tiers.ssd import SsdTier
 
 __all__ = ["MAX_KEY_BYTES", "StoreClient", "parse_addr"]
 
+
+CLOSE_UNMOUNT_S = 2.0
+"""Longest ``StoreClient.close`` waits for the master (or a new leader) to unmount its
+segment (seconds)."""
 
 class StoreClient(Background, RangeGetOps, PutOps):
     """A Mooncake Store client (see module docstring).
@@ -210,11 +214,15 @@ class StoreClient(Background, RangeGetOps, PutOps):
         self.started = True
 
     def close(self) -> None:
-        """Unmount the segment (its objects' replicas there are dropped) and stop."""
+        """Unmount the segment (its objects' replicas there are dropped) and stop. The
+        unmount is best effort, bounded by ``CLOSE_UNMOUNT_S``: with no master answering,
+        the master's client TTL drops the segment later, and closing does not wait for a
+        leader that may never come."""
         if self.started and self.global_segment_size:
-            with contextlib.suppress(StoreError):
-                self._master("unmount_segment", UnmountRequest(self.client_id,
-                                                               self.segment_name))
+            with contextlib.suppress(RpcError):
+                self._rpc.call("unmount_segment", UnmountRequest(self.client_id,
+                                                                 self.segment_name),
+                               timeout_s=CLOSE_UNMOUNT_S, failover_s=CLOSE_UNMOUNT_S)
         self.started = False
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)

@@ -155,9 +155,11 @@ class Background(MasterOps):
                     continue
                 try:  # a short timeout: a frozen leader is left for the next one well
                     # within the master's client TTL, which drops a silent holder's segment
-                    res = await master.call("heartbeat", HeartbeatRequest(self.client_id),
-                                            heartbeat_timeout_s(self._hb_interval,
-                                                                self._rpc_timeout))
+                    res = await self._unless_stopped(master.call(
+                        "heartbeat", HeartbeatRequest(self.client_id),
+                        heartbeat_timeout_s(self._hb_interval, self._rpc_timeout)))
+                    if res is None:     # closing: a heartbeat still looking for a leader
+                        continue
                     if not res.get("known", True) and self.global_segment_size:
                         await self._remount(master)
                 except RpcError as e:
@@ -167,6 +169,23 @@ class Background(MasterOps):
                 await master.close()
             if server is not None:
                 await server.stop()
+
+    async def _unless_stopped(self, coro: Any) -> Any:
+        """``await coro``, or ``None`` (``coro`` cancelled) once ``close`` sets the stop
+        event first: a heartbeat failing over for up to 10 s must not hold up a close."""
+        assert self._stop is not None
+        call = asyncio.ensure_future(coro)
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({call, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not call.done():
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await call
+            return None
+        return call.result()
 
     async def _remount(self, master: RpcClient) -> None:
         """The master forgot us (restart without snapshot): its objects are gone, so our

@@ -221,19 +221,22 @@ class LeaderSyncRpc:
             self._rpc, self._addr = SyncRpcClient(addr[0], addr[1], self.timeout_s), addr
         return self._rpc
 
-    def call(self, method: str, params: Any = None, timeout_s: float | None = None) -> Any:
+    def call(self, method: str, params: Any = None, timeout_s: float | None = None,
+             failover_s: float | None = None) -> Any:
         """``SyncRpcClient.call`` on the leader; raises the last ``RpcError`` when no
-        leader answers within ``failover_timeout_s`` (or at once without HA)."""
+        leader answers within ``failover_s`` (default ``failover_timeout_s``; at once
+        without HA)."""
         t0 = time.monotonic()
+        bound = self.failover_timeout_s if failover_s is None else failover_s
         rpc, addr = self._rpc, self._addr
         if rpc is not None and addr is not None and addr == self.locator.peek():
             try:  # the usual case, the known leader answers: no bookkeeping before a failure
                 return rpc.call(method, params, timeout_s)
             except RpcError as e:
-                tries = _Attempts(self.failover_timeout_s, t0)
+                tries = _Attempts(bound, t0)
                 self._failed(method, addr, e, tries)
         else:
-            tries = _Attempts(self.failover_timeout_s, t0)
+            tries = _Attempts(bound, t0)
         while True:
             addr = self.locator.current()
             if addr is None:
