@@ -97,12 +97,12 @@ def settled_store_blocks(url: str, quiet_s: float = 0.4, timeout_s: float = 10.0
     """The Conductor's count of Store blocks once it has not changed for ``quiet_s``: the
     puts of earlier requests (made off the TTFT path) have all been reported, so a later
     ``wait_store_blocks(url, settled + n)`` waits for this test's own ``n`` blocks."""
-    def quiet() -> int | None:
+    def quiet() -> tuple[int] | None:     # a tuple: a settled count of 0 is an answer too
         a = health(url)["num_store_blocks"]
         time.sleep(quiet_s)
         b = health(url)["num_store_blocks"]
-        return b if a == b else None
-    return wait_for(quiet, timeout_s, "a settled Store block count")
+        return (b,) if a == b else None
+    return wait_for(quiet, timeout_s, "a settled Store block count")[0]
 
 
 def metric_value(url: str, name: str) -> float:

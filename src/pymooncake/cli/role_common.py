@@ -138,6 +138,27 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "uses one thread per core, as vLLM-CPU does)")
 
 
+def check_engine_flags(args: argparse.Namespace, extra: tuple[tuple[str, int], ...] = ()
+                       ) -> None:
+    """``add_engine_flags``' counts (and ``extra`` ``(flag, value)`` pairs) must be >= 1:
+    ``UsageError`` (exit 2) naming the flag as typed, before anything starts. An unset
+    optional count (None) passes."""
+    from pymooncake.cli.main import UsageError
+
+    def given(v: int | None) -> int:
+        return 1 if v is None else v
+
+    for flag, v in (("--num-kv-blocks", given(args.num_kv_blocks)),
+                    ("--block-size", args.block_size),
+                    ("--max-num-seqs", args.max_num_seqs),
+                    ("--max-model-len", args.max_model_len),
+                    ("--max-num-batched-tokens", given(args.max_num_batched_tokens)),
+                    ("--threads", args.threads),
+                    ("--decode-step-tokens", given(args.decode_step_tokens)), *extra):
+        if v < 1:
+            raise UsageError(f"{flag} must be >= 1, got {v}")
+
+
 def run_until_signal(coro_factory: Any) -> int:
     """Run ``coro_factory()`` until it returns or SIGTERM/SIGINT cancels it."""
     import asyncio

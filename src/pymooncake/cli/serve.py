@@ -22,6 +22,7 @@ from pymooncake.cli.role_common import (
     POLICY_CHOICES,
     add_engine_flags,
     add_otel_flag,
+    check_engine_flags,
     print_ready,
     resolve_model_arg,
     start_tracing,
@@ -93,17 +94,7 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
     resolve_model_arg(args.model)     # exit 1 naming --model (missing file or package)
-    kv_blocks = 1 if args.num_kv_blocks is None else args.num_kv_blocks   # None = derived
-    for flag, v in (("--num-kv-blocks", kv_blocks),
-                    ("--block-size", args.block_size),
-                    ("--max-num-seqs", args.max_num_seqs),
-                    ("--max-model-len", args.max_model_len),
-                    ("--max-num-batched-tokens", _given(args.max_num_batched_tokens)),
-                    ("--threads", args.threads),
-                    ("--decode-step-tokens", _given(args.decode_step_tokens)),
-                    ("--max-concurrency", args.max_concurrency)):
-        if v < 1:
-            raise UsageError(f"{flag} must be >= 1, got {v}")
+    check_engine_flags(args, (("--max-concurrency", args.max_concurrency),))
     for flag, f in (("--ttft-slo", args.ttft_slo), ("--tbt-slo", args.tbt_slo)):
         if not f > 0:
             raise UsageError(f"{flag} must be > 0 seconds, got {f}")
@@ -111,11 +102,6 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
         raise UsageError("--cpp-stages adds a CPP prefill group to a P/D cluster; it "
                          "does not apply with --colocated")
     cpp_worker_config(args)     # exit 2 naming the --cpp-* flag (one without --cpp-stages)
-
-
-def _given(value: int | None) -> int:
-    """An optional count for the >= 1 check: unset (None) passes, 0 does not."""
-    return 1 if value is None else value
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

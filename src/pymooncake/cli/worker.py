@@ -15,6 +15,7 @@ from pymooncake.cli.cpp_worker import add_cpp_worker_flags, cpp_worker_config
 from pymooncake.cli.role_common import (
     add_engine_flags,
     add_otel_flag,
+    check_engine_flags,
     print_ready,
     resolve_model_arg,
     run_until_signal,
@@ -69,6 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from pymooncake.cli.main import UsageError, require_extras
+    check_engine_flags(args, (("--prefill-batch", getattr(args, "prefill_batch", 1)),))
     resolve_model_arg(args.model)
     require_extras("torch")
     cpp = cpp_worker_config(args) if args.role == "prefill" else None
