@@ -60,15 +60,23 @@ def assert_error(resp: httpx.Response, status: int, param: str | None,
 class TestBug54MaxTokensAndParams:
     @pytest.mark.parametrize("path, body", [(CHAT, chat_body), (COMPL, compl_body)])
     def test_max_tokens_null_is_the_remaining_context(self, path, body) -> None:
+        """Chat: the remaining context; completions: OpenAI's 16, or the remaining context
+        when less is left (absent and null alike)."""
         async def main():
-            client, backend = make_client(context_length=64)
-            async with client:
-                r = await client.post(path, json=body("hey", max_tokens=None))
-            assert r.status_code == 200, r.text
-            prompt_tokens = r.json()["usage"]["prompt_tokens"]
-            assert r.json()["choices"][0]["finish_reason"] in ("length", "stop")
-            assert backend.requests[0].sampling.max_tokens == 64 - prompt_tokens
-            assert r.json()["usage"]["completion_tokens"] == 64 - prompt_tokens
+            for context in (64, 36 if path == CHAT else 12):   # 12: less than 16 left
+                client, backend = make_client(context_length=context)
+                async with client:
+                    r = await client.post(path, json=body("hey", max_tokens=None))
+                    absent = body("hey")
+                    absent.pop("max_tokens", None)
+                    r2 = await client.post(path, json=absent)
+                assert r.status_code == 200 and r2.status_code == 200, r.text
+                prompt_tokens = r.json()["usage"]["prompt_tokens"]
+                want = context - prompt_tokens if path == CHAT else min(
+                    16, context - prompt_tokens)
+                assert r.json()["choices"][0]["finish_reason"] in ("length", "stop")
+                assert [q.sampling.max_tokens for q in backend.requests] == [want, want]
+                assert r.json()["usage"]["completion_tokens"] == want
         run(main())
 
     @pytest.mark.parametrize("path, body", [(CHAT, chat_body), (COMPL, compl_body)])

@@ -7,7 +7,8 @@ server, each raising a 400 ``invalid_request_error`` that names the field (``par
 Rules where the OpenAI reference leaves room (CASES BUG-53/BUG-54):
 
 * ``max_tokens: null`` (or absent) = the remaining context, capped by the server's
-  ``default_max_tokens`` when set.
+  ``default_max_tokens`` when set; ``/v1/completions`` without a server default caps it at
+  16, OpenAI's default for that endpoint (``server.COMPLETIONS_DEFAULT_MAX_TOKENS``).
 * ``max_tokens`` < 1 → 400 (0 is not "echo only" here).
 * prompt + ``max_tokens`` over the context length → 400 on both endpoints (no clamping),
   with the limit and the counts in the message; ``param`` is ``max_tokens`` when the

@@ -79,6 +79,11 @@ class Backend(Protocol):
         ...
 
 
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""``/v1/completions`` without ``max_tokens`` (or with null) generates at most this many
+tokens, OpenAI's documented default for the legacy endpoint (vLLM's too); chat completions
+without it run to the remaining context, as OpenAI's chat endpoint does."""
+
 @dataclass(frozen=True, slots=True)
 class ApiConfig:
     model_name: str = "tiny"
@@ -88,7 +93,8 @@ class ApiConfig:
     context_length: int = 2048
     """Prompt + completion tokens at most."""
     default_max_tokens: int | None = None
-    """Cap for requests without ``max_tokens`` (None = the remaining context)."""
+    """Cap for requests without ``max_tokens`` (None: the remaining context for chat,
+    ``COMPLETIONS_DEFAULT_MAX_TOKENS`` for ``/v1/completions``)."""
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     max_body_bytes: int = 32 << 20
     """Largest request body read (bytes); larger is 413 before it is read."""
@@ -231,8 +237,10 @@ def create_app(backend: Backend, codec: TextCodec | None, config: ApiConfig | No
                                   f"[0, {vocab})", "prompt")
                 ids = list(req.prompt)
                 prompt_param = "prompt"
-            sampling = to_sampling(req, len(ids), cfg.context_length, cfg.default_max_tokens,
-                                   prompt_param)
+            default = cfg.default_max_tokens
+            if not chat and default is None:    # OpenAI's legacy completions default
+                default = COMPLETIONS_DEFAULT_MAX_TOKENS
+            sampling = to_sampling(req, len(ids), cfg.context_length, default, prompt_param)
             greq = GenerateRequest(request_id=f"{'chatcmpl' if chat else 'cmpl'}-"
                                    f"{uuid.uuid4().hex}", prompt_token_ids=tuple(ids),
                                    sampling=sampling, priority=req.priority,
