@@ -62,11 +62,28 @@ class ClusterSpec:
             raise TypeError(f"unknown ClusterSpec fields {sorted(kw)}")
 
 
-def _set_pdeathsig() -> None:  # runs in the child before exec (Linux): die with the parent
+PARENT_ENV = "PYMOONCAKE_DIE_WITH_PARENT"
+"""Set by ``LocalCluster`` to its pid in each child's environment: the child's ``main``
+asks the kernel for SIGTERM when that parent dies (``die_with_parent``)."""
+
+
+def die_with_parent() -> None:
+    """In a child started by ``LocalCluster`` (``PARENT_ENV`` set): ``PR_SET_PDEATHSIG``
+    SIGTERM, and exit at once when the parent is already gone. Done by the child itself
+    after exec, not in a ``preexec_fn``: Python code between fork and exec in a parent
+    that runs gRPC threads (the etcd client) let gRPC's fork handlers poll a closed epoll
+    fd and abort the child (CI: "conductor exited with status -6 … epoll_wait error: Bad
+    file descriptor"); without ``preexec_fn`` the spawn is a vfork + exec."""
     import ctypes
+    import os
     import signal
-    with contextlib.suppress(OSError):
+    parent = os.environ.pop(PARENT_ENV, None)
+    if not parent or not parent.isdigit():
+        return
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):      # it died before the request above
+        raise SystemExit(1)
 
 
 def _proc_cpu_s(pid: int) -> float | None:
@@ -110,7 +127,7 @@ class LocalCluster:
     def _popen(self, name: str, argv: list[str]) -> None:
         import os
         import subprocess
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{PARENT_ENV: str(os.getpid())})
         src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
         stderr = None
@@ -118,8 +135,7 @@ class LocalCluster:
             import tempfile
             stderr = self._stderr[name] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         p = subprocess.Popen([sys.executable, "-m", "pymooncake", *argv],
-                             stdout=subprocess.PIPE, stderr=stderr, env=env,
-                             preexec_fn=_set_pdeathsig)
+                             stdout=subprocess.PIPE, stderr=stderr, env=env)
         self.procs[name] = p
 
     def _await_ready(self, name: str, timeout_s: float) -> dict[str, Any]:

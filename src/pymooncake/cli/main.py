@@ -111,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pymooncake.cli.cluster import die_with_parent
+    die_with_parent()       # a LocalCluster child: SIGTERM when the cluster's process dies
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
