@@ -37,27 +37,25 @@ def test_two_thread_colocated_worker_with_a_decode_cap_equals_one_engine(make_cl
         assert usage["completion_tokens"] == 10
 
 
+PREFILL = ["prefill", "--id", "p", "--conductor", "127.0.0.1:1"]
+DECODE = ["decode", "--id", "d", "--conductor", "127.0.0.1:1"]
+COLOCATED = ["decode", "--colocated", "--id", "c", "--conductor", "127.0.0.1:1"]
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["serve", "--threads", "0"], "--threads must be >= 1, got 0"),
     (["serve", "--decode-step-tokens", "0"], "--decode-step-tokens must be >= 1, got 0"),
-    (["decode", "--colocated", "--id", "c", "--conductor", "127.0.0.1:1", "--threads", "-2"],
-     "--threads must be >= 1, got -2"),
-    (["decode", "--colocated", "--id", "c", "--conductor", "127.0.0.1:1",
-      "--decode-step-tokens", "0"], "--decode-step-tokens must be >= 1, got 0"),
+    ([*COLOCATED, "--threads", "-2"], "--threads must be >= 1, got -2"),
+    ([*COLOCATED, "--decode-step-tokens", "0"], "--decode-step-tokens must be >= 1, got 0"),
     # the engine's sizes on the worker roles: one line, not an EngineConfig traceback
     # (a newcomer got 38-41 lines and exit 1, a ZeroDivisionError for --block-size 0)
-    (["prefill", "--id", "p", "--conductor", "127.0.0.1:1", "--max-num-batched-tokens", "-5"],
+    ([*PREFILL, "--max-num-batched-tokens", "-5"],
      "--max-num-batched-tokens must be >= 1, got -5"),
-    (["prefill", "--id", "p", "--conductor", "127.0.0.1:1", "--block-size", "0"],
-     "--block-size must be >= 1, got 0"),
-    (["prefill", "--id", "p", "--conductor", "127.0.0.1:1", "--num-kv-blocks", "0"],
-     "--num-kv-blocks must be >= 1, got 0"),
-    (["prefill", "--id", "p", "--conductor", "127.0.0.1:1", "--prefill-batch", "0"],
-     "--prefill-batch must be >= 1, got 0"),
-    (["decode", "--id", "d", "--conductor", "127.0.0.1:1", "--max-num-seqs", "0"],
-     "--max-num-seqs must be >= 1, got 0"),
-    (["decode", "--id", "d", "--conductor", "127.0.0.1:1", "--max-model-len", "0"],
-     "--max-model-len must be >= 1, got 0"),
+    ([*PREFILL, "--block-size", "0"], "--block-size must be >= 1, got 0"),
+    ([*PREFILL, "--num-kv-blocks", "0"], "--num-kv-blocks must be >= 1, got 0"),
+    ([*PREFILL, "--prefill-batch", "0"], "--prefill-batch must be >= 1, got 0"),
+    ([*DECODE, "--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
+    ([*DECODE, "--max-model-len", "0"], "--max-model-len must be >= 1, got 0"),
 ])
 def test_bad_engine_flags_exit_2_naming_the_flag(argv, message, capsys):
     from pymooncake.cli.main import main

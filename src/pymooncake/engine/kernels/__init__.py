@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from pymooncake.engine.kernels.parallel import run_rows
 from pymooncake.obs.logging import init_logger
 
 log = init_logger(__name__)
@@ -273,7 +274,6 @@ def prefill_attention(q: torch.Tensor, layer_cache: torch.Tensor, blocks: torch.
                                         kv_heads, num_blocks, bs, d, blocks.data_ptr(),
                                         ctx_len - n + b, heads, scale, op + 4 * a * os_, os_)
 
-    from pymooncake.engine.kernels.parallel import run_rows
     rc = run_rows(rows, n, ctx_len)
     if rc != 0:
         raise RuntimeError("prefill_attention: kernel failed (scratch allocation or heads > "
