@@ -49,3 +49,30 @@ def test_calibrate_cpu_bad_flags(capsys) -> None:  # noqa: ANN001
     assert "--lengths" in capsys.readouterr().err
     assert main(["sim", "calibrate-cpu", "--batches", "4,4"]) == 2
     assert "--batches" in capsys.readouterr().err
+
+
+def test_calibrate_cpu_threads(capsys, tmp_path, keep_affinity) -> None:  # noqa: ANN001
+    """--threads/--cores: the engines run that many torch threads on those cores, and the
+    file says so (node.threads, node.cores, provenance) for sim vs-live to pick it."""
+    import torch
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    out = tmp_path / "cal.json"
+    before = torch.get_num_threads()
+    try:
+        rc = main(["sim", "calibrate-cpu", "--model", "tiny", "--cores",
+                   ",".join(map(str, cores)), "--threads", "2", "--lengths", "64,256,512",
+                   "--prefix-fractions", "0", "--repeats", "1", "--batches", "1,2",
+                   "--contexts", "16,32", "--decode-steps", "2", "--holdout",
+                   "--transfer-bandwidth-gbps", "80", "--out", str(out), "--json"])
+        threads = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert rc == 0, capsys.readouterr().err
+    doc = json.loads(capsys.readouterr().out)
+    assert threads == 2 and os.sched_getaffinity(0) == set(cores)
+    assert doc["node"]["threads"] == 2 and doc["node"]["cores"] == len(cores)
+    assert doc["provenance"]["cores"] == cores and doc["provenance"]["torch_threads"] == 2
+    assert load_calibration(out).node["threads"] == 2
+    assert main(["sim", "calibrate-cpu", "--threads", "0"]) == 2
+    assert main(["sim", "calibrate-cpu", "--cores", "0,0"]) == 2
+    assert "--threads must be >= 1" in capsys.readouterr().err

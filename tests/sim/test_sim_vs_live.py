@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from pymooncake.bench import capacity as cap
-from pymooncake.bench.sim_vs_live import compare, scale_lengths, simulate_like_live
+from pymooncake.bench.sim_vs_live import (
+    compare,
+    scale_lengths,
+    simulate_like_live,
+    system_config,
+)
 from pymooncake.cli.main import main
 from pymooncake.conductor.policy import DecodeEstimator, PrefillEstimator, TransferEstimator
 from pymooncake.sim.calibration import CalibratedModel, Calibration, load_calibration
@@ -108,3 +113,31 @@ def test_vs_live_on_the_recorded_real_run(cal_file) -> None:  # noqa: ANN001
     with pytest.raises(ValueError, match="sample cannot be rebuilt"):
         simulate_like_live(live, load_calibration(cal_file), str(cal_file),
                            trace_paths={"conversation": str(trace)})
+
+
+def test_ours_1w_takes_the_calibration_of_its_threads(cal_file, tmp_path) -> None:  # noqa: ANN001
+    """ours-1w (one engine on both cores) is simulated only with a 2-thread calibration, as
+    one node stepped like the engine with every engine's KV (sample numbers invented)."""
+    live = json.loads(LIVE.read_text().replace("ours-colocated", "ours-1w"))
+    one = load_calibration(cal_file)
+    sim = simulate_like_live(live, one, str(cal_file), trace_paths={"tiny": str(TRACE)})
+    assert sim["config"]["systems"] == ["vllm-2x1", "ours-pd"]
+    assert sim["config"]["not_simulated"] == {"ours-1w": "no 2-thread calibration given"}
+    doc = one.to_json()
+    doc["node"] |= {"threads": 2, "cores": 2}
+    two_path = tmp_path / "cal2.json"
+    two_path.write_text(json.dumps(doc))
+    sim = simulate_like_live(live, one, str(cal_file), trace_paths={"tiny": str(TRACE)},
+                             more=[(load_calibration(two_path), str(two_path))])
+    assert sim["config"]["systems"] == ["vllm-2x1", "ours-1w", "ours-pd"]
+    assert sim["calibration_of_system"] == {"vllm-2x1": str(cal_file), "ours-1w": str(two_path),
+                                            "ours-pd": str(cal_file)}
+    pts = [p for p in sim["points"] if p["system"] == "ours-1w"]
+    assert [p["rate"] for p in pts] == [0.25, 0.5, 1.0]
+    assert all(p["summary"]["num_requests"] == 12 for p in pts)
+    cfg = system_config("ours-1w", cores=2, block_size=128, chunk_tokens=512,
+                        kv_tokens=364 * 128 * 2, admission=(2.5, 0.15))
+    assert (cfg.num_prefill, cfg.step_budget_tokens, cfg.decode_step_tokens,
+            cfg.waiting_order, cfg.early_rejection, cfg.ttft_slo_s) == (
+                1, 512, 256, "shortest", True, 2.5)
+    assert cfg.resolve_cache_tokens(364 * 128 * 2) == 93_184   # the whole paged KV

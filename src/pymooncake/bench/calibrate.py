@@ -1,7 +1,8 @@
-"""``pymooncake sim calibrate-cpu``: time the real engine on one pinned core and write the
+"""``pymooncake sim calibrate-cpu``: time the real engine on pinned cores and write the
 simulator's calibration file (``pymooncake.sim.calibration``; docs/sim.md, "CPU calibration").
 
-Measured, in this process, pinned to one core with one torch thread:
+Measured, in this process, pinned to the given cores with ``threads`` torch threads (one core
+and one thread by default; ``node.threads`` / ``node.cores`` of the file record which):
 - prefill: ``generate(max_tokens=1)`` of fresh random prompts of ``n`` tokens whose first
   ``p`` tokens were prefilled just before (a local prefix-cache hit), on a ``prefill``-role
   engine with the serving defaults (chunks of ``prefill_chunk_tokens``); median of repeats;
@@ -34,17 +35,30 @@ STATISTICS = {"median": statistics.median, "min": min}
 (a loaded one: contention only ever adds time)."""
 
 
-def pin_to_core(core: int) -> None:
-    """One core, one math thread (set before the engine builds its model)."""
-    os.sched_setaffinity(0, {core})
+THREADS = {"n": 1}
+"""torch threads of the engines built here (``pin_to_cores`` sets it)."""
+
+
+def pin_to_cores(cores: Sequence[int], threads: int = 1) -> None:
+    """These cores, ``threads`` math threads (set before the engine builds its model; the
+    engines then call ``torch.set_num_threads(threads)``, ``EngineConfig.num_threads``)."""
+    if threads < 1 or not cores:
+        raise ValueError(f"need >= 1 thread and >= 1 core, got {threads} on {list(cores)}")
+    os.sched_setaffinity(0, set(cores))
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = "1"
+        os.environ[var] = str(threads)
+    THREADS["n"] = threads
+
+
+def pin_to_core(core: int) -> None:
+    """One core, one math thread."""
+    pin_to_cores([core], 1)
 
 
 def _engine(model: str, dtype: str, role: str, **kw: object):  # noqa: ANN202
     from pymooncake.engine import Engine, EngineConfig
-    return Engine.from_model_name(model, EngineConfig(role=role, dtype=dtype, num_threads=1,
-                                                      **kw))
+    return Engine.from_model_name(model, EngineConfig(role=role, dtype=dtype,
+                                                      num_threads=THREADS["n"], **kw))
 
 
 def measure_prefill(model: str, dtype: str, lengths: Sequence[int],
@@ -164,7 +178,8 @@ def _git(*args: str) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
-def provenance(core: int, model: str, dtype: str) -> dict[str, Any]:
+def provenance(core: int, model: str, dtype: str, cores: Sequence[int] = ()
+               ) -> dict[str, Any]:
     """Where and with what the calibration was measured."""
     import importlib.metadata as md
 
@@ -181,7 +196,8 @@ def provenance(core: int, model: str, dtype: str) -> dict[str, Any]:
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {
         "machine": platform.node(), "cpu": cpu_model(), "os_cpus": os.cpu_count(),
-        "core": core, "torch_threads": torch.get_num_threads(), "model": model, "dtype": dtype,
+        "core": core, "cores": list(cores or [core]), "torch_threads": torch.get_num_threads(),
+        "model": model, "dtype": dtype,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "pymooncake": ver("pymooncake")},
         "commit": _git("rev-parse", "HEAD"), "worktree_dirty": bool(status),
@@ -204,10 +220,13 @@ def calibrate(model: str = "smollm2", *, dtype: str = "float32", core: int = 0,
               transfer_bandwidth_bytes_per_s: float | None = None,
               transfer_overhead_s: float = 0.002, kv_capacity_tokens: int | None = None,
               holdout: Sequence[tuple[int, int]] = ((768, 32), (1536, 32)),
-              statistic: str = "median",
+              statistic: str = "median", threads: int = 1,
+              cores: Sequence[int] | None = None,
               label: str = "", command: str = "", say: Say | None = None) -> dict[str, Any]:
-    """Measure, fit and return the calibration document (``Calibration.to_json``)."""
-    pin_to_core(core)
+    """Measure, fit and return the calibration document (``Calibration.to_json``): pinned to
+    ``cores`` (default ``[core]``) with ``threads`` torch threads per engine."""
+    cores = list(cores) if cores else [core]
+    pin_to_cores(cores, threads)
     from pymooncake.conductor.policy import (
         TransferEstimator,
         fit_decode_estimator,
@@ -243,13 +262,13 @@ def calibrate(model: str = "smollm2", *, dtype: str = "float32", core: int = 0,
                                                         for j in range(k - 1))
         h["first_token_error"] = h["sim_first_token_s"] / h["first_token_s"] - 1
         h["total_error"] = h["sim_total_s"] / h["total_s"] - 1
-    prov = provenance(core, model, dtype)
+    prov = provenance(cores[0], model, dtype, cores)
     prov["engine_paths"]["fused_step"] = fused
     prov["load_average"] = {"start": list(load0), "end": list(os.getloadavg())}
     prov["measure_seconds"] = round(time.time() - t_start, 1)
     prov["command"] = command
     prov["statistic"] = statistic
-    node = {**sizes, "cores": 1, "threads": 1}
+    node = {**sizes, "cores": len(cores), "threads": threads}
     cal = Calibration(
         CalibratedModel(model, mc.num_layers, kvb, dtype), pest, dest,
         TransferEstimator(kvb, bw, transfer_overhead_s),
@@ -259,5 +278,9 @@ def calibrate(model: str = "smollm2", *, dtype: str = "float32", core: int = 0,
              "decode_rel_rms": _rel_rms(dest.step_s, dec), "holdout": hold},
         provenance=prov, transfer_source=src)
     doc = cal.to_json()
-    parse_calibration(doc, "generated calibration")  # what we write, we can read
+    try:
+        parse_calibration(doc, "generated calibration")  # what we write, we can read
+    except ValueError as e:     # keep what was measured: the caller writes it aside
+        e.document = doc        # type: ignore[attr-defined]
+        raise
     return doc

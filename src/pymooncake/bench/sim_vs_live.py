@@ -15,7 +15,14 @@ How the live systems map onto the simulator (one node = one pinned core):
 - ``ours-colocated``: ``colocated``, one node per core, ``local-cache`` placement, early
   rejection, chunked prefill interleaved with decode steps, prefix cache in the paged KV;
 - ``vllm-2x1``: ``colocated``, one node per core behind round-robin, no rejection — with OUR
-  engine's calibrated costs (the calibration measures our engine, not vLLM).
+  engine's calibrated costs (the calibration measures our engine, not vLLM);
+- ``ours-1w``: ``colocated``, ONE node for all the cores with the costs of a calibration
+  timed with that many threads (``calibrate-cpu --threads``), stepped like the engine
+  (``sim.engine_node``): 512-token steps, 256 while any request decodes, shortest-first
+  admission, the prefix cache in the whole paged KV (every engine's KV together), early
+  rejection at the live objectives with the live Conductor's view of a shortest-first queue.
+Each system takes the calibration whose ``node.threads`` is the threads of its engines (1,
+or the cores for ``ours-1w``); a system without one is left out (``config.not_simulated``).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any
 
 from pymooncake.bench import capacity as cap
 from pymooncake.bench.capacity_client import at_rate, select_sample
+from pymooncake.bench.capacity_systems import OURS_1W_DECODE_STEP_TOKENS
 from pymooncake.sim.calibration import CalibratedCostModel, Calibration
 from pymooncake.sim.config import SimConfig
 from pymooncake.sim.report import summarize
@@ -34,7 +42,7 @@ from pymooncake.sim.runner import simulate
 from pymooncake.workload.materialize import scaled_length
 from pymooncake.workload.trace import Trace
 
-SIM_SYSTEMS = ("ours-colocated", "ours-pd", "vllm-2x1")
+SIM_SYSTEMS = ("ours-colocated", "ours-pd", "vllm-2x1", "ours-1w")
 STORE_SEGMENT_CACHES = 2
 """A prefill worker's Store segment holds this many paged caches (engine.config)."""
 SOLO_SPACING_MS = 1e7
@@ -70,6 +78,11 @@ def system_config(system: str, *, cores: int, block_size: int, chunk_tokens: int
                          num_prefill=num_prefill or 1, num_decode=num_decode or 1,
                          cache_capacity_tokens=kv_tokens * (1 + STORE_SEGMENT_CACHES),
                          **common, **slo)
+    if system == "ours-1w":     # one engine on every core, stepped like the engine
+        return SimConfig(scenario="colocated", scheduler="local-cache", num_prefill=1,
+                         step_budget_tokens=chunk_tokens,
+                         decode_step_tokens=OURS_1W_DECODE_STEP_TOKENS,
+                         waiting_order="shortest", **common, **slo)
     if system == "ours-colocated":
         return SimConfig(scenario="colocated", scheduler="local-cache",
                          num_prefill=num_prefill or cores, **common, **slo)
@@ -106,14 +119,17 @@ def _calibration_info(cal: Calibration, path: str) -> dict[str, Any]:
 
 
 def sweep_doc(samples: dict[str, Trace], systems: dict[str, SimConfig],
-              cm: CalibratedCostModel, *, rates: Sequence[float], multiples: Sequence[float],
+              cm: CalibratedCostModel | dict[str, CalibratedCostModel], *,
+              rates: Sequence[float], multiples: Sequence[float],
               solo_requests: int, admission_multiple: float | None = None,
               admission_by_trace: dict[str, Any] | None = None,
               say: Say | None = None) -> dict[str, Any]:
     """A capacity document (live format, ``simulated``) of ``systems`` over ``rates`` for
     each (length-scaled) sample. The systems that reject early get the objectives of
     ``admission_by_trace[trace]`` (the live run's) or else ``admission_multiple`` x the
-    simulated solo base (as the live harness does)."""
+    simulated solo base (as the live harness does). ``cm``: one cost model for all, or one
+    per system."""
+    cms = cm if isinstance(cm, dict) else dict.fromkeys(systems, cm)
     doc: dict[str, Any] = {
         "kind": cap.DOC_KIND, "version": cap.DOC_VERSION, "simulated": True,
         "config": {"traces": list(samples), "systems": list(systems), "rates": list(rates),
@@ -122,7 +138,8 @@ def sweep_doc(samples: dict[str, Trace], systems: dict[str, SimConfig],
     for label, sample in samples.items():
         for name, cfg in systems.items():
             loose = dataclasses.replace(cfg, early_rejection=False)
-            doc["solo"][label][name] = point_summary(_solo(sample, solo_requests), loose, cm)
+            doc["solo"][label][name] = point_summary(_solo(sample, solo_requests), loose,
+                                                     cms[name])
         base = cap.solo_base(doc["solo"][label])
         slo = tuple((admission_by_trace or {}).get(label) or ()) or (
             (admission_multiple * base["ttft_p90_s"], admission_multiple * base["tbt_p90_s"])
@@ -132,7 +149,7 @@ def sweep_doc(samples: dict[str, Trace], systems: dict[str, SimConfig],
             if slo and cfg.early_rejection:
                 cfg = dataclasses.replace(cfg, ttft_slo_s=slo[0], tbt_slo_s=slo[1])
             for rate in rates:
-                s = point_summary(at_rate(sample, rate), cfg, cm)
+                s = point_summary(at_rate(sample, rate), cfg, cms[name])
                 doc["points"].append({"trace": label, "system": name, "rate": float(rate),
                                       "repeat": 0, "summary": s})
                 if say:
@@ -141,10 +158,23 @@ def sweep_doc(samples: dict[str, Trace], systems: dict[str, SimConfig],
     return doc
 
 
+def threads_of(system: str, cores: int) -> int:
+    """Torch threads of one engine of the live ``system`` (``ours-1w``: one per core)."""
+    return cores if system == "ours-1w" else 1
+
+
+def pick_calibration(cals: Sequence[tuple[Calibration, str]], threads: int
+                     ) -> tuple[Calibration, str] | None:
+    """The first calibration timed with ``threads`` threads (``node.threads``, 1 when the
+    file does not say)."""
+    return next((c for c in cals if int(c[0].node.get("threads", 1)) == threads), None)
+
+
 def simulate_like_live(live: dict[str, Any], cal: Calibration, calibration_path: str, *,
-                       trace_paths: dict[str, str] | None = None, say: Say | None = None
-                       ) -> dict[str, Any]:
-    """The live capacity experiment ``live`` replayed in the calibrated simulator."""
+                       trace_paths: dict[str, str] | None = None, say: Say | None = None,
+                       more: Sequence[tuple[Calibration, str]] = ()) -> dict[str, Any]:
+    """The live capacity experiment ``live`` replayed in the calibrated simulator; each
+    system with the calibration (``cal`` or one of ``more``) of its engines' threads."""
     from pymooncake.workload import load_trace
     c = live["config"]
     if live.get("kind") != cap.DOC_KIND:
@@ -152,8 +182,24 @@ def simulate_like_live(live: dict[str, Any], cal: Calibration, calibration_path:
     scale, cores = int(c["length_scale"]), len(c.get("cores") or [0, 1])
     kv_tokens = int(c.get("ours_kv_blocks") or 0) * int(c["block_size"]) \
         or cal.kv_capacity_tokens
-    cm = CalibratedCostModel(dataclasses.replace(cal, kv_capacity_tokens=kv_tokens),
-                             chunk_size_tokens=int(cal.node.get("prefill_chunk_tokens", 512)))
+    cals = [(cal, calibration_path), *more]
+    cms: dict[str, CalibratedCostModel] = {}
+    used: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    for system in c["systems"]:
+        got = pick_calibration(cals, threads_of(system, cores))
+        if system not in SIM_SYSTEMS or got is None:
+            skipped[system] = ("no simulated counterpart" if system not in SIM_SYSTEMS else
+                               f"no {threads_of(system, cores)}-thread calibration given")
+            continue
+        kv = kv_tokens * (cores if system == "ours-1w" else 1)
+        cms[system] = CalibratedCostModel(
+            dataclasses.replace(got[0], kv_capacity_tokens=kv),
+            chunk_size_tokens=int(got[0].node.get("prefill_chunk_tokens", 512)))
+        used[system] = got[1]
+    if say:
+        for system, why in skipped.items():
+            say(f"not simulated: {system} ({why})")
     samples = {}
     for label in c["traces"]:
         info = live["traces"][label]
@@ -169,16 +215,19 @@ def simulate_like_live(live: dict[str, Any], cal: Calibration, calibration_path:
                                  "trace file the live run used")
         samples[label] = scale_lengths(sample, scale)
     bs = next(iter(samples.values())).block_size
-    cfgs = {s: system_config(s, cores=cores, block_size=bs, chunk_tokens=cm.chunk_size_tokens,
-                             kv_tokens=kv_tokens, admission=(1e9, 1e9))
-            for s in c["systems"] if s in SIM_SYSTEMS}
-    doc = sweep_doc(samples, cfgs, cm, rates=c["rates"], multiples=c["multiples"],
+    cfgs = {s: system_config(s, cores=cores, block_size=bs, chunk_tokens=m.chunk_size_tokens,
+                             kv_tokens=m.kv_capacity_tokens, admission=(1e9, 1e9))
+            for s, m in cms.items()}
+    doc = sweep_doc(samples, cfgs, cms, rates=c["rates"], multiples=c["multiples"],
                     solo_requests=int(c["solo_requests"]),
                     admission_multiple=c.get("admission_multiple"),
                     admission_by_trace=c.get("admission_slo_s"), say=say)
     doc["config"] |= {"length_scale": scale, "requests": c["requests"], "seed": c["seed"],
-                      "cores": cores, "kv_tokens_per_node": kv_tokens}
+                      "cores": cores, "kv_tokens_per_node": kv_tokens,
+                      "not_simulated": skipped}
     doc["calibration"] = _calibration_info(cal, calibration_path)
+    doc["calibration_of_system"] = used
+    doc["calibrations"] = {p: _calibration_info(k, p) for k, p in cals if p in used.values()}
     return doc
 
 

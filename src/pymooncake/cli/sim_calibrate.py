@@ -47,6 +47,9 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
         raise UsageError("--batches: >= 2 distinct batch sizes >= 1; --contexts >= 1")
     if args.repeats < 1 or args.decode_steps < 1:
         raise UsageError("--repeats and --decode-steps must be >= 1")
+    cores = _csv(int, args.cores, "--cores") if args.cores else [args.core]
+    if args.threads < 1 or min(cores) < 0 or len(set(cores)) != len(cores):
+        raise UsageError("--threads must be >= 1 and --cores distinct core numbers >= 0")
     bw = None
     if args.transfer_bandwidth_gbps is not None:
         if not args.transfer_bandwidth_gbps > 0:
@@ -56,7 +59,8 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
     from pymooncake.bench.calibrate import calibrate
     say = None if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
     try:
-        doc = calibrate(args.model, dtype=args.dtype, core=args.core, lengths=lengths,
+        doc = calibrate(args.model, dtype=args.dtype, core=cores[0], cores=cores,
+                        threads=args.threads, lengths=lengths,
                         prefix_fractions=fracs, repeats=args.repeats, batches=batches,
                         contexts=contexts, decode_steps=args.decode_steps,
                         transfer_bandwidth_bytes_per_s=bw,
@@ -65,6 +69,12 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
                         statistic=args.statistic, holdout=args.holdout,
                         command=shlex.join(["pymooncake", *sys.argv[1:]]), say=say)
     except (OSError, ValueError) as e:
+        doc = getattr(e, "document", None)
+        if doc is not None:     # measured, but the fit is unusable: keep the samples
+            aside = f"{args.out}.rejected.json"
+            with open(aside, "w") as f:
+                json.dump(doc, f, indent=1)
+            raise CommandError(f"{e} (the measured samples are in {aside})") from None
         raise CommandError(str(e)) from None
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
@@ -93,14 +103,20 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
 def register(sim: argparse._SubParsersAction) -> None:
     """Add ``sim calibrate-cpu`` and ``sim cpu-capacity`` to the ``sim`` group."""
     p = sim.add_parser(
-        "calibrate-cpu", help="measure the engine on one core; write a sim calibration",
-        description="Pin to one core (1 thread), time the engine's prefill over prompt and "
-                    "cached-prefix lengths and its decode step over batch size and context, "
-                    "fit the simulator's cost model and write the calibration JSON "
-                    "(sim run/sweep --calibration FILE). docs/sim.md, 'CPU calibration'.")
+        "calibrate-cpu", help="measure the engine on pinned cores; write a sim calibration",
+        description="Pin to one core (1 thread; or --cores with --threads), time the "
+                    "engine's prefill over prompt and cached-prefix lengths and its decode step "
+                    "over batch size and context, fit the simulator's cost model and write "
+                    "the calibration JSON (sim run/sweep --calibration FILE). docs/sim.md, "
+                    "'CPU calibration'.")
     p.add_argument("--model", default="smollm2", help="engine --model spec (default %(default)s)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--core", type=int, default=0, help="CPU core to pin to (default 0)")
+    p.add_argument("--cores", default=None, metavar="LIST",
+                   help="pin to these cores instead, e.g. 0,1 (a node of several cores)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads of the timed engine (EngineConfig.num_threads; the "
+                        "live --threads, e.g. 2 for ours-1w on --cores 0,1; default 1)")
     p.add_argument("--lengths", default="64,128,256,512,1024,2048",
                    help="prefill prompt lengths, tokens (default %(default)s)")
     p.add_argument("--prefix-fractions", default="0,0.5,0.75",

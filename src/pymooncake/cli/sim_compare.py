@@ -52,10 +52,10 @@ def _cmd_vs_live(args: argparse.Namespace) -> int:
         from pymooncake.bench.sim_vs_live import compare, simulate_like_live
         from pymooncake.bench.sim_vs_live_plot import plot_vs_live
         from pymooncake.sim.calibration import load_calibration
-        cal = load_calibration(args.calibration)
+        cals = [(load_calibration(f), f) for f in args.calibration]
         live = json.loads(Path(args.live).read_text())
-        sim = simulate_like_live(live, cal, args.calibration, trace_paths=paths,
-                                 say=_say(args))
+        sim = simulate_like_live(live, *cals[0], trace_paths=paths, say=_say(args),
+                                 more=cals[1:])
         rows = compare(live, sim, args.tolerance)
         if args.sim_out:
             Path(args.sim_out).write_text(json.dumps(sim, indent=1))
@@ -65,6 +65,7 @@ def _cmd_vs_live(args: argparse.Namespace) -> int:
             f"{args.live}: the live document lacks {e.args[0]!r}"))
     below = [r for r in rows if r["below_saturation"]]
     out = {"rows": rows, "png": png, "tolerance": args.tolerance,
+           "not_simulated": sim["config"]["not_simulated"],
            "below_saturation_points": len(below),
            "below_saturation_within_tolerance": sum(r["within_tolerance"] for r in below)}
 
@@ -77,6 +78,7 @@ def _cmd_vs_live(args: argparse.Namespace) -> int:
                          f"{lv if lv is None else f'{lv:.3f}':>10}"
                          f"{sv if sv is None else f'{sv:.3f}':>10}"
                          f"{'-' if e is None else f'{e:+.0%}':>8}  {r['below_saturation']}")
+        lines += [f"not simulated: {s} ({why})" for s, why in d["not_simulated"].items()]
         lines.append(f"below saturation: {d['below_saturation_within_tolerance']}/"
                      f"{d['below_saturation_points']} within ±{d['tolerance']:.0%}")
         if d["png"]:
@@ -145,8 +147,10 @@ def register(sim: argparse._SubParsersAction) -> None:
         description="Replay the live capacity run's sample, rates and admission objectives in "
                     "the simulator with CPU-calibrated costs; print simulated against live "
                     "p90 TTFT per (trace, system, rate) and plot them.")
-    p.add_argument("--calibration", required=True, metavar="FILE",
-                   help="calibration JSON (sim calibrate-cpu)")
+    p.add_argument("--calibration", required=True, metavar="FILE", action="append",
+                   help="calibration JSON (sim calibrate-cpu); give one per thread count "
+                        "the systems need: 1 thread (ours-pd, ours-colocated, vllm-2x1), "
+                        "one per core (ours-1w, calibrate-cpu --threads 2 --cores 0,1)")
     p.add_argument("--live", required=True, metavar="FILE",
                    help="the document `pymooncake bench capacity` wrote")
     p.add_argument("--trace", action="append", metavar="LABEL=PATH",

@@ -73,6 +73,18 @@ class SimConfig:
     chunked_prefill: bool = True
     """Colocated nodes: interleave prefill chunks with decode steps (else prefill stalls decode)."""
     chunk_size_tokens: int = 4096
+    step_budget_tokens: int | None = None
+    """Colocated only: when set, each node is stepped like the engine's scheduler
+    (``sim.engine_node``: prefill chunks and decodes merged in steps of at most this many
+    tokens, ``max_num_batched_tokens``; its prefix cache is its whole KV space, as the
+    engine's free blocks keep their hashes); None: the analytic colocated node."""
+    decode_step_tokens: int | None = None
+    """With ``step_budget_tokens``: a step's budget while any request decodes
+    (``EngineConfig.decode_step_tokens``; None: no cap)."""
+    waiting_order: str = "fcfs"
+    """With ``step_budget_tokens``: ``fcfs`` or ``shortest`` (fewest prompt tokens first,
+    aged by ``aging_tokens_per_s``), the engine's ``waiting_order``."""
+    aging_tokens_per_s: float = 2000.0
     max_batch_size: int = 256
     """Largest continuous batch of a decode node."""
     kvcache_balancing_threshold: float = 1.0
@@ -123,6 +135,17 @@ class SimConfig:
         if self.hot_block_min_accesses < 1:
             raise ValueError("hot_block_min_accesses must be >= 1")
         _finite("sample_interval_s", self.sample_interval_s, 0, strict=False)
+        if self.step_budget_tokens is not None and (
+                self.scenario != "colocated" or self.step_budget_tokens < 1):
+            raise ValueError(f"step_budget_tokens must be >= 1 and needs scenario colocated, "
+                             f"got {self.step_budget_tokens} with {self.scenario}")
+        if self.decode_step_tokens is not None and (
+                self.step_budget_tokens is None or self.decode_step_tokens < 1):
+            raise ValueError("decode_step_tokens must be >= 1 and needs step_budget_tokens")
+        if self.waiting_order not in ("fcfs", "shortest"):
+            raise ValueError(f"waiting_order must be fcfs or shortest, got "
+                             f"{self.waiting_order!r}")
+        _finite("aging_tokens_per_s", self.aging_tokens_per_s, 0, strict=False)
         if self.cpp_groups < 0 or (self.cpp_groups and self.scenario == "colocated"):
             raise ValueError(f"cpp_groups must be >= 0 and needs a P/D scenario, got "
                              f"{self.cpp_groups} with {self.scenario}")
@@ -158,6 +181,8 @@ class SimConfig:
         """
         if self.scenario != "colocated":
             return self.node_cache_tokens
+        if self.step_budget_tokens is not None:   # the engine's free blocks keep their hashes
+            return min(self.cache_capacity_tokens or kv_capacity_tokens, kv_capacity_tokens)
         if self.cache_capacity_tokens is None:
             return int(kv_capacity_tokens * COLOCATED_CACHE_SHARE)
         if self.cache_capacity_tokens >= kv_capacity_tokens:

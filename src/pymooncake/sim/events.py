@@ -15,9 +15,11 @@ PREFILL_DONE = 1
 KV_ARRIVE = 2
 DECODE_WAKE = 3
 SAMPLE = 4
+ENGINE_STEP = 5
+"""A step of a node stepped like the engine (``sim.engine_node``) ends (or it wakes up)."""
 
 EVENT_NAMES = {ARRIVAL: "arrival", PREFILL_DONE: "prefill_done", KV_ARRIVE: "kv_arrive",
-               DECODE_WAKE: "decode_wake", SAMPLE: "sample"}
+               DECODE_WAKE: "decode_wake", SAMPLE: "sample", ENGINE_STEP: "engine_step"}
 
 
 class EventQueue:

@@ -36,6 +36,7 @@ from pymooncake.sim.calibration import CalibratedCostModel, load_calibration
 from pymooncake.sim.cluster import DecodeNode, PrefillNode, SimRequest
 from pymooncake.sim.config import SimConfig
 from pymooncake.sim.cost_model import CostModel, resolve_gpu, resolve_model
+from pymooncake.sim.engine_node import EngineNode, StepPolicy
 from pymooncake.workload.stats import prefix_blocks_hit
 from pymooncake.workload.trace import Trace
 
@@ -116,6 +117,18 @@ class Simulator:
             self.decode_nodes = [DecodeNode(f"d{i}", self.est.decode, cfg.max_batch_size, kv_cap)
                                  for i in range(cfg.num_decode)]
         self.decode_by_name = {d.name: d for d in self.decode_nodes}
+        self.engine_nodes: dict[str, EngineNode] = {}
+        if self.colocated and cfg.step_budget_tokens is not None:
+            pol = StepPolicy(cfg.step_budget_tokens, cfg.decode_step_tokens,
+                             cfg.chunk_size_tokens, cfg.max_batch_size, cfg.waiting_order,
+                             cfg.aging_tokens_per_s)
+            self.engine_nodes = {p.name: EngineNode(p.name, p.cache, pol, self.est.prefill,
+                                                    self.est.decode, hbm_kv, cfg.block_size)
+                                 for p in self.prefill_nodes}
+        self.in_flight: dict[str, dict[int, tuple[float, float]]] = {
+            n: {} for n in self.engine_nodes}
+        """Engine nodes: (dispatch time, predicted prefill) of each request placed there
+        until its first token, as the live Conductor keeps them (``cluster_view``)."""
         self.access: dict[int, int] = {}
         self.q = ev.EventQueue()
         self.requests = [
@@ -128,7 +141,8 @@ class Simulator:
 
     # --- views ------------------------------------------------------------------------
     def _view(self, now: float) -> ClusterView:
-        pre = tuple(PrefillInstanceState(InstanceId(p.name), p.predicted_busy_until_s,
+        pre = tuple(self._engine_state(now, p.name) if p.name in self.engine_nodes else
+                    PrefillInstanceState(InstanceId(p.name), p.predicted_busy_until_s,
                                          p.queued_predicted_s, p.num_in_flight, cpp=p.cpp)
                     for p in self.prefill_nodes)
         if self.colocated:
@@ -139,6 +153,28 @@ class Simulator:
                     for d in self.decode_nodes)
         return ClusterView(now, pre, dec)
 
+    def _engine_state(self, now: float, name: str) -> PrefillInstanceState:
+        """An engine node as the live Conductor sees a colocated worker: the earliest
+        placed request running since its dispatch, the others queued (``cluster_view``)."""
+        items = sorted(self.in_flight[name].values())
+        busy, queued = now, ()
+        if items:
+            busy = max(now, items[0][0] + items[0][1])
+            queued = tuple(p for _, p in items[1:])
+        return PrefillInstanceState(InstanceId(name), busy, sum(queued), len(items), None,
+                                    queued, self.cfg.waiting_order == "shortest")
+
+    def _on_engine_step(self, now: float, node: EngineNode) -> None:
+        first, done = node.finish(now)
+        for r in first:
+            self.in_flight[node.name].pop(r.index, None)
+        for x in done:
+            x.req.tbt_s = tbt_s(np.diff(x.token_times).tolist())
+            self._finished(x.req)
+        d = node.plan(now)
+        if d is not None:
+            self.q.push(now + d, ev.ENGINE_STEP, node)
+
     # --- run --------------------------------------------------------------------------
     def run(self) -> SimResult:
         q = self.q
@@ -148,7 +184,7 @@ class Simulator:
             q.push(self.requests[0].arrival_s, ev.SAMPLE, None)
         handlers = {ev.ARRIVAL: self._on_arrival, ev.PREFILL_DONE: self._on_prefill_done,
                     ev.KV_ARRIVE: self._on_kv_arrive, ev.DECODE_WAKE: self._on_decode_wake,
-                    ev.SAMPLE: self._on_sample}
+                    ev.SAMPLE: self._on_sample, ev.ENGINE_STEP: self._on_engine_step}
         self._pending = len(self.requests)
         while q:
             t, kind, payload = q.pop()
@@ -178,6 +214,14 @@ class Simulator:
         r.planned_transfer_source = out.transfer_source
         r.predicted_tbt_s = out.predicted_tbt_s
         r.planned_prefix_blocks = out.prefix_blocks
+        eng = self.engine_nodes.get(node.name)
+        if eng is not None:
+            self.in_flight[node.name][r.index] = (now, r.predicted_prefill_s)
+            eng.add(r)
+            if not eng.busy:
+                eng.busy = True
+                self.q.push(now, ev.ENGINE_STEP, eng)
+            return
         if not self.colocated:
             d = self.decode_by_name[r.decode_node]
             d.num_incoming += 1

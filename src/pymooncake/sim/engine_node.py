@@ -1,0 +1,197 @@
+"""A colocated node simulated step by step like the engine's scheduler (``ours-1w``).
+
+The analytic colocated node (``sim.cluster``) runs one prefill at a time in arrival order
+with decode steps between its chunks. ``EngineNode`` instead replays, step by step, what
+``engine/scheduler.py`` decides (the simulator never imports it; DESIGN.md §2):
+
+* every step has a token budget (``step_budget_tokens``, the engine's
+  ``max_num_batched_tokens``), at most ``decode_step_tokens`` while any running request
+  decodes (``EngineConfig.decode_step_tokens``, Sarathi-Serve's stall-free batching);
+* running requests first, in admission order: a decode takes 1 token, a prefill in progress
+  its next chunk of at most ``min(left, budget, chunk_tokens)``; once the budget is spent the
+  rest of the running list waits for the next step;
+* then waiting requests while budget is left and fewer than ``max_seqs`` run, in arrival
+  order (``fcfs``) or fewest tokens first (``shortest``: prompt tokens minus
+  ``aging_tokens_per_s`` x seconds waited; ties to the earlier arrival); an admitted request
+  first reuses the whole blocks of its prefix held in the node's cache (at least its last
+  prompt token is computed); admission stops while its prompt does not fit in the KV space
+  the running requests leave (the engine would admit and preempt later);
+* a request samples a token when a step reaches its last token: its first token at the end
+  of its last prefill chunk, then one per step; it finishes with its ``output_length``-th;
+* a step's time is ``decode.step_s(B, C)`` of its ``B`` decodes (``C``: their context
+  tokens; 0 without decodes) plus, per prefill chunk of ``k`` tokens after ``c`` computed,
+  ``q·((c+k)² − c²) + l·k``, plus the prefill overhead ``o`` in a request's first chunk: a
+  request alone costs exactly the calibrated ``prefill_s(n, p)`` and ``step_s(1, ·)`` per token;
+* the blocks a step completes enter the node's cache at the step's end (the engine caches
+  each full block once computed).
+Left out: preemption (a running request always gets its KV; admission stops instead) and
+any cost of mixing a chunk into a decode step beyond the sum above.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pymooncake.conductor.policy import DecodeEstimator, PrefillEstimator
+from pymooncake.sim.cache_model import LruBlockCache
+from pymooncake.sim.cluster import SimRequest
+from pymooncake.workload.stats import prefix_blocks_hit
+
+WAITING_ORDERS = ("fcfs", "shortest")
+
+
+@dataclass(frozen=True, slots=True)
+class StepPolicy:
+    """The engine's step sizes and waiting order (``EngineConfig``'s names)."""
+
+    step_budget_tokens: int = 512
+    decode_step_tokens: int | None = None
+    chunk_tokens: int = 512
+    max_seqs: int = 64
+    waiting_order: str = "fcfs"
+    aging_tokens_per_s: float = 2000.0
+
+    def __post_init__(self) -> None:
+        if min(self.step_budget_tokens, self.chunk_tokens, self.max_seqs) < 1:
+            raise ValueError("step budget, chunk tokens and max seqs must be >= 1")
+        if self.decode_step_tokens is not None and self.decode_step_tokens < 1:
+            raise ValueError(f"decode_step_tokens must be >= 1 or None, got "
+                             f"{self.decode_step_tokens}")
+        if self.waiting_order not in WAITING_ORDERS:
+            raise ValueError(f"waiting order must be one of {WAITING_ORDERS}, got "
+                             f"{self.waiting_order!r}")
+
+
+@dataclass(slots=True)
+class Running:
+    """A request on the node: ``num_tokens`` to have computed (prompt + sampled tokens but
+    the last), ``computed`` done; ``outputs`` sampled so far and when."""
+
+    req: SimRequest
+    num_tokens: int
+    computed: int = 0
+    outputs: int = 0
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def decoding(self) -> bool:
+        return self.outputs > 0
+
+
+def step_budget(policy: StepPolicy, running: list[Running]) -> int:
+    """The step's token budget: capped while any running request decodes."""
+    cap = policy.decode_step_tokens
+    if cap is not None and cap < policy.step_budget_tokens and any(
+            r.num_tokens - r.computed == 1 for r in running):
+        return cap
+    return policy.step_budget_tokens
+
+
+def pick_waiting(policy: StepPolicy, waiting: list[SimRequest], now_s: float) -> int:
+    """Index in ``waiting`` (arrival order) of the request admitted next."""
+    if policy.waiting_order == "fcfs" or len(waiting) == 1:
+        return 0
+    aging = policy.aging_tokens_per_s
+    return min(range(len(waiting)), key=lambda i: (
+        waiting[i].input_length - aging * (now_s - waiting[i].arrival_s), i))
+
+
+def chunk_s(pre: PrefillEstimator, computed: int, k: int, first: bool) -> float:
+    """Time of a prefill chunk of ``k`` tokens after ``computed`` (``first``: + overhead)."""
+    c, n = computed, computed + k
+    return pre.quadratic_s * (n * n - c * c) + pre.linear_s * k + (pre.overhead_s if first
+                                                                    else 0.0)
+
+
+class EngineNode:
+    """One colocated node stepped like the engine (see the module docstring)."""
+
+    def __init__(self, name: str, cache: LruBlockCache, policy: StepPolicy,
+                 prefill: PrefillEstimator, decode: DecodeEstimator, kv_capacity_tokens: int,
+                 block_size: int) -> None:
+        self.name = name
+        self.cache = cache
+        self.policy = policy
+        self.pre = prefill
+        self.dec = decode
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.block_size = block_size
+        self.waiting: list[SimRequest] = []
+        self.running: list[Running] = []
+        self.planned: list[tuple[Running, int]] = []
+        self.busy = False
+        """A step (or a wake-up) is scheduled; arrivals then wait for it."""
+        self.busy_s = 0.0
+
+    def add(self, r: SimRequest) -> None:
+        self.waiting.append(r)
+
+    def _kv_used(self) -> int:
+        return sum(x.num_tokens for x in self.running)
+
+    def plan(self, now_s: float) -> float | None:
+        """Choose the next step (as ``Scheduler.schedule``); its duration, None when idle."""
+        pol, bs = self.policy, self.block_size
+        budget = step_budget(pol, self.running)
+        planned: list[tuple[Running, int]] = []
+        for x in self.running:
+            if budget <= 0:
+                break
+            k = min(x.num_tokens - x.computed, budget, pol.chunk_tokens)
+            planned.append((x, k))
+            budget -= k
+        kv_free = self.kv_capacity_tokens - self._kv_used()
+        while self.waiting and budget > 0 and len(self.running) < pol.max_seqs:
+            i = pick_waiting(pol, self.waiting, now_s)
+            r = self.waiting[i]
+            n = r.input_length
+            hit = min(prefix_blocks_hit(r.hash_ids, self.cache), (n - 1) // bs) * bs
+            k = min(n - hit, budget, pol.chunk_tokens)
+            if n > kv_free and self.running:
+                break
+            del self.waiting[i]
+            r.hit_tokens = hit
+            r.prefill_start_s = now_s
+            x = Running(r, n, computed=hit)
+            self.running.append(x)
+            planned.append((x, k))
+            budget -= k
+            kv_free -= n
+        self.planned = planned
+        if not planned:
+            self.busy = False
+            return None
+        self.busy = True
+        dec = [x for x, _ in planned if x.decoding]
+        t = self.dec.step_s(len(dec), sum(x.num_tokens for x in dec)) if dec else 0.0
+        for x, k in planned:
+            if not x.decoding:
+                c = chunk_s(self.pre, x.computed, k, x.computed == x.req.hit_tokens)
+                x.req.prefill_gpu_s += c
+                t += c
+        self.busy_s += t
+        return t
+
+    def finish(self, now_s: float) -> tuple[list[SimRequest], list[Running]]:
+        """End the planned step at ``now_s``: the requests whose first token came, and the
+        finished ones (their ``token_times`` give the TBT)."""
+        first, done = [], []
+        bs = self.block_size
+        for x, k in self.planned:
+            x.computed += k
+            self.cache.touch(x.req.hash_ids[:min(x.computed, x.req.input_length) // bs])
+            if x.computed < x.num_tokens:
+                continue
+            x.outputs += 1
+            x.token_times.append(now_s)
+            if x.outputs == 1:
+                x.req.first_token_s = x.req.kv_arrive_s = now_s
+                first.append(x.req)
+            if x.outputs >= x.req.output_length:
+                x.req.finish_s = now_s
+                self.running.remove(x)
+                done.append(x)
+            else:
+                x.num_tokens += 1
+        self.planned = []
+        return first, done

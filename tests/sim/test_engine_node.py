@@ -1,0 +1,124 @@
+"""The colocated node stepped like the engine (``sim.engine_node``, the ``ours-1w`` model):
+the decode-step cap, shortest-first admission and prefix reuse, checked against step-by-step
+arithmetic done by hand with round costs (prefill 1 ms per token + 10 ms per request, a
+decode step 20 ms + 1 ms per sequence)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pymooncake.conductor.policy import DecodeEstimator, PrefillEstimator, TransferEstimator
+from pymooncake.sim.calibration import CalibratedCostModel, CalibratedModel, Calibration
+from pymooncake.sim.config import SimConfig
+from pymooncake.sim.engine_node import Running, StepPolicy, pick_waiting, step_budget
+from pymooncake.sim.runner import simulate
+
+PRE = PrefillEstimator(0.0, 0.001, 0.01)
+DEC = DecodeEstimator(overhead_s=0.02, weight_s=0.0, per_context_token_s=0.0,
+                      per_sequence_s=0.001)
+CM = CalibratedCostModel(Calibration(CalibratedModel("m", 2, 1000), PRE, DEC,
+                                     TransferEstimator(1000, 1e9, 0.0), 100_000),
+                         chunk_size_tokens=512)
+
+
+def _cfg(**kw: object) -> SimConfig:
+    base = dict(scenario="colocated", scheduler="local-cache", num_prefill=1, block_size=100,
+                chunk_size_tokens=512, max_batch_size=64, step_budget_tokens=512,
+                decode_step_tokens=256, waiting_order="shortest", sample_interval_s=0.0)
+    return SimConfig(**(base | kw))
+
+
+def _by_len(res):  # noqa: ANN001, ANN202
+    return {r.input_length: r for r in res.requests}
+
+
+def test_step_budget_is_capped_only_while_a_request_decodes(make_trace) -> None:  # noqa: ANN001
+    pol = StepPolicy(512, 256)
+    t = make_trace([(0, 300, 4, (1, 2, 3))], block_size=100)
+    r = simulate(t, _cfg(), CM).requests[0]     # any SimRequest will do
+    prefilling = Running(r, 300, computed=100)
+    decoding = Running(r, 301, computed=300, outputs=1)
+    assert step_budget(pol, []) == 512
+    assert step_budget(pol, [prefilling]) == 512
+    assert step_budget(pol, [prefilling, decoding]) == 256
+    assert step_budget(StepPolicy(512, None), [decoding]) == 512
+    assert step_budget(StepPolicy(128, 256), [decoding]) == 128   # a cap above the budget
+
+
+def test_shortest_first_with_aging(make_trace) -> None:  # noqa: ANN001
+    t = make_trace([(0, 900, 2, ()), (500, 400, 2, ()), (1000, 300, 2, ())])
+    reqs = simulate(t, SimConfig(scenario="colocated", num_prefill=1, block_size=512,
+                                 sample_interval_s=0.0), CM).requests
+    # at 1.0 s: keys 900 - 2000*1.0 = -1100, 400 - 2000*0.5 = -600, 300 - 0 = 300
+    assert pick_waiting(StepPolicy(waiting_order="shortest"), reqs, 1.0) == 0
+    # without aging the shortest prompt goes first; fcfs takes the first
+    assert pick_waiting(StepPolicy(waiting_order="shortest", aging_tokens_per_s=0.0),
+                        reqs, 1.0) == 2
+    assert pick_waiting(StepPolicy(waiting_order="fcfs"), reqs, 1.0) == 0
+    # at 0.6 s, 2000 tokens/s: 900-1200 = -300, 400-200 = 200, 300+800 = 1100
+    assert pick_waiting(StepPolicy(waiting_order="shortest"), reqs, 0.6) == 0
+    # 100 tokens/s: 900-60=840, 400-10=390, 300+40=340 -> the 300-token prompt
+    assert pick_waiting(StepPolicy(waiting_order="shortest", aging_tokens_per_s=100.0),
+                        reqs, 0.6) == 2
+
+
+# A (600 tokens), B (200), C (100) arrive together, 2 output tokens each, nothing shared.
+ROWS = [(0, 600, 2, (1, 2, 3, 4, 5, 6)), (0, 200, 2, (7, 8)), (0, 100, 2, (9,))]
+
+
+def test_shortest_first_with_the_decode_step_cap(make_trace) -> None:  # noqa: ANN001
+    res = simulate(make_trace(ROWS, block_size=100), _cfg(), CM)
+    a, b, c = (_by_len(res)[n] for n in (600, 200, 100))
+    # step 1 (budget 512, nobody decodes): C 100, B 200, A 212 tokens
+    #   = 0.512 + 3 x 0.01 = 0.542 s -> first tokens of C and B
+    assert c.first_token_s == pytest.approx(0.542) and b.first_token_s == pytest.approx(0.542)
+    # step 2 (C, B decode: budget 256): C 1, B 1, A 254 tokens
+    #   = step(2) 0.022 + 0.254 = 0.276 s -> C and B finish at 0.818 s
+    assert c.finish_s == pytest.approx(0.818) and b.finish_s == pytest.approx(0.818)
+    assert c.tbt_s == pytest.approx(0.276) and b.tbt_s == pytest.approx(0.276)
+    # step 3 (nobody decodes): A's last 134 tokens = 0.134 s -> first token at 0.952 s
+    assert a.first_token_s == pytest.approx(0.952)
+    # step 4: A decodes alone, step(1) = 0.021 s
+    assert a.finish_s == pytest.approx(0.973) and a.tbt_s == pytest.approx(0.021)
+    # a request alone costs the calibrated prefill: A's three chunks 212 + 254 + 134
+    assert a.prefill_gpu_s == pytest.approx(PRE.prefill_s(600, 0))
+
+
+def test_without_the_cap_the_decodes_wait_for_a_longer_chunk(make_trace) -> None:  # noqa: ANN001
+    res = simulate(make_trace(ROWS, block_size=100), _cfg(decode_step_tokens=None), CM)
+    a, c = _by_len(res)[600], _by_len(res)[100]
+    # step 2 (budget 512): C 1, B 1, A's last 388 tokens = 0.022 + 0.388 = 0.410 s
+    assert c.first_token_s == pytest.approx(0.542) and c.tbt_s == pytest.approx(0.410)
+    assert a.first_token_s == pytest.approx(0.952)
+    # step 3: A decodes alone
+    assert a.finish_s == pytest.approx(0.973)
+
+
+def test_fcfs_lets_the_long_prompt_take_the_first_step(make_trace) -> None:  # noqa: ANN001
+    res = simulate(make_trace(ROWS, block_size=100), _cfg(waiting_order="fcfs"), CM)
+    a, b, c = (_by_len(res)[n] for n in (600, 200, 100))
+    # step 1: A 512 tokens = 0.512 + 0.01 = 0.522 s; step 2: A's last 88, B 200, C 100
+    #   (388 <= 512) = 0.388 + 2 x 0.01 (A paid its overhead in step 1) = 0.408 s
+    for r in (a, b, c):
+        assert r.first_token_s == pytest.approx(0.930)
+    # step 3: all three decode: step(3) = 0.023 s
+    assert a.finish_s == pytest.approx(0.953)
+
+
+def test_prefix_blocks_of_a_finished_prefill_are_reused(make_trace) -> None:  # noqa: ANN001
+    # the same 300-token prompt twice, 10 s apart: 2 whole blocks reused (the last token is
+    # always computed, so the third block is not), 100 tokens computed: 0.1 + 0.01 s
+    t = make_trace([(0, 300, 2, (1, 2, 3)), (10_000, 300, 2, (1, 2, 3))], block_size=100)
+    first, second = simulate(t, _cfg(), CM).requests
+    assert first.hit_tokens == 0 and first.first_token_s == pytest.approx(0.31)
+    assert second.hit_tokens == 200
+    assert second.first_token_s - second.arrival_s == pytest.approx(0.11)
+
+
+def test_step_mode_needs_a_colocated_scenario() -> None:
+    with pytest.raises(ValueError, match="needs scenario colocated"):
+        SimConfig(scenario="pd", step_budget_tokens=512)
+    with pytest.raises(ValueError, match="needs step_budget_tokens"):
+        SimConfig(scenario="colocated", decode_step_tokens=256)
+    with pytest.raises(ValueError, match="waiting_order"):
+        SimConfig(scenario="colocated", step_budget_tokens=512, waiting_order="lifo")
