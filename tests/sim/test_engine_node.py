@@ -1,7 +1,8 @@
 """The colocated node stepped like the engine (``sim.engine_node``, the ``ours-1w`` model):
 the decode-step cap, shortest-first admission and prefix reuse, checked against step-by-step
-arithmetic done by hand with round costs (prefill 1 ms per token + 10 ms per request, a
-decode step 20 ms + 1 ms per sequence)."""
+arithmetic done by hand with round costs: prefill 1 ms per token + 10 ms per request; a
+decode step of its own 20 ms + 1 ms per sequence + 0.01 ms per context token; decodes riding
+in a step with a prefill chunk 1 ms each (a prompt token's cost) + 0.01 ms per context token."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pymooncake.sim.runner import simulate
 
 PRE = PrefillEstimator(0.0, 0.001, 0.01)
 DEC = DecodeEstimator(overhead_s=0.02, weight_s=0.0, per_context_token_s=0.0,
-                      per_sequence_s=0.001)
+                      per_sequence_s=0.001, attention_per_context_token_s=1e-5)
 CM = CalibratedCostModel(Calibration(CalibratedModel("m", 2, 1000), PRE, DEC,
                                      TransferEstimator(1000, 1e9, 0.0), 100_000),
                          chunk_size_tokens=512)
@@ -72,14 +73,14 @@ def test_shortest_first_with_the_decode_step_cap(make_trace) -> None:  # noqa: A
     # step 1 (budget 512, nobody decodes): C 100, B 200, A 212 tokens
     #   = 0.512 + 3 x 0.01 = 0.542 s -> first tokens of C and B
     assert c.first_token_s == pytest.approx(0.542) and b.first_token_s == pytest.approx(0.542)
-    # step 2 (C, B decode: budget 256): C 1, B 1, A 254 tokens
-    #   = step(2) 0.022 + 0.254 = 0.276 s -> C and B finish at 0.818 s
-    assert c.finish_s == pytest.approx(0.818) and b.finish_s == pytest.approx(0.818)
-    assert c.tbt_s == pytest.approx(0.276) and b.tbt_s == pytest.approx(0.276)
-    # step 3 (nobody decodes): A's last 134 tokens = 0.134 s -> first token at 0.952 s
-    assert a.first_token_s == pytest.approx(0.952)
-    # step 4: A decodes alone, step(1) = 0.021 s
-    assert a.finish_s == pytest.approx(0.973) and a.tbt_s == pytest.approx(0.021)
+    # step 2 (C, B decode: budget 256): C 1, B 1, A 254 tokens = 0.254 + 2 decode rows
+    #   (0.002 + 1e-5 x (101 + 201) = 0.00502) = 0.25902 s -> C and B finish at 0.80102 s
+    assert c.finish_s == pytest.approx(0.80102) and b.finish_s == pytest.approx(0.80102)
+    assert c.tbt_s == pytest.approx(0.25902) and b.tbt_s == pytest.approx(0.25902)
+    # step 3 (nobody decodes): A's last 134 tokens = 0.134 s -> first token at 0.93502 s
+    assert a.first_token_s == pytest.approx(0.93502)
+    # step 4: A decodes alone, step(1, 601) = 0.021 + 0.00601 = 0.02701 s
+    assert a.finish_s == pytest.approx(0.96203) and a.tbt_s == pytest.approx(0.02701)
     # a request alone costs the calibrated prefill: A's three chunks 212 + 254 + 134
     assert a.prefill_gpu_s == pytest.approx(PRE.prefill_s(600, 0))
 
@@ -87,11 +88,11 @@ def test_shortest_first_with_the_decode_step_cap(make_trace) -> None:  # noqa: A
 def test_without_the_cap_the_decodes_wait_for_a_longer_chunk(make_trace) -> None:  # noqa: ANN001
     res = simulate(make_trace(ROWS, block_size=100), _cfg(decode_step_tokens=None), CM)
     a, c = _by_len(res)[600], _by_len(res)[100]
-    # step 2 (budget 512): C 1, B 1, A's last 388 tokens = 0.022 + 0.388 = 0.410 s
-    assert c.first_token_s == pytest.approx(0.542) and c.tbt_s == pytest.approx(0.410)
-    assert a.first_token_s == pytest.approx(0.952)
+    # step 2 (budget 512): C 1, B 1, A's last 388 tokens = 0.388 + 0.00502 = 0.39302 s
+    assert c.first_token_s == pytest.approx(0.542) and c.tbt_s == pytest.approx(0.39302)
+    assert a.first_token_s == pytest.approx(0.93502)
     # step 3: A decodes alone
-    assert a.finish_s == pytest.approx(0.973)
+    assert a.finish_s == pytest.approx(0.96203)
 
 
 def test_fcfs_lets_the_long_prompt_take_the_first_step(make_trace) -> None:  # noqa: ANN001
@@ -101,8 +102,8 @@ def test_fcfs_lets_the_long_prompt_take_the_first_step(make_trace) -> None:  # n
     #   (388 <= 512) = 0.388 + 2 x 0.01 (A paid its overhead in step 1) = 0.408 s
     for r in (a, b, c):
         assert r.first_token_s == pytest.approx(0.930)
-    # step 3: all three decode: step(3) = 0.023 s
-    assert a.finish_s == pytest.approx(0.953)
+    # step 3: all three decode, no chunk: step(3, 601 + 201 + 101) = 0.023 + 0.00903 s
+    assert a.finish_s == pytest.approx(0.96203)
 
 
 def test_prefix_blocks_of_a_finished_prefill_are_reused(make_trace) -> None:  # noqa: ANN001

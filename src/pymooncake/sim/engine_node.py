@@ -18,10 +18,13 @@ with decode steps between its chunks. ``EngineNode`` instead replays, step by st
   the running requests leave (the engine would admit and preempt later);
 * a request samples a token when a step reaches its last token: its first token at the end
   of its last prefill chunk, then one per step; it finishes with its ``output_length``-th;
-* a step's time is ``decode.step_s(B, C)`` of its ``B`` decodes (``C``: their context
-  tokens; 0 without decodes) plus, per prefill chunk of ``k`` tokens after ``c`` computed,
-  ``q·((c+k)² − c²) + l·k``, plus the prefill overhead ``o`` in a request's first chunk: a
-  request alone costs exactly the calibrated ``prefill_s(n, p)`` and ``step_s(1, ·)`` per token;
+* a step's time: per prefill chunk of ``k`` tokens after ``c`` computed
+  ``q·((c+k)² − c²) + l·k``, plus the prefill overhead ``o`` in a request's first chunk;
+  its ``B`` decodes (``C``: their context tokens) add ``decode.step_s(B, C)`` to a step
+  without a chunk, and ``l·B + a·C`` to a step with one (one forward pass over all the
+  rows: the weights are read once, a decode row costs what a prompt row does, plus its
+  attention, ``a`` the decode fit's attention term). A request alone costs exactly the
+  calibrated ``prefill_s(n, p)`` and then ``step_s(1, ·)`` per token;
 * the blocks a step completes enter the node's cache at the step's end (the engine caches
   each full block once computed).
 Left out: preemption (a running request always gets its KV; admission stops instead) and
@@ -103,6 +106,17 @@ def chunk_s(pre: PrefillEstimator, computed: int, k: int, first: bool) -> float:
                                                                     else 0.0)
 
 
+def decode_rows_s(pre: PrefillEstimator, dec: DecodeEstimator, batch: int, context: int,
+                  *, mixed: bool) -> float:
+    """What ``batch`` decodes (``context`` tokens in all) add to a step: a decode step of
+    their own, or, riding in a step that computes a prefill chunk (one forward pass: the
+    weights are read once for all its rows), a prompt token's linear cost each plus their
+    attention over their context."""
+    if not mixed:
+        return dec.step_s(batch, context)
+    return pre.linear_s * batch + dec.attention_per_context_token_s * context
+
+
 class EngineNode:
     """One colocated node stepped like the engine (see the module docstring)."""
 
@@ -162,13 +176,16 @@ class EngineNode:
             self.busy = False
             return None
         self.busy = True
-        dec = [x for x, _ in planned if x.decoding]
-        t = self.dec.step_s(len(dec), sum(x.num_tokens for x in dec)) if dec else 0.0
+        t = 0.0
         for x, k in planned:
             if not x.decoding:
                 c = chunk_s(self.pre, x.computed, k, x.computed == x.req.hit_tokens)
                 x.req.prefill_gpu_s += c
                 t += c
+        dec = [x for x, _ in planned if x.decoding]
+        if dec:
+            t += decode_rows_s(self.pre, self.dec, len(dec), sum(x.num_tokens for x in dec),
+                               mixed=t > 0)
         self.busy_s += t
         return t
 
