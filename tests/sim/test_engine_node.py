@@ -123,3 +123,23 @@ def test_step_mode_needs_a_colocated_scenario() -> None:
         SimConfig(scenario="colocated", decode_step_tokens=256)
     with pytest.raises(ValueError, match="waiting_order"):
         SimConfig(scenario="colocated", step_budget_tokens=512, waiting_order="lifo")
+
+
+def test_early_rejection_uses_the_conductors_predictor_and_view(make_trace) -> None:  # noqa: ANN001
+    # A (600 tokens) at 0 s, B (200 tokens) at 0.1 s; the truth predicts A 0.61 s, B 0.21 s.
+    t = make_trace([(0, 600, 2, (1, 2, 3, 4, 5, 6)), (100, 200, 2, (7, 8))], block_size=100)
+    # The live Conductor's view: A placed at 0 s runs until 0.61 s; B waits for it:
+    # predicted TTFT of B = (0.61 - 0.1) + 0.21 = 0.72 s
+    a, b = simulate(t, _cfg(early_rejection=True, ttft_slo_s=0.71), CM).requests
+    assert not a.rejected and b.rejected == "ttft_slo"
+    a, b = simulate(t, _cfg(early_rejection=True, ttft_slo_s=0.73), CM).requests
+    assert not a.rejected and not b.rejected
+    # A alone is predicted 0.61 s > 0.5 s by the truth; the live Conductor's default
+    # predictor (5e-8, 1e-4, 3e-3) says 0.018 + 0.06 + 0.003 = 0.081 s and admits it
+    one = make_trace([(0, 600, 2, (1, 2, 3, 4, 5, 6))], block_size=100)
+    assert simulate(one, _cfg(early_rejection=True, ttft_slo_s=0.5), CM
+                    ).requests[0].rejected == "ttft_slo"
+    r = simulate(one, _cfg(early_rejection=True, ttft_slo_s=0.5,
+                           policy_prefill=(5e-8, 1e-4, 3e-3)), CM).requests[0]
+    assert not r.rejected and r.predicted_prefill_s == pytest.approx(0.081)
+    assert r.first_token_s == pytest.approx(0.61)     # the cost is still the truth

@@ -141,3 +141,4 @@ def test_ours_1w_takes_the_calibration_of_its_threads(cal_file, tmp_path) -> Non
             cfg.waiting_order, cfg.early_rejection, cfg.ttft_slo_s) == (
                 1, 512, 256, "shortest", True, 2.5)
     assert cfg.resolve_cache_tokens(364 * 128 * 2) == 93_184   # the whole paged KV
+    assert cfg.policy_prefill == (5e-8, 1e-4, 3e-3)   # the live Conductor's defaults

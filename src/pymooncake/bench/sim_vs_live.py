@@ -20,7 +20,8 @@ How the live systems map onto the simulator (one node = one pinned core):
   timed with that many threads (``calibrate-cpu --threads``), stepped like the engine
   (``sim.engine_node``): 512-token steps, 256 while any request decodes, shortest-first
   admission, the prefix cache in the whole paged KV (every engine's KV together), early
-  rejection at the live objectives with the live Conductor's view of a shortest-first queue.
+  rejection at the live objectives with the live Conductor's view of a shortest-first queue
+  and its prefill predictor (``LIVE_CONDUCTOR_PREFILL``, not the calibrated truth).
 Each system takes the calibration whose ``node.threads`` is the threads of its engines (1,
 or the cores for ``ours-1w``); a system without one is left out (``config.not_simulated``).
 """
@@ -35,6 +36,7 @@ from typing import Any
 from pymooncake.bench import capacity as cap
 from pymooncake.bench.capacity_client import at_rate, select_sample
 from pymooncake.bench.capacity_systems import OURS_1W_DECODE_STEP_TOKENS
+from pymooncake.conductor.config import ConductorConfig
 from pymooncake.sim.calibration import CalibratedCostModel, Calibration
 from pymooncake.sim.config import SimConfig
 from pymooncake.sim.report import summarize
@@ -43,6 +45,10 @@ from pymooncake.workload.materialize import scaled_length
 from pymooncake.workload.trace import Trace
 
 SIM_SYSTEMS = ("ours-colocated", "ours-pd", "vllm-2x1", "ours-1w")
+_CC = ConductorConfig()
+LIVE_CONDUCTOR_PREFILL = (_CC.prefill_quadratic_s, _CC.prefill_linear_s, _CC.prefill_overhead_s)
+"""What the live Conductor of ``bench capacity`` predicts a prefill with: its config's
+defaults (the harness passes no ``--profile``, and the colocated path does not refit)."""
 STORE_SEGMENT_CACHES = 2
 """A prefill worker's Store segment holds this many paged caches (engine.config)."""
 SOLO_SPACING_MS = 1e7
@@ -82,7 +88,8 @@ def system_config(system: str, *, cores: int, block_size: int, chunk_tokens: int
         return SimConfig(scenario="colocated", scheduler="local-cache", num_prefill=1,
                          step_budget_tokens=chunk_tokens,
                          decode_step_tokens=OURS_1W_DECODE_STEP_TOKENS,
-                         waiting_order="shortest", **common, **slo)
+                         waiting_order="shortest", policy_prefill=LIVE_CONDUCTOR_PREFILL,
+                         **common, **slo)
     if system == "ours-colocated":
         return SimConfig(scenario="colocated", scheduler="local-cache",
                          num_prefill=num_prefill or cores, **common, **slo)

@@ -85,6 +85,10 @@ class SimConfig:
     """With ``step_budget_tokens``: ``fcfs`` or ``shortest`` (fewest prompt tokens first,
     aged by ``aging_tokens_per_s``), the engine's ``waiting_order``."""
     aging_tokens_per_s: float = 2000.0
+    policy_prefill: tuple[float, float, float] | None = None
+    """The Conductor's prefill predictor ``(quadratic_s, linear_s, overhead_s)`` when it is
+    not the cost model's truth (a live Conductor started without ``--profile`` predicts with
+    ``ConductorConfig``'s defaults, and a colocated one never refits them); None: the truth."""
     max_batch_size: int = 256
     """Largest continuous batch of a decode node."""
     kvcache_balancing_threshold: float = 1.0
@@ -146,6 +150,10 @@ class SimConfig:
             raise ValueError(f"waiting_order must be fcfs or shortest, got "
                              f"{self.waiting_order!r}")
         _finite("aging_tokens_per_s", self.aging_tokens_per_s, 0, strict=False)
+        if self.policy_prefill is not None and (len(self.policy_prefill) != 3 or any(
+                not (math.isfinite(v) and v >= 0) for v in self.policy_prefill)):
+            raise ValueError(f"policy_prefill must be 3 finite numbers >= 0, got "
+                             f"{self.policy_prefill!r}")
         if self.cpp_groups < 0 or (self.cpp_groups and self.scenario == "colocated"):
             raise ValueError(f"cpp_groups must be >= 0 and needs a P/D scenario, got "
                              f"{self.cpp_groups} with {self.scenario}")

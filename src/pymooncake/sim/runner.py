@@ -9,6 +9,7 @@ first token → KV streamed layer by layer to the decode node → continuous bat
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -23,6 +24,7 @@ from pymooncake.conductor.policy import (
     HotBlockConfig,
     InstanceId,
     PolicyConfig,
+    PrefillEstimator,
     PrefillInstanceState,
     PrefixIndex,
     Rejection,
@@ -82,6 +84,8 @@ class Simulator:
         self.cfg = cfg
         self.cm = cost_model or build_cost_model(cfg)
         self.est = self.cm.estimators()
+        self.policy_est = self.est if cfg.policy_prefill is None else dataclasses.replace(
+            self.est, prefill=PrefillEstimator(*cfg.policy_prefill))   # the Conductor's view
         self.pcfg = PolicyConfig(ttft_slo_s=cfg.ttft_slo_s, tbt_slo_s=cfg.tbt_slo_s,
                                  kvcache_balancing_threshold=cfg.kvcache_balancing_threshold,
                                  early_rejection=cfg.early_rejection,
@@ -201,7 +205,7 @@ class Simulator:
                            sequence_number=r.index)
         match = self.index.match(keys, self.prefill_ids, remote=self.cfg.remote_reuse)
         view = self._view(now)
-        out = self.schedule(info, view, match, self.est, self.pcfg, self.prefill_policy,
+        out = self.schedule(info, view, match, self.policy_est, self.pcfg, self.prefill_policy,
                             colocated=self.colocated)
         if isinstance(out, Rejection):
             r.rejected = out.reason
