@@ -142,3 +142,29 @@ def test_ours_1w_takes_the_calibration_of_its_threads(cal_file, tmp_path) -> Non
                 1, 512, 256, "shortest", True, 2.5)
     assert cfg.resolve_cache_tokens(364 * 128 * 2) == 93_184   # the whole paged KV
     assert cfg.policy_prefill == (5e-8, 1e-4, 3e-3)   # the live Conductor's defaults
+
+
+def test_ours_1w_on_the_recorded_real_pilot(cal_file, tmp_path) -> None:  # noqa: ANN001
+    """A real recorded `bench capacity` pilot of ours-1w (tests/sim/data, trimmed): the
+    simulator rebuilds the live run's 16 requests and, predicting with the live Conductor's
+    default prefill predictor at the live objectives, rejects none of them, as live."""
+    live = json.loads((DATA / "capacity_pilot_1w_conversation.json").read_text())
+    from pymooncake.workload.trace import bundled_trace_path
+    trace = Path(live["traces"]["conversation"]["path"])
+    if not trace.exists():
+        trace = bundled_trace_path("conversation")
+    doc = load_calibration(cal_file).to_json()
+    doc["node"] |= {"threads": 2, "cores": 2}
+    two = tmp_path / "cal2.json"
+    two.write_text(json.dumps(doc))
+    sim = simulate_like_live(live, load_calibration(two), str(two),
+                             trace_paths={"conversation": str(trace)})
+    assert sim["config"]["systems"] == ["ours-1w"]
+    assert sim["config"]["admission_slo_s"]["conversation"] == pytest.approx([6.37565, 0.214961],
+                                                                             rel=1e-4)
+    assert [p["rate"] for p in sim["points"]] == [0.1, 0.2, 0.3, 0.45, 0.6]
+    assert all(p["summary"]["num_requests"] == 16 and p["summary"]["num_rejected"] == 0
+               for p in sim["points"])
+    rows = compare(live, sim)
+    assert len(rows) == 5 and all(r["below_saturation"] for r in rows)
+    assert rows[0]["live_ttft_p90_s"] == pytest.approx(3.690059)
