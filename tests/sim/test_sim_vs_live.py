@@ -144,7 +144,7 @@ def test_ours_1w_takes_the_calibration_of_its_threads(cal_file, tmp_path) -> Non
     assert cfg.policy_prefill == (5e-8, 1e-4, 3e-3)   # the live Conductor's defaults
 
 
-def test_ours_1w_on_the_recorded_real_pilot(cal_file, tmp_path) -> None:  # noqa: ANN001
+def test_ours_1w_on_the_recorded_real_pilot(cal_file, tmp_path, capsys) -> None:  # noqa: ANN001
     """A real recorded `bench capacity` pilot of ours-1w (tests/sim/data, trimmed): the
     simulator rebuilds the live run's 16 requests and, predicting with the live Conductor's
     default prefill predictor at the live objectives, rejects none of them, as live."""
@@ -168,3 +168,9 @@ def test_ours_1w_on_the_recorded_real_pilot(cal_file, tmp_path) -> None:  # noqa
     rows = compare(live, sim)
     assert len(rows) == 5 and all(r["below_saturation"] for r in rows)
     assert rows[0]["live_ttft_p90_s"] == pytest.approx(3.690059)
+    rc = main(["sim", "vs-live", "--calibration", str(cal_file), "--calibration", str(two),
+               "--live", str(DATA / "capacity_pilot_1w_conversation.json"),
+               "--trace", f"conversation={trace}", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["not_simulated"] == {} and len(out["rows"]) == 5
+    assert [r["sim_ttft_p90_s"] for r in out["rows"]] == [r["sim_ttft_p90_s"] for r in rows]
