@@ -53,3 +53,57 @@ def test_split_attention_equals_one_call_bit_for_bit(ctx_len, n):
     s = s.masked_fill(torch.arange(ctx_len)[None, :] > pos, float("-inf"))
     ref = torch.einsum("hnk,hkd->nhd", s.softmax(-1), v)
     assert torch.allclose(split.double(), ref, atol=1e-4)
+
+
+_ONE_RUNTIME = """
+import torch
+from pymooncake.engine import kernels
+q = torch.randn(512, 9, 64); out = torch.empty_like(q)
+cache = torch.randn(2, 3, 40, 128, 64); blocks = torch.arange(40, dtype=torch.int64)
+torch.set_num_threads(2)
+kernels.prefill_attention(q, cache, blocks, 5000, 0.125, out)
+torch.nn.functional.linear(torch.randn(64, 64), torch.randn(64, 64))
+paths = sorted({line.split()[-1] for line in open("/proc/self/maps") if "libgomp" in line})
+print(kernels.library().pmk_prefill_threads_inside(64), len(paths), paths)
+"""
+
+
+def test_the_kernels_share_torchs_openmp_runtime():
+    """Built with OpenMP, the library's libgomp is the one torch loaded (one runtime, one
+    team of threads for GEMMs and attention alike), and head_dim 64 uses it."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _ONE_RUNTIME], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split(maxsplit=2)
+    if out[0] == "0":
+        pytest.skip("kernels built without OpenMP or without AVX-512 here")
+    assert out[1] == "1", out[2]
+
+
+def test_without_openmp_the_library_rebuilds_without_it_and_splits_rows(tmp_path):
+    """A compiler that refuses -fopenmp: the kernels still build (no OpenMP), answer 0 to
+    pmk_prefill_threads_inside, and the Python row split gives the same bits."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    wrapper = tmp_path / "cc-no-openmp"
+    wrapper.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\n'
+                       f'exec {cc} "$@"\n')
+    wrapper.chmod(0o755)
+    code = ("import torch\nfrom pymooncake.engine import kernels\n"
+            "torch.manual_seed(0)\nq = torch.randn(300, 9, 64)\n"
+            "cache = torch.randn(2, 3, 12, 128, 64)\n"
+            "blocks = torch.arange(12, dtype=torch.int64)\n"
+            "a, b = torch.empty_like(q), torch.empty_like(q)\n"
+            "torch.set_num_threads(1); kernels.prefill_attention(q, cache, blocks, 1400, .125, a)\n"
+            "torch.set_num_threads(2); kernels.prefill_attention(q, cache, blocks, 1400, .125, b)\n"
+            "print(kernels.available(), kernels.library().pmk_prefill_threads_inside(64), "
+            "torch.equal(a, b))\n")
+    env = {**os.environ, "CC": str(wrapper), "PYMOONCAKE_KERNEL_CACHE": str(tmp_path / "k")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300, check=True).stdout.split()
+    assert out == ["True", "0", "True"]

@@ -65,7 +65,8 @@ def test_paged_decode_matches_reference(heads: int, kv_heads: int, d: int, bs: i
 
 
 @pytest.mark.parametrize("d", [64, 32])
-@pytest.mark.parametrize("ctx,n", [(512, 512), (300, 100), (7, 7), (50, 1)])
+@pytest.mark.parametrize("ctx,n", [(512, 512), (300, 100), (7, 7), (50, 1), (1000, 300),
+                                   (700, 700)])
 def test_prefill_attention_is_causal_over_prefix_and_chunk(d: int, ctx: int, n: int) -> None:
     heads, kv_heads, bs = 9, 3, 16
     cache, (blocks,), (kv,) = _paged(kv_heads, d, bs, [ctx], seed=ctx + n)

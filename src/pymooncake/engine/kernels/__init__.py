@@ -2,7 +2,8 @@
 
 ``kernels.c`` (plain C, no Python or PyTorch headers) is compiled once per machine with
 the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``: Debian's ``gcc`` package) as
-``-O3 -march=native -fopenmp-simd -ffp-contract=fast`` into a shared library cached under
+``-O3 -march=native -fopenmp-simd -ffp-contract=fast`` (plus ``-fopenmp`` where it builds:
+``OPENMP_FLAGS``) into a shared library cached under
 ``$PYMOONCAKE_KERNEL_CACHE`` (default ``$XDG_CACHE_HOME/pymooncake/kernels`` or
 ``~/.cache/pymooncake/kernels``), keyed by the source, the flags, the compiler and the CPU's
 feature flags; it is loaded with ``ctypes`` (which releases the GIL during each call). Build
@@ -17,81 +18,22 @@ fresh machine and has a pure-torch fallback").
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
 import subprocess
-import tempfile
 import threading
-from pathlib import Path
 
 import torch
 
-from pymooncake.engine.kernels.parallel import run_rows
+from pymooncake.engine.kernels.build import OPENMP_FLAGS, build, compiler
+from pymooncake.engine.kernels.parallel import SPLIT_MIN_WORK, run_rows
 from pymooncake.obs.logging import init_logger
 
 log = init_logger(__name__)
-
-SOURCE = Path(__file__).with_name("kernels.c")
-INCLUDED = tuple(Path(__file__).with_name(n)
-                 for n in ("kernels_avx2.c", "kernels_vexp.c", "kernels_attn512.c",
-                           "kernels_decode.c"))
-"""Files ``kernels.c`` #includes (part of the build key)."""
-CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=fast", "-std=gnu11", "-fPIC",
-          "-shared")
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
 _why_not = ""
-
-
-def _compiler() -> str | None:
-    cc = os.environ.get("CC")
-    if cc:
-        return shutil.which(cc) or cc
-    return next((p for p in map(shutil.which, ("cc", "gcc", "clang")) if p), None)
-
-
-def cache_dir() -> Path:
-    """Where built libraries are kept (created on demand)."""
-    explicit = os.environ.get("PYMOONCAKE_KERNEL_CACHE")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(base) / "pymooncake" / "kernels"
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""
-
-
-def _build(cc: str) -> Path:
-    src = b"\0".join(p.read_bytes() for p in (SOURCE, *INCLUDED))
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(b"\0".join([src, " ".join(CFLAGS).encode(), cc.encode(),
-                                     version.encode(), _cpu_flags().encode()])).hexdigest()[:16]
-    out_dir = cache_dir()
-    target = out_dir / f"pmk_kernels_{key}.so"
-    if target.exists():
-        return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out_dir)
-    os.close(fd)
-    try:
-        res = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True,
-                             text=True, timeout=120)
-        if res.returncode != 0:
-            raise RuntimeError(f"{cc} exited {res.returncode}: {res.stderr.strip()[:500]}")
-        os.replace(tmp, target)  # atomic: concurrent builders of one key all end with it
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -101,7 +43,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64, i64, f32, ptr]
     fn = lib.pmk_prefill_attn_f32
     fn.restype = ctypes.c_int
-    fn.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, i64, i64, f32, ptr, i64]
+    fn.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, i64, i64, f32, ptr, i64, i64]
+    fn = lib.pmk_prefill_threads_inside
+    fn.restype = ctypes.c_int
+    fn.argtypes = [i64]
     fn = lib.pmk_gemv_f32
     fn.restype = None
     fn.argtypes = [ptr, ptr, i64, i64, ptr, ptr, ptr]
@@ -134,15 +79,17 @@ def library() -> ctypes.CDLL | None:
         if os.environ.get("PYMOONCAKE_KERNELS", "1").strip().lower() in ("0", "false", "no",
                                                                           "off"):
             _why_not = "PYMOONCAKE_KERNELS=0"
-        elif (cc := _compiler()) is None:
+        elif (cc := compiler()) is None:
             _why_not = "no C compiler (cc, gcc or clang) on PATH"
         else:
-            try:
-                lib = ctypes.CDLL(str(_build(cc)))
-                _declare(lib)
-                _lib = lib
-            except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
-                _why_not = f"kernel build failed: {e}"
+            for extra in (OPENMP_FLAGS, ()):
+                try:
+                    lib = ctypes.CDLL(str(build(cc, extra)))
+                    _declare(lib)
+                    _lib, _why_not = lib, ""
+                    break
+                except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
+                    _why_not = f"kernel build failed: {e}"
         if _lib is None:
             log.info("C attention kernels unavailable (%s); using the PyTorch paths", _why_not)
         _tried = True
@@ -254,8 +201,11 @@ def prefill_attention(q: torch.Tensor, layer_cache: torch.Tensor, blocks: torch.
     already in the cache; ``blocks`` ``[>= ceil(ctx_len / block_size)]`` int64 block ids of
     the sequence; writes ``[n, heads, head_dim]`` into ``out`` (same layout rules as ``q``).
     Raises ``ValueError`` on a layout it cannot read, ``RuntimeError`` if the kernel fails.
-    With ``torch.get_num_threads() > 1``, a long chunk's rows run in runs of equal work on
-    that many threads at once (``kernels.parallel``).
+    With ``torch.get_num_threads() > 1`` a long chunk (``SPLIT_MIN_WORK`` query x key pairs
+    or more) runs on that many threads: on torch's OpenMP threads inside the kernel where the
+    library has them (AVX-512, head_dim 64: the blocked kernel of ``kernels_flash512.c``),
+    else as runs of rows of equal work on Python threads (``kernels.parallel``). Bit-identical
+    either way.
     """
     lib = _need()
     n, heads, d = q.shape
@@ -269,12 +219,17 @@ def prefill_attention(q: torch.Tensor, layer_cache: torch.Tensor, blocks: torch.
                          "heads, a contiguous float32 cache, int64 blocks covering ctx_len")
     qp, qs, op, os_ = q.data_ptr(), q.stride(0), out.data_ptr(), out.stride(0)
 
-    def rows(a: int, b: int) -> int:   # queries a..b-1: positions ctx_len - n + a .. + b-1
+    def rows(a: int, b: int, threads: int = 1) -> int:   # queries a..b-1
         return lib.pmk_prefill_attn_f32(qp + 4 * a * qs, qs, b - a, layer_cache.data_ptr(),
                                         kv_heads, num_blocks, bs, d, blocks.data_ptr(),
-                                        ctx_len - n + b, heads, scale, op + 4 * a * os_, os_)
+                                        ctx_len - n + b, heads, scale, op + 4 * a * os_, os_,
+                                        threads)
 
-    rc = run_rows(rows, n, ctx_len)
+    if lib.pmk_prefill_threads_inside(d):
+        threads = torch.get_num_threads() if n * ctx_len >= SPLIT_MIN_WORK else 1
+        rc = rows(0, n, threads)
+    else:
+        rc = run_rows(rows, n, ctx_len)
     if rc != 0:
         raise RuntimeError("prefill_attention: kernel failed (scratch allocation or heads > "
                            "64 x kv_heads)")

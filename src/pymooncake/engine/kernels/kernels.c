@@ -1,6 +1,7 @@
-/* The engine's C kernels (float32, one thread): attention over pymooncake's paged KV cache
- * (decode and causal prefill, read in place), RMSNorm, RoPE + K/V write, the one-row GEMV
- * and SwiGLU's SiLU-multiply.
+/* The engine's C kernels (float32; one thread, except the AVX-512 prefill attention, which
+ * spreads over torch's OpenMP threads in a build with -fopenmp): attention over
+ * pymooncake's paged KV cache (decode and causal prefill, read in place), RMSNorm, RoPE +
+ * K/V write, the one-row GEMV and SwiGLU's SiLU-multiply.
  *
  * Built at first use by pymooncake/engine/kernels/__init__.py with the system C compiler
  * (-O3 -march=native -fopenmp-simd -ffp-contract=fast, no -ffast-math) and called through
@@ -348,56 +349,43 @@ static void qk_tile_simd(const float *const *qv, const float *kt, int64_t ld, in
     }
 }
 
-/* o_v = sum_k p[v][k] * V[k] for PF_VECS vectors, head_dim 64, keys [0, nk) read in place
- * from the paged V plane (vc: this KV head's [num_blocks, bs, 64]); p rows are 0 past each
- * vector's own length. Results scaled by inv[v] into ov[v]. */
-static void pv_tile64_simd(const float *p, int64_t p_stride, const float *vc,
-                             const int64_t *table, int64_t bs, int64_t nk, const float *inv,
-                             float *const *ov) {
-    __m512 acc[PF_VECS][4];
-    for (int v = 0; v < PF_VECS; v++)
-        for (int c = 0; c < 4; c++) acc[v][c] = _mm512_setzero_ps();
-    for (int64_t k0 = 0; k0 < nk; k0 += bs) {
-        const float *vb = vc + table[k0 / bs] * bs * 64;
-        const int64_t m = nk - k0 < bs ? nk - k0 : bs;
-        for (int64_t o = 0; o < m; o++) {
-            const float *vrow = vb + o * 64;
-            const int64_t k = k0 + o;
-            const __m512 v0 = _mm512_loadu_ps(vrow), v1 = _mm512_loadu_ps(vrow + 16),
-                         v2 = _mm512_loadu_ps(vrow + 32), v3 = _mm512_loadu_ps(vrow + 48);
-            for (int v = 0; v < PF_VECS; v++) {
-                const __m512 w = _mm512_set1_ps(p[v * p_stride + k]);
-                acc[v][0] = _mm512_fmadd_ps(w, v0, acc[v][0]);
-                acc[v][1] = _mm512_fmadd_ps(w, v1, acc[v][1]);
-                acc[v][2] = _mm512_fmadd_ps(w, v2, acc[v][2]);
-                acc[v][3] = _mm512_fmadd_ps(w, v3, acc[v][3]);
-            }
-        }
-    }
-    for (int v = 0; v < PF_VECS; v++) {
-        if (!ov[v]) continue;
-        const __m512 w = _mm512_set1_ps(inv[v]);
-        for (int c = 0; c < 4; c++) _mm512_storeu_ps(ov[v] + 16 * c, _mm512_mul_ps(acc[v][c], w));
-    }
-}
+#include "kernels_flash512.c"
 #endif
+
+/* 1 when pmk_prefill_attn_f32 spreads head_dim d over its `threads` itself (the blocked
+ * AVX-512 path in a build with OpenMP), else 0 (the caller splits rows over threads). */
+int pmk_prefill_threads_inside(int64_t d) {
+#if defined(__AVX512F__) && defined(_OPENMP)
+    return d == 64;
+#else
+    (void)d;
+    return 0;
+#endif
+}
 
 /* Causal prefill attention of one sequence's chunk over its paged context, read in place.
  * The chunk's n queries sit at positions ctx - n .. ctx - 1 (their K/V already written);
  * query i attends to keys 0 .. ctx - n + i.
  * q    [n, heads, d] at token stride q_stride (heads contiguous)
  * out  [n, heads, d] at token stride out_stride
+ * threads: OpenMP threads the call may use (see pmk_prefill_threads_inside).
  * Returns 0, or -1 when scratch memory cannot be allocated or heads > 64 * kv_heads. */
 int pmk_prefill_attn_f32(const float *q, int64_t q_stride, int64_t n, const float *cache,
                          int64_t kv_heads, int64_t num_blocks, int64_t bs, int64_t d,
                          const int64_t *table, int64_t ctx, int64_t heads, float scale,
-                         float *out, int64_t out_stride) {
+                         float *out, int64_t out_stride, int64_t threads) {
     const int64_t g_count = heads / kv_heads;
     if (g_count > 64 || g_count * kv_heads != heads || n > ctx) return -1;
     const int64_t plane = kv_heads * num_blocks * bs * d, head_stride = num_blocks * bs * d;
-    const int64_t ld = (ctx + 15) / 16 * 16;
-#if defined(__AVX512F__) || defined(PMK_AVX2)
+#ifdef __AVX512F__
+    if (d == 64)
+        return prefill_attn64_flash(q, q_stride, n, cache, kv_heads, num_blocks, bs, table, ctx,
+                                    g_count, scale, out, out_stride, threads);
+#endif
+    (void)threads;
+#if defined(PMK_AVX2)
     if (d == 64) {
+        const int64_t ld = (ctx + 15) / 16 * 16;
         float *kt = aligned_alloc(64, (size_t)(d * ld) * sizeof(float));
         float *s = aligned_alloc(64, (size_t)(PF_VECS * ld) * sizeof(float));
         float *zero = calloc((size_t)d, sizeof(float));
