@@ -52,13 +52,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn.argtypes = [ptr, ptr, i64, i64, ptr, ptr, ptr]
     fn = lib.pmk_silu_mul_f32
     fn.restype = None
-    fn.argtypes = [ptr, i64, i64, ptr]
+    fn.argtypes = [ptr, i64, i64, ptr, i64]
     fn = lib.pmk_rms_norm_f32
     fn.restype = None
-    fn.argtypes = [ptr, i64, i64, i64, ptr, f32, ptr]
+    fn.argtypes = [ptr, i64, i64, i64, ptr, f32, ptr, i64]
     fn = lib.pmk_rope_write_f32
     fn.restype = None
-    fn.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64, ptr]
+    fn.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, i64]
     fn = lib.pmk_decode_layer_f32
     fn.restype = ctypes.c_int
     fn.argtypes = [ptr, ptr, f32, f32, ptr, ptr]
@@ -161,7 +161,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         raise ValueError("rms_norm: float32 x [rows, dim] (dim contiguous) and weight [dim]")
     out = torch.empty(rows, dim, dtype=torch.float32)
     lib.pmk_rms_norm_f32(x.data_ptr(), rows, dim, x.stride(0), weight.data_ptr(), eps,
-                         out.data_ptr())
+                         out.data_ptr(), torch.get_num_threads())
     return out
 
 
@@ -189,7 +189,8 @@ def rope_write(qkv: torch.Tensor, positions: torch.Tensor, cos_t: torch.Tensor,
                          "tables, int64 positions/slots [T]")
     lib.pmk_rope_write_f32(qkv.data_ptr(), t, qkv.stride(0), heads, kv_heads, d,
                            positions.data_ptr(), cos_t.data_ptr(), sin_t.data_ptr(),
-                           layer_cache.data_ptr(), num_blocks, bs, slots.data_ptr())
+                           layer_cache.data_ptr(), num_blocks, bs, slots.data_ptr(),
+                           torch.get_num_threads())
 
 
 def prefill_attention(q: torch.Tensor, layer_cache: torch.Tensor, blocks: torch.Tensor,
@@ -264,7 +265,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if gate_up.dtype != torch.float32 or not gate_up.is_contiguous() or width % 2:
         raise ValueError("silu_mul: float32 gate_up [rows, 2n], contiguous")
     out = torch.empty(rows, width // 2, dtype=torch.float32)
-    lib.pmk_silu_mul_f32(gate_up.data_ptr(), rows, width // 2, out.data_ptr())
+    lib.pmk_silu_mul_f32(gate_up.data_ptr(), rows, width // 2, out.data_ptr(),
+                         torch.get_num_threads())
     return out
 
 

@@ -232,8 +232,18 @@ int pmk_paged_decode_f32(const float *q, int64_t q_stride, const float *cache,
 /* RMSNorm of rows: out[r] = w * (x[r] / sqrt(mean(x[r]^2) + eps)), float32 throughout
  * (as Hugging Face's LlamaRMSNorm for float32 inputs). x rows at x_stride floats; out
  * contiguous [rows, dim]. */
+/* Rows of the row-wise kernels (RMSNorm, RoPE + K/V write, SiLU-multiply) go over `threads`
+ * OpenMP threads (torch's, see pmk_prefill_threads_inside) from this many floats of work. */
+#define PMK_PAR_MIN_WORK 32768
+
 void pmk_rms_norm_f32(const float *x, int64_t rows, int64_t dim, int64_t x_stride,
-                      const float *w, float eps, float *out) {
+                      const float *w, float eps, float *out, int64_t threads) {
+#ifdef _OPENMP
+#pragma omp parallel for if (threads > 1 && rows * dim >= PMK_PAR_MIN_WORK) \
+    num_threads((int)threads)
+#else
+    (void)threads;
+#endif
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * x_stride;
         float *orow = out + r * dim;
@@ -257,8 +267,15 @@ void pmk_rms_norm_f32(const float *x, int64_t rows, int64_t dim, int64_t x_strid
 void pmk_rope_write_f32(float *qkv, int64_t tokens, int64_t row_stride, int64_t heads,
                         int64_t kv_heads, int64_t d, const int64_t *positions,
                         const float *cos_t, const float *sin_t, float *cache,
-                        int64_t num_blocks, int64_t bs, const int64_t *slots) {
+                        int64_t num_blocks, int64_t bs, const int64_t *slots,
+                        int64_t threads) {
     const int64_t half = d / 2, plane = kv_heads * num_blocks * bs * d;
+#ifdef _OPENMP
+#pragma omp parallel for if (threads > 1 && tokens * row_stride >= PMK_PAR_MIN_WORK) \
+    num_threads((int)threads)
+#else
+    (void)threads;
+#endif
     for (int64_t t = 0; t < tokens; t++) {
         float *row = qkv + t * row_stride;
         const float *c = cos_t + positions[t] * d, *s = sin_t + positions[t] * d;
@@ -500,7 +517,13 @@ void pmk_gemv_f32(const float *w, const float *x, int64_t n_out, int64_t k,
 
 /* SwiGLU's activation: out[i] = silu(gu[i]) * gu[n + i] for the fused gate|up row(s)
  * gu [rows, 2n] -> out [rows, n]; silu(g) = g / (1 + e^-g) with exp_neg on -|g|. */
-void pmk_silu_mul_f32(const float *gu, int64_t rows, int64_t n, float *out) {
+void pmk_silu_mul_f32(const float *gu, int64_t rows, int64_t n, float *out, int64_t threads) {
+#ifdef _OPENMP
+#pragma omp parallel for if (threads > 1 && rows * n >= PMK_PAR_MIN_WORK) \
+    num_threads((int)threads)
+#else
+    (void)threads;
+#endif
     for (int64_t r = 0; r < rows; r++) {
         const float *g = gu + r * 2 * n, *u = g + n;
         float *o = out + r * n;

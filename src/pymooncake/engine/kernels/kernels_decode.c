@@ -24,19 +24,19 @@ int pmk_decode_layer_f32(const int64_t *lp, const int64_t *st, float eps, float 
     float *h = scratch, *qkv = h + hidden, *att = qkv + qkv_n, *gu = att + q_n;
     float *act = gu + 2 * inter, *tmp = act + inter;
     float *cache = P(DL_CACHE);
-    pmk_rms_norm_f32(x, 1, hidden, hidden, P(DL_IN_NORM), eps, h);
+    pmk_rms_norm_f32(x, 1, hidden, hidden, P(DL_IN_NORM), eps, h, 1);
     pmk_gemv_f32(P(DL_QKV_W), h, qkv_n, hidden, P(DL_QKV_B), NULL, qkv);
     pmk_rope_write_f32(qkv, 1, qkv_n, heads, kvh, d, &st[DS_POS],
                        (const float *)(intptr_t)st[DS_COS], (const float *)(intptr_t)st[DS_SIN],
-                       cache, nb, bs, &st[DS_SLOT]);
+                       cache, nb, bs, &st[DS_SLOT], 1);
     const int rc = pmk_paged_decode_f32(qkv, qkv_n, cache, kvh, nb, bs, d,
                                         (const int64_t *)(intptr_t)st[DS_TABLE], 0,
                                         &st[DS_CTX], 1, heads, scale, att);
     pmk_gemv_f32(P(DL_O_W), att, hidden, q_n, NULL, x, tmp);
     memcpy(x, tmp, (size_t)hidden * sizeof(float));
-    pmk_rms_norm_f32(x, 1, hidden, hidden, P(DL_POST_NORM), eps, h);
+    pmk_rms_norm_f32(x, 1, hidden, hidden, P(DL_POST_NORM), eps, h, 1);
     pmk_gemv_f32(P(DL_GU_W), h, 2 * inter, hidden, NULL, NULL, gu);
-    pmk_silu_mul_f32(gu, 1, inter, act);
+    pmk_silu_mul_f32(gu, 1, inter, act, 1);
     pmk_gemv_f32(P(DL_DOWN_W), act, hidden, inter, NULL, x, tmp);
     memcpy(x, tmp, (size_t)hidden * sizeof(float));
     return rc;
