@@ -68,3 +68,35 @@ def test_cli_missing_vllm_venv_one_line(tmp_path) -> None:
                        capture_output=True, text=True, check=False, timeout=120)
     assert r.returncode == 1 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "make peer-vllm" in r.stderr
+
+
+def test_run_child_on_a_cpu_list_with_two_threads(tmp_path) -> None:
+    """``--core 0,1 --threads 2``: the child is pinned to both CPUs and runs 2 torch threads
+    (the long-prompt comparison on all the cores, both sides alike)."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs")
+    model_dir, vocab, _ = prepare_model("tiny", tmp_path)
+    spec = {"system": "ours", "repeat": 0, "model": str(model_dir),
+            "core": ",".join(map(str, cpus)), "threads": 2, "dtype": "float32",
+            "prefill_len": 40, "batches": [1], "decode_len": 8, "decode_tokens": 4,
+            "greedy_tokens": 6, "copy_bytes": 1 << 24,
+            "prompts": build_prompts(vocab, [1], 40, 8, [[5, 6, 7]])}
+    out = run_child(sys.executable, spec, tmp_path)
+    assert out["affinity"] == cpus and out["torch_threads"] == 2
+    assert out["prefill"]["1"]["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--core", "4096"], "not among this process's CPUs"),
+    (["--batches", "1,0"], "batch sizes must be >= 1"),
+    (["--threads", "0"], "--threads must be >= 1"),
+    (["--prefill-len", "-3"], "--prefill-len must be >= 1"),
+    (["--core", "a,b"], "comma-separated integers"),
+])
+def test_cli_bad_peer_flags_one_line(flags, message) -> None:
+    r = subprocess.run([sys.executable, "-m", "pymooncake", "bench", "peer", "--model", "tiny",
+                        "--peers", "hf", *flags], capture_output=True, text=True, check=False,
+                       timeout=120)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

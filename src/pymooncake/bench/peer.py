@@ -299,7 +299,7 @@ def vllm_preload(python: str) -> list[str]:
     return found
 
 
-def child_env(system: str, core: int, threads: int, kv_gib: int = 2,
+def child_env(system: str, core: int | str, threads: int, kv_gib: int = 2,
               preload: Sequence[str] = ()) -> dict[str, str]:
     """The environment of one child: one thread, offline, and vLLM's CPU settings (OpenMP
     threads bound to ``core``, KV cache in GiB, the engine core in this process, the
@@ -346,7 +346,7 @@ def run_child(python: str, spec: dict[str, Any], workdir: Path, timeout_s: float
 
 
 def run_peer(model: str, repeats: int = 3, peers: Sequence[str] = ("vllm", "hf"),
-             vllm_python: str = DEFAULT_VLLM_PYTHON, core: int | None = None,
+             vllm_python: str = DEFAULT_VLLM_PYTHON, core: int | str | None = None,
              threads: int = 1, prefill_len: int = 512, batches: Sequence[int] = (1, 16),
              decode_len: int = 128, decode_tokens: int = 64, greedy_tokens: int = 32,
              dtype: str = "float32", workdir: str | None = None, progress=None,

@@ -50,10 +50,16 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _pin(core: int | None, threads: int) -> None:
-    """Pin this process to ``core`` and cap the math libraries' threads, before torch loads."""
+def cpu_list(core: int | str) -> set[int]:
+    """The CPUs of ``core``: one CPU number, or a comma-separated list (``"0,1"``)."""
+    return {int(c) for c in str(core).split(",") if c.strip()}
+
+
+def _pin(core: int | str | None, threads: int) -> None:
+    """Pin this process to ``core`` (one CPU or a list, ``cpu_list``) and cap the math
+    libraries' threads, before torch loads."""
     if core is not None:
-        os.sched_setaffinity(0, {core})
+        os.sched_setaffinity(0, cpu_list(core))
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
 

