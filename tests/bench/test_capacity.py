@@ -106,6 +106,26 @@ def test_margins_spread_rule() -> None:
                         "ours-pd": cap.spread([0.1, 0.2])})["ours-pd"]["ratio"] == math.inf
 
 
+def test_ours_1w_variants_by_their_decode_step_cap() -> None:
+    """``ours-1w-c<N>``: ours-1w with decode steps of at most N tokens; counted as ours in
+    the margins, after the named systems."""
+    from pymooncake.bench.capacity_systems import check_system, ours_1w_decode_step_tokens
+    assert ours_1w_decode_step_tokens("ours-1w") == 256
+    assert ours_1w_decode_step_tokens("ours-1w-c512") == 512
+    for bad in ("ours-1w-c0", "ours-1w-c", "ours-1w-cx", "ours-1w-c-5", "ours-pd"):
+        assert ours_1w_decode_step_tokens(bad) is None
+    check_system("ours-1w-c384")
+    check_system("vllm-t2")
+    for bad in ("ours-1w-c0", "ours-1w-cx", "vllm-t0", "vllm-tx"):
+        with pytest.raises(ValueError, match="ours-1w-c<N>"):
+            check_system(bad)
+    m = cap.margins({"vllm": cap.spread([0.2, 0.3]), "ours-1w-c512": cap.spread([0.4, 0.6]),
+                     "ours-1w": cap.spread([0.2, 0.2])})
+    assert list(m) == ["ours-1w", "ours-1w-c512"]
+    assert m["ours-1w-c512"]["verdict"] == "higher" and m["ours-1w"]["verdict"] == \
+        "not distinguishable"
+
+
 def test_recorded_summaries_match_their_records(recorded: dict) -> None:
     points = [p for p in recorded["points"] if not p["summary"].get("skipped")]
     assert points

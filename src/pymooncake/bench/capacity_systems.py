@@ -9,7 +9,8 @@ cores and stopped as a whole process group.
 * ``ours-colocated``: ``pymooncake serve --colocated --prefill <cores>`` (prefix cache on);
 * ``ours-1w``: one colocated worker on all the cores, ``--threads <cores>`` (vLLM's layout:
   one engine whose every step uses each core), the KV space of the others together, steps
-  of at most 256 tokens while requests decode (``--decode-step-tokens``);
+  of at most 256 tokens while requests decode (``--decode-step-tokens``); ``ours-1w-c<N>``
+  the same with steps of at most N tokens while requests decode;
 * ``ours-pd``: ``pymooncake serve --prefill 1 --decode 1`` (global Store, Algorithm 1);
   both with the Conductor's early rejection at the given TTFT/TBT objectives.
 
@@ -42,11 +43,26 @@ class SystemError_(RuntimeError):
     """A system that did not start or died (the message names its log)."""
 
 
+def _suffix_number(name: str, prefix: str) -> int | None:
+    """N of ``<prefix><N>`` (N >= 1), else None."""
+    tail = name[len(prefix):] if name.startswith(prefix) else ""
+    return int(tail) if tail.isdigit() and int(tail) >= 1 else None
+
+
+def ours_1w_decode_step_tokens(name: str) -> int | None:
+    """The decode-step cap of an ``ours-1w`` system (``ours-1w``: 256, ``ours-1w-c<N>``: N),
+    None for any other system."""
+    if name == "ours-1w":
+        return OURS_1W_DECODE_STEP_TOKENS
+    return _suffix_number(name, "ours-1w-c")
+
+
 def check_system(name: str) -> None:
-    if name in SYSTEMS or (name.startswith("vllm-t") and name[6:].isdigit()
-                           and int(name[6:]) >= 1):
+    if (name in SYSTEMS or _suffix_number(name, "vllm-t") is not None
+            or ours_1w_decode_step_tokens(name) is not None):
         return
-    raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)} or vllm-t<N>")
+    raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}, vllm-t<N> "
+                     f"or ours-1w-c<N>")
 
 
 @dataclass
@@ -198,9 +214,10 @@ def _start_ours(s: Settings, server: Server, tag: str, ttft_slo_s: float, tbt_sl
     blocks = ours_kv_blocks(s)
     if name == "ours-colocated":
         roles = ["--colocated", "--prefill", str(_engines(s))]
-    elif name == "ours-1w":   # one engine, one thread per core, every engine's KV space
+    elif (cap := ours_1w_decode_step_tokens(name)) is not None:
+        # one engine, one thread per core, every engine's KV space
         roles = ["--colocated", "--prefill", "1", "--threads", str(_engines(s)),
-                 "--decode-step-tokens", str(OURS_1W_DECODE_STEP_TOKENS)]
+                 "--decode-step-tokens", str(cap)]
         blocks *= _engines(s)
     else:
         roles = ["--prefill", "1", "--decode", "1"]
