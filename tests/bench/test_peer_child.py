@@ -92,7 +92,15 @@ def test_run_child_on_a_cpu_list_with_two_threads(tmp_path) -> None:
     (["--batches", "1,0"], "batch sizes must be >= 1"),
     (["--threads", "0"], "--threads must be >= 1"),
     (["--prefill-len", "-3"], "--prefill-len must be >= 1"),
-    (["--core", "a,b"], "comma-separated integers"),
+    (["--core", "a,b"], "--core: comma-separated non-negative integers"),
+    (["--core", "1,"], "--core: comma-separated"),
+    (["--core", "0,0"], "names a value twice"),
+    (["--core", "3-1"], "empty range"),
+    (["--batches", "1,,16"], "--batches: comma-separated"),
+    (["--core", "0", "--threads", "2"], "--threads 2: needs as many CPUs"),
+    (["--prefill-len", "100000"], "at most 16384 tokens"),
+    (["--peers", "foo"], "--peers: one or more of vllm, hf"),
+    (["--peers", ""], "--peers: one or more of vllm, hf"),
 ])
 def test_cli_bad_peer_flags_one_line(flags, message) -> None:
     r = subprocess.run([sys.executable, "-m", "pymooncake", "bench", "peer", "--model", "tiny",

@@ -54,8 +54,8 @@ def _register_peer(bench: argparse._SubParsersAction) -> None:
     p.add_argument("--vllm-python", default=".venv-vllm/bin/python",
                    help="the peer venv's interpreter (default %(default)s)")
     p.add_argument("--core", default=None, metavar="CPU[,CPU...]",
-                   help="the core(s) every child is pinned to (default: the highest allowed); "
-                        "give as many as --threads")
+                   help="the core(s) every child is pinned to, e.g. 1, 0,1 or 0-1 (default: "
+                        "the highest --threads allowed); at least as many as --threads")
     p.add_argument("--threads", type=int, default=1,
                    help="torch / OpenMP threads of every child (default 1)")
     p.add_argument("--prefill-len", type=int, default=512,
@@ -65,6 +65,27 @@ def _register_peer(bench: argparse._SubParsersAction) -> None:
                    help="comma-separated batch sizes of prefill and decode (default 1,16)")
     add_json_flag(p)
     p.set_defaults(handler=_cmd_peer)
+
+
+PEER_MAX_PREFILL_TOKENS = 16384
+"""``bench peer --prefill-len`` at most (tokens): the prompt must fit every side's model."""
+
+
+def _int_list(flag: str, text: str) -> list[int]:
+    """``"1,16"`` (or CPU ranges ``"0-1"``) as ints; a UsageError naming ``flag`` otherwise."""
+    from pymooncake.cli.main import UsageError
+    out: list[int] = []
+    for part in text.replace(" ", "").split(","):
+        lo, dash, hi = part.partition("-") if flag == "--core" else (part, "", "")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise UsageError(f"{flag}: comma-separated non-negative integers"
+                             f"{' or ranges like 0-1' if flag == '--core' else ''}, got {text!r}")
+        if dash and int(hi) < int(lo):
+            raise UsageError(f"{flag}: empty range {part!r} in {text!r}")
+        out.extend(range(int(lo), int(hi) + 1) if dash else [int(lo)])
+    if len(set(out)) != len(out):
+        raise UsageError(f"{flag}: {text!r} names a value twice")
+    return out
 
 
 def _cmd_peer(args: argparse.Namespace) -> int:
@@ -77,20 +98,26 @@ def _cmd_peer(args: argparse.Namespace) -> int:
     for name in ("repeats", "threads", "prefill_len"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.prefill_len > PEER_MAX_PREFILL_TOKENS:
+        raise UsageError(f"--prefill-len {args.prefill_len}: at most "
+                         f"{PEER_MAX_PREFILL_TOKENS} tokens")
     peers = [x for x in args.peers.replace(" ", "").split(",") if x]
-    try:
-        batches = [int(b) for b in args.batches.replace(" ", "").split(",") if b]
-        cpus = None if args.core is None else sorted(
-            {int(c) for c in args.core.replace(" ", "").split(",") if c})
-    except ValueError:
-        raise UsageError(f"--batches and --core take comma-separated integers, got "
-                         f"{args.batches!r} / {args.core!r}") from None
-    if not batches or min(batches) < 1:
+    if not peers or not set(peers) <= {"vllm", "hf"}:
+        raise UsageError(f"--peers: one or more of vllm, hf, got {args.peers!r}")
+    batches = _int_list("--batches", args.batches)
+    if min(batches) < 1:
         raise UsageError(f"--batches: batch sizes must be >= 1, got {args.batches!r}")
-    if cpus is not None and (not cpus or not set(cpus) <= os.sched_getaffinity(0)):
-        raise UsageError(f"--core {args.core!r}: not among this process's CPUs "
-                         f"{sorted(os.sched_getaffinity(0))}")
-    core = None if cpus is None else (cpus[0] if len(cpus) == 1 else ",".join(map(str, cpus)))
+    allowed = sorted(os.sched_getaffinity(0))
+    if args.core is None:   # one CPU per thread: the highest ones allowed
+        cpus = allowed[-args.threads:]
+    else:
+        cpus = sorted(_int_list("--core", args.core))
+        if not set(cpus) <= set(allowed):
+            raise UsageError(f"--core {args.core!r}: not among this process's CPUs {allowed}")
+    if len(cpus) < args.threads:
+        raise UsageError(f"--threads {args.threads}: needs as many CPUs, got "
+                         f"{len(cpus)} ({','.join(map(str, cpus))})")
+    core = cpus[0] if len(cpus) == 1 else ",".join(map(str, cpus))
     try:
         doc = run_peer(args.model, args.repeats, peers, args.vllm_python, core,
                        threads=args.threads, prefill_len=args.prefill_len, batches=batches,
