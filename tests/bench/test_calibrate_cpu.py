@@ -76,3 +76,14 @@ def test_calibrate_cpu_threads(capsys, tmp_path, keep_affinity) -> None:  # noqa
     assert main(["sim", "calibrate-cpu", "--threads", "0"]) == 2
     assert main(["sim", "calibrate-cpu", "--cores", "0,0"]) == 2
     assert "--threads must be >= 1" in capsys.readouterr().err
+
+
+def test_calibrate_cpu_refuses_missing_cpus_and_an_unwritable_out_before_measuring(capsys):
+    """Checked before the (long) measurement: CPUs outside the affinity, --out's directory."""
+    from pymooncake.cli.main import main
+    assert main(["sim", "calibrate-cpu", "--cores", "0,4096", "--threads", "2"]) == 2
+    assert "--cores: distinct CPUs among this process's" in capsys.readouterr().err
+    assert main(["sim", "calibrate-cpu", "--core", "4096"]) == 2
+    assert "--core: distinct CPUs" in capsys.readouterr().err
+    assert main(["sim", "calibrate-cpu", "--out", "/nonexistent-dir/x.json"]) == 2
+    assert "--out /nonexistent-dir/x.json: directory" in capsys.readouterr().err

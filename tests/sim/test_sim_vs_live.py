@@ -84,7 +84,7 @@ def test_cli_vs_live_bad_input(capsys, tmp_path, cal_file) -> None:  # noqa: ANN
     bad = tmp_path / "live.json"
     bad.write_text(json.dumps({"kind": "other"}))
     rc = main(["sim", "vs-live", "--calibration", str(cal_file), "--live", str(bad)])
-    assert rc == 1 and "lacks 'config'" in capsys.readouterr().err
+    assert rc == 1 and "not a `bench capacity` document" in capsys.readouterr().err
     rc = main(["sim", "vs-live", "--calibration", str(cal_file), "--live", str(LIVE),
                "--out", str(tmp_path / "x.txt")])
     assert rc == 2 and "--out must name a .png" in capsys.readouterr().err
@@ -174,3 +174,19 @@ def test_ours_1w_on_the_recorded_real_pilot(cal_file, tmp_path, capsys) -> None:
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["not_simulated"] == {} and len(out["rows"]) == 5
     assert [r["sim_ttft_p90_s"] for r in out["rows"]] == [r["sim_ttft_p90_s"] for r in rows]
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"[]", "not a `bench capacity` document"),
+    (b"null", "not a `bench capacity` document"),
+    (b'{"config": {}, "points": []}', "no swept points"),
+    (b"garbage", "not JSON"),
+    (b"\xff\xfe", "not UTF-8"),
+])
+def test_vs_live_refuses_a_bad_live_file_naming_it(cal_file, tmp_path, capsys, content,
+                                                   message) -> None:  # noqa: ANN001
+    bad = tmp_path / "live.json"
+    bad.write_bytes(content)
+    assert main(["sim", "vs-live", "--calibration", str(cal_file), "--live", str(bad)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"--live {bad}: {message}" in err and len(err.splitlines()) == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from typing import Any
@@ -48,8 +49,17 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.decode_steps < 1:
         raise UsageError("--repeats and --decode-steps must be >= 1")
     cores = _csv(int, args.cores, "--cores") if args.cores else [args.core]
-    if args.threads < 1 or min(cores) < 0 or len(set(cores)) != len(cores):
-        raise UsageError("--threads must be >= 1 and --cores distinct core numbers >= 0")
+    flag = "--cores" if args.cores else "--core"
+    if args.threads < 1:
+        raise UsageError("--threads must be >= 1")
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(set(cores)) != len(cores) or not set(cores) <= set(allowed):
+        raise UsageError(f"{flag}: distinct CPUs among this process's {allowed}, got "
+                         f"{args.cores or args.core}")
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
+        raise UsageError(f"--out {args.out}: directory {out_dir} does not exist or is not "
+                         f"writable")
     bw = None
     if args.transfer_bandwidth_gbps is not None:
         if not args.transfer_bandwidth_gbps > 0:

@@ -44,6 +44,23 @@ def _say(args: argparse.Namespace):  # noqa: ANN202
     return None if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
 
 
+def _read_live(path: str) -> dict:
+    """The live ``bench capacity`` document at ``path``; ``ValueError`` naming the file and
+    what is wrong (unreadable, not JSON, not an object, no points)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--live {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--live {path}: not JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
+        raise ValueError(f"--live {path}: not a `bench capacity` document (a JSON object "
+                         f"with a config object)")
+    if not isinstance(doc.get("points"), list) or not doc["points"]:
+        raise ValueError(f"--live {path}: no swept points to compare")
+    return doc
+
+
 def _cmd_vs_live(args: argparse.Namespace) -> int:
     _out_ok("--out", args.out, ".png")
     _out_ok("--sim-out", args.sim_out, ".json")
@@ -53,7 +70,7 @@ def _cmd_vs_live(args: argparse.Namespace) -> int:
         from pymooncake.bench.sim_vs_live_plot import plot_vs_live
         from pymooncake.sim.calibration import load_calibration
         cals = [(load_calibration(f), f) for f in args.calibration]
-        live = json.loads(Path(args.live).read_text())
+        live = _read_live(args.live)
         sim = simulate_like_live(live, *cals[0], trace_paths=paths, say=_say(args),
                                  more=cals[1:])
         rows = compare(live, sim, args.tolerance)
