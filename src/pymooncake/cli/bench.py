@@ -71,15 +71,16 @@ PEER_MAX_PREFILL_TOKENS = 16384
 """``bench peer --prefill-len`` at most (tokens): the prompt must fit every side's model."""
 
 
-def _int_list(flag: str, text: str) -> list[int]:
-    """``"1,16"`` (or CPU ranges ``"0-1"``) as ints; a UsageError naming ``flag`` otherwise."""
+def _int_list(flag: str, text: str, ranges: bool = False) -> list[int]:
+    """``"1,16"`` (with ``ranges``, also ``"0-1"``) as ints; a UsageError naming ``flag``
+    otherwise."""
     from pymooncake.cli.main import UsageError
     out: list[int] = []
     for part in text.replace(" ", "").split(","):
-        lo, dash, hi = part.partition("-") if flag == "--core" else (part, "", "")
+        lo, dash, hi = part.partition("-") if ranges else (part, "", "")
         if not lo.isdigit() or (dash and not hi.isdigit()):
             raise UsageError(f"{flag}: comma-separated non-negative integers"
-                             f"{' or ranges like 0-1' if flag == '--core' else ''}, got {text!r}")
+                             f"{' or ranges like 0-1' if ranges else ''}, got {text!r}")
         if dash and int(hi) < int(lo):
             raise UsageError(f"{flag}: empty range {part!r} in {text!r}")
         out.extend(range(int(lo), int(hi) + 1) if dash else [int(lo)])
@@ -111,7 +112,7 @@ def _cmd_peer(args: argparse.Namespace) -> int:
     if args.core is None:   # one CPU per thread: the highest ones allowed
         cpus = allowed[-args.threads:]
     else:
-        cpus = sorted(_int_list("--core", args.core))
+        cpus = sorted(_int_list("--core", args.core, ranges=True))
         if not set(cpus) <= set(allowed):
             raise UsageError(f"--core {args.core!r}: not among this process's CPUs {allowed}")
     if len(cpus) < args.threads:

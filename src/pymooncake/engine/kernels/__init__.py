@@ -18,6 +18,7 @@ fresh machine and has a pure-torch fallback").
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import subprocess
 import threading
@@ -142,6 +143,13 @@ def paged_decode(q: torch.Tensor, layer_cache: torch.Tensor, tables: torch.Tenso
     return out
 
 
+@functools.cache
+def _threads_inside(lib: ctypes.CDLL, d: int) -> bool:
+    """``pmk_prefill_threads_inside(d)``, asked once per library and head_dim (it is fixed at
+    build time; ``prefill_attention`` runs per layer per step)."""
+    return bool(lib.pmk_prefill_threads_inside(d))
+
+
 def _need() -> ctypes.CDLL:
     lib = library()
     if lib is None:
@@ -226,7 +234,7 @@ def prefill_attention(q: torch.Tensor, layer_cache: torch.Tensor, blocks: torch.
                                         ctx_len - n + b, heads, scale, op + 4 * a * os_, os_,
                                         threads)
 
-    if lib.pmk_prefill_threads_inside(d):
+    if _threads_inside(lib, d):
         threads = torch.get_num_threads() if n * ctx_len >= SPLIT_MIN_WORK else 1
         rc = rows(0, n, threads)
     else:
