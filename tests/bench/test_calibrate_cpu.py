@@ -60,8 +60,9 @@ def test_calibrate_cpu_threads(capsys, tmp_path, keep_affinity) -> None:  # noqa
     before = torch.get_num_threads()
     try:
         rc = main(["sim", "calibrate-cpu", "--model", "tiny", "--cores",
-                   ",".join(map(str, cores)), "--threads", "2", "--lengths", "64,256,512",
-                   "--prefix-fractions", "0", "--repeats", "1", "--batches", "1,2",
+                   ",".join(map(str, cores)), "--threads", "2", "--lengths", "16,32,48",
+                   "--prefix-fractions", "0,0.5", "--repeats", "2", "--statistic", "min",
+                   "--batches", "1,2",
                    "--contexts", "16,32", "--decode-steps", "2", "--holdout",
                    "--transfer-bandwidth-gbps", "80", "--out", str(out), "--json"])
         threads = torch.get_num_threads()
