@@ -106,24 +106,38 @@ def test_margins_spread_rule() -> None:
                         "ours-pd": cap.spread([0.1, 0.2])})["ours-pd"]["ratio"] == math.inf
 
 
-def test_ours_1w_variants_by_their_decode_step_cap() -> None:
-    """``ours-1w-c<N>``: ours-1w with decode steps of at most N tokens; counted as ours in
-    the margins, after the named systems."""
-    from pymooncake.bench.capacity_systems import check_system, ours_1w_decode_step_tokens
+def test_ours_1w_variants_by_their_suffixes() -> None:
+    """``ours-1w[-c<N>][-t<MS>][-srpt|-fcfs]``: ours-1w with decode steps of at most N tokens,
+    steps sized to a predicted MS ms, a prompt order; counted as ours in the margins, after
+    the named systems."""
+    from pymooncake.bench.capacity_systems import (
+        check_system,
+        ours_1w_decode_step_tokens,
+        ours_1w_flags,
+    )
     assert ours_1w_decode_step_tokens("ours-1w") == 256
     assert ours_1w_decode_step_tokens("ours-1w-c512") == 512
-    for bad in ("ours-1w-c0", "ours-1w-c", "ours-1w-cx", "ours-1w-c-5", "ours-pd"):
-        assert ours_1w_decode_step_tokens(bad) is None
+    assert ours_1w_flags("ours-1w") == ["--decode-step-tokens", "256"]
+    assert ours_1w_flags("ours-1w-c384-t650-srpt") == [
+        "--decode-step-tokens", "384", "--decode-step-s", "0.65", "--prefill-order", "srpt"]
+    assert ours_1w_flags("ours-1w-t1200-fcfs") == [
+        "--decode-step-tokens", "256", "--decode-step-s", "1.2", "--prefill-order", "fcfs"]
+    for bad in ("ours-1w-c0", "ours-1w-c", "ours-1w-cx", "ours-1w-c-5", "ours-pd", "ours-1w-t0",
+                "ours-1w-srpt-t500", "ours-1w-lifo", "ours-1w-t05"):
+        assert ours_1w_decode_step_tokens(bad) is None and ours_1w_flags(bad) is None
     check_system("ours-1w-c384")
+    check_system("ours-1w-t600-srpt")
     check_system("vllm-t2")
-    for bad in ("ours-1w-c0", "ours-1w-cx", "vllm-t0", "vllm-tx"):
-        with pytest.raises(ValueError, match="ours-1w-c<N>"):
+    for bad in ("ours-1w-c0", "ours-1w-cx", "vllm-t0", "vllm-tx", "ours-1w-srpt-c5"):
+        with pytest.raises(ValueError, match=r"ours-1w\[-c<N>\]"):
             check_system(bad)
     m = cap.margins({"vllm": cap.spread([0.2, 0.3]), "ours-1w-c512": cap.spread([0.4, 0.6]),
-                     "ours-1w": cap.spread([0.2, 0.2])})
-    assert list(m) == ["ours-1w", "ours-1w-c512"]
+                     "ours-1w": cap.spread([0.2, 0.2]),
+                     "ours-1w-t600-srpt": cap.spread([0.45, 0.45])})
+    assert list(m) == ["ours-1w", "ours-1w-c512", "ours-1w-t600-srpt"]
     assert m["ours-1w-c512"]["verdict"] == "higher" and m["ours-1w"]["verdict"] == \
         "not distinguishable"
+    assert m["ours-1w-t600-srpt"]["ratio"] == pytest.approx(0.45 / 0.25)
 
 
 def test_recorded_summaries_match_their_records(recorded: dict) -> None:

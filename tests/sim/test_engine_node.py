@@ -143,3 +143,40 @@ def test_early_rejection_uses_the_conductors_predictor_and_view(make_trace) -> N
                            policy_prefill=(5e-8, 1e-4, 3e-3)), CM).requests[0]
     assert not r.rejected and r.predicted_prefill_s == pytest.approx(0.081)
     assert r.first_token_s == pytest.approx(0.61)     # the cost is still the truth
+
+
+def test_decode_step_s_sizes_the_chunk_to_the_time_limit(make_trace) -> None:  # noqa: ANN001
+    """``decode_step_s``: while B and C decode, A's chunk is the longest that keeps the step
+    within the limit (not the 256-token cap); with no room, ``MIN_TIMED_CHUNK`` tokens."""
+    res = simulate(make_trace(ROWS, block_size=100), _cfg(decode_step_s=0.15), CM)
+    a, b, c = (_by_len(res)[n] for n in (600, 200, 100))
+    # step 1 as with the cap: 0.542 s. Step 2: decode rows 0.00502 s, A's chunk k with
+    #   0.001 k + 0.00502 <= 0.15 -> k = 144: 0.14902 s -> C and B finish at 0.69102 s
+    assert c.first_token_s == pytest.approx(0.542)
+    assert c.tbt_s == pytest.approx(0.14902) and b.finish_s == pytest.approx(0.69102)
+    # step 3: A's last 600 - 212 - 144 = 244 tokens -> the same first token as with the cap
+    assert a.first_token_s == pytest.approx(0.93502)
+    # a limit below the decode rows alone: A still gets 64 tokens (0.064 + 0.00502 s)
+    c2 = _by_len(simulate(make_trace(ROWS, block_size=100), _cfg(decode_step_s=0.004), CM))[100]
+    assert c2.tbt_s == pytest.approx(0.06902)
+    with pytest.raises(ValueError, match="decode_step_s"):
+        SimConfig(scenario="colocated", decode_step_s=0.1)
+
+
+def test_srpt_runs_a_short_newcomer_before_a_running_prompt(make_trace) -> None:  # noqa: ANN001
+    """``srpt``: C (100 tokens) arrives at 50 ms while A (600) is in its first 128-token
+    chunk; the next step computes C whole before A continues (C left 100 < A's 472)."""
+    rows = [(0, 600, 2, (1, 2, 3, 4, 5, 6)), (50, 100, 2, (9,))]
+    kw = dict(step_budget_tokens=128, chunk_size_tokens=128, decode_step_tokens=None,
+              aging_tokens_per_s=0.0)
+    res = simulate(make_trace(rows, block_size=100), _cfg(waiting_order="srpt", **kw), CM)
+    a, c = _by_len(res)[600], _by_len(res)[100]
+    # step 1: A 128 = 0.138 s; step 2: C 100 (+ overhead) and A 28 = 0.138 s -> C at 0.276 s
+    assert c.first_token_s == pytest.approx(0.276)
+    # step 3: C decodes (0.001 + 1e-5 x 101) with A's next 127 tokens -> C ends at 0.40501 s
+    assert c.finish_s == pytest.approx(0.40501)
+    # A: 600 tokens at 1 ms + its overhead + C's whole cost before it + C's decode row
+    assert a.first_token_s == pytest.approx(0.61 + 0.11 + 0.00201)
+    # shortest (admission only): the running A keeps the budget; C starts after A's prefill
+    res = simulate(make_trace(rows, block_size=100), _cfg(waiting_order="shortest", **kw), CM)
+    assert _by_len(res)[100].first_token_s > _by_len(res)[600].first_token_s

@@ -142,6 +142,10 @@ def test_ours_1w_takes_the_calibration_of_its_threads(cal_file, tmp_path) -> Non
                 1, 512, 256, "shortest", True, 2.5)
     assert cfg.resolve_cache_tokens(364 * 128 * 2) == 93_184   # the whole paged KV
     assert cfg.policy_prefill == (5e-8, 1e-4, 3e-3)   # the live Conductor's defaults
+    assert cfg.decode_step_s is None
+    cfg = system_config("ours-1w-c384-t650-srpt", cores=2, block_size=128, chunk_tokens=512,
+                        kv_tokens=364 * 128 * 2, admission=(2.5, 0.15))
+    assert (cfg.decode_step_tokens, cfg.decode_step_s, cfg.waiting_order) == (384, 0.65, "srpt")
 
 
 def test_ours_1w_on_the_recorded_real_pilot(cal_file, tmp_path, capsys) -> None:  # noqa: ANN001

@@ -175,7 +175,7 @@ def margins(caps: dict[str, dict[str, Any]]) -> dict[str, Any]:
     best = max(peers, key=lambda p: (caps[p]["median"], caps[p]["max"]))
     out = {}
     for ours in [*(s for s in OURS if s in caps),
-                 *sorted(s for s in caps if s.startswith("ours-1w-c"))]:
+                 *sorted(s for s in caps if s.startswith("ours-1w-"))]:
         a, b = caps[ours], caps[best]
         ratio = a["median"] / b["median"] if b["median"] > 0 else (
             math.inf if a["median"] > 0 else None)

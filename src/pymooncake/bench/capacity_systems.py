@@ -9,8 +9,12 @@ cores and stopped as a whole process group.
 * ``ours-colocated``: ``pymooncake serve --colocated --prefill <cores>`` (prefix cache on);
 * ``ours-1w``: one colocated worker on all the cores, ``--threads <cores>`` (vLLM's layout:
   one engine whose every step uses each core), the KV space of the others together, steps
-  of at most 256 tokens while requests decode (``--decode-step-tokens``); ``ours-1w-c<N>``
-  the same with steps of at most N tokens while requests decode;
+  of at most 256 tokens while requests decode (``--decode-step-tokens``); variants by
+  suffix, in this order: ``-c<N>`` steps of at most N tokens while requests decode,
+  ``-t<MS>`` steps sized to a predicted MS milliseconds while requests decode
+  (``--decode-step-s``; the token cap until the step-time model is fitted), ``-srpt`` /
+  ``-fcfs`` the prompt order (``--prefill-order``; default ``shortest``), e.g.
+  ``ours-1w-t600-srpt``;
 * ``ours-pd``: ``pymooncake serve --prefill 1 --decode 1`` (global Store, Algorithm 1);
   both with the Conductor's early rejection at the given TTFT/TBT objectives.
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -49,20 +54,36 @@ def _suffix_number(name: str, prefix: str) -> int | None:
     return int(tail) if tail.isdigit() and int(tail) >= 1 else None
 
 
+_OURS_1W = re.compile(r"ours-1w(?:-c([1-9]\d*))?(?:-t([1-9]\d*))?(?:-(srpt|fcfs))?")
+
+
+def ours_1w_flags(name: str) -> list[str] | None:
+    """The worker flags of an ``ours-1w[-c<N>][-t<MS>][-srpt|-fcfs]`` system (module
+    docstring), None for any other system."""
+    m = _OURS_1W.fullmatch(name)
+    if m is None:
+        return None
+    flags = ["--decode-step-tokens", m[1] or str(OURS_1W_DECODE_STEP_TOKENS)]
+    if m[2]:
+        flags += ["--decode-step-s", f"{int(m[2]) / 1000:g}"]
+    if m[3]:
+        flags += ["--prefill-order", m[3]]
+    return flags
+
+
 def ours_1w_decode_step_tokens(name: str) -> int | None:
-    """The decode-step cap of an ``ours-1w`` system (``ours-1w``: 256, ``ours-1w-c<N>``: N),
-    None for any other system."""
-    if name == "ours-1w":
-        return OURS_1W_DECODE_STEP_TOKENS
-    return _suffix_number(name, "ours-1w-c")
+    """The decode-step cap of an ``ours-1w`` system (``ours-1w``: 256, ``-c<N>``: N), None
+    for any other system."""
+    flags = ours_1w_flags(name)
+    return None if flags is None else int(flags[1])
 
 
 def check_system(name: str) -> None:
     if (name in SYSTEMS or _suffix_number(name, "vllm-t") is not None
-            or ours_1w_decode_step_tokens(name) is not None):
+            or ours_1w_flags(name) is not None):
         return
     raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}, vllm-t<N> "
-                     f"or ours-1w-c<N>")
+                     f"or ours-1w[-c<N>][-t<MS>][-srpt|-fcfs]")
 
 
 @dataclass
@@ -214,10 +235,9 @@ def _start_ours(s: Settings, server: Server, tag: str, ttft_slo_s: float, tbt_sl
     blocks = ours_kv_blocks(s)
     if name == "ours-colocated":
         roles = ["--colocated", "--prefill", str(_engines(s))]
-    elif (cap := ours_1w_decode_step_tokens(name)) is not None:
+    elif (flags := ours_1w_flags(name)) is not None:
         # one engine, one thread per core, every engine's KV space
-        roles = ["--colocated", "--prefill", "1", "--threads", str(_engines(s)),
-                 "--decode-step-tokens", str(cap)]
+        roles = ["--colocated", "--prefill", "1", "--threads", str(_engines(s)), *flags]
         blocks *= _engines(s)
     else:
         roles = ["--prefill", "1", "--decode", "1"]

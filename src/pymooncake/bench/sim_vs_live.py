@@ -19,9 +19,11 @@ How the live systems map onto the simulator (one node = one pinned core):
 - ``ours-1w``: ``colocated``, ONE node for all the cores with the costs of a calibration
   timed with that many threads (``calibrate-cpu --threads``), stepped like the engine
   (``sim.engine_node``): 512-token steps, 256 while any request decodes, shortest-first
-  admission, the prefix cache in the whole paged KV (every engine's KV together), early
-  rejection at the live objectives with the live Conductor's view of a shortest-first queue
-  and its prefill predictor (``LIVE_CONDUCTOR_PREFILL``, not the calibrated truth).
+  admission (its variants ``ours-1w-c<N>-t<MS>-srpt`` with their cap, step time and
+  order: ``capacity_systems.ours_1w_flags``), the prefix cache in the whole paged KV
+  (every engine's KV together), early rejection at the live objectives with the live
+  Conductor's view of a shortest-first queue and its prefill predictor
+  (``LIVE_CONDUCTOR_PREFILL``, not the calibrated truth).
 Each system takes the calibration whose ``node.threads`` is the threads of its engines (1,
 or the cores for ``ours-1w``); a system without one is left out (``config.not_simulated``).
 """
@@ -35,7 +37,7 @@ from typing import Any
 
 from pymooncake.bench import capacity as cap
 from pymooncake.bench.capacity_client import at_rate, select_sample
-from pymooncake.bench.capacity_systems import OURS_1W_DECODE_STEP_TOKENS
+from pymooncake.bench.capacity_systems import ours_1w_flags
 from pymooncake.conductor.config import ConductorConfig
 from pymooncake.sim.calibration import CalibratedCostModel, Calibration
 from pymooncake.sim.config import SimConfig
@@ -84,12 +86,15 @@ def system_config(system: str, *, cores: int, block_size: int, chunk_tokens: int
                          num_prefill=num_prefill or 1, num_decode=num_decode or 1,
                          cache_capacity_tokens=kv_tokens * (1 + STORE_SEGMENT_CACHES),
                          **common, **slo)
-    if system == "ours-1w":     # one engine on every core, stepped like the engine
+    if (flags := ours_1w_flags(system)) is not None:   # one engine on every core
+        opts = dict(zip(flags[::2], flags[1::2], strict=True))
+        step_s = opts.get("--decode-step-s")
         return SimConfig(scenario="colocated", scheduler="local-cache", num_prefill=1,
                          step_budget_tokens=chunk_tokens,
-                         decode_step_tokens=OURS_1W_DECODE_STEP_TOKENS,
-                         waiting_order="shortest", policy_prefill=LIVE_CONDUCTOR_PREFILL,
-                         **common, **slo)
+                         decode_step_tokens=int(opts["--decode-step-tokens"]),
+                         decode_step_s=float(step_s) if step_s else None,
+                         waiting_order=opts.get("--prefill-order", "shortest"),
+                         policy_prefill=LIVE_CONDUCTOR_PREFILL, **common, **slo)
     if system == "ours-colocated":
         return SimConfig(scenario="colocated", scheduler="local-cache",
                          num_prefill=num_prefill or cores, **common, **slo)
@@ -167,7 +172,7 @@ def sweep_doc(samples: dict[str, Trace], systems: dict[str, SimConfig],
 
 def threads_of(system: str, cores: int) -> int:
     """Torch threads of one engine of the live ``system`` (``ours-1w``: one per core)."""
-    return cores if system == "ours-1w" else 1
+    return cores if ours_1w_flags(system) is not None else 1
 
 
 def pick_calibration(cals: Sequence[tuple[Calibration, str]], threads: int
@@ -195,11 +200,12 @@ def simulate_like_live(live: dict[str, Any], cal: Calibration, calibration_path:
     skipped: dict[str, str] = {}
     for system in c["systems"]:
         got = pick_calibration(cals, threads_of(system, cores))
-        if system not in SIM_SYSTEMS or got is None:
-            skipped[system] = ("no simulated counterpart" if system not in SIM_SYSTEMS else
+        known = system in SIM_SYSTEMS or ours_1w_flags(system) is not None
+        if not known or got is None:
+            skipped[system] = ("no simulated counterpart" if not known else
                                f"no {threads_of(system, cores)}-thread calibration given")
             continue
-        kv = kv_tokens * (cores if system == "ours-1w" else 1)
+        kv = kv_tokens * threads_of(system, cores)
         cms[system] = CalibratedCostModel(
             dataclasses.replace(got[0], kv_capacity_tokens=kv),
             chunk_size_tokens=int(got[0].node.get("prefill_chunk_tokens", 512)))

@@ -38,6 +38,10 @@ class ClusterSpec:
         """None = the workers' default (``WorkerConfig.max_num_batched_tokens``)."""
         self.decode_step_tokens: int | None = kw.pop("decode_step_tokens", None)
         """``--decode-step-tokens`` of every worker (None: not given)."""
+        self.decode_step_s: float | None = kw.pop("decode_step_s", None)
+        """``--decode-step-s`` of every worker (None: not given)."""
+        self.prefill_order: str | None = kw.pop("prefill_order", None)
+        """``--prefill-order`` of every worker (None: the workers' default)."""
         self.num_threads: int = kw.pop("num_threads", 1)
         """torch intra-op threads of every worker's engine (``--threads``)."""
         self.ttft_slo_s: float = kw.pop("ttft_slo_s", 10.0)
@@ -219,6 +223,10 @@ class LocalCluster:
                 common += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
             if s.decode_step_tokens is not None:
                 common += ["--decode-step-tokens", str(s.decode_step_tokens)]
+            if s.decode_step_s is not None:
+                common += ["--decode-step-s", repr(s.decode_step_s)]
+            if s.prefill_order is not None:
+                common += ["--prefill-order", s.prefill_order]
             if s.num_threads != 1:
                 common += ["--threads", str(s.num_threads)]
             if not s.prefix_cache:

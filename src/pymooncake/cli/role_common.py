@@ -132,6 +132,16 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="while requests decode, a step computes at most N tokens (their "
                         "decodes and a prefill chunk): lower TBT, a step without decodes "
                         "still takes --max-num-batched-tokens (default: no cap)")
+    p.add_argument("--decode-step-s", type=float, default=None, metavar="S",
+                   help="while requests decode, size each step's prefill chunk so the step's "
+                        "predicted time (the engine's own fitted step-time model) stays "
+                        "within S seconds; set it a little under the TBT objective "
+                        "(default: off; --decode-step-tokens applies until the model is fitted)")
+    p.add_argument("--prefill-order", choices=("shortest", "fcfs", "srpt"), default="shortest",
+                   help="which prompt is computed next: fewest tokens first (aged, so long "
+                        "prompts are not starved), arrival order, or srpt: fewest tokens "
+                        "left first among waiting *and* running prompts (a running prompt's "
+                        "chunks pause for a shorter one) (default %(default)s)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads of each engine (default %(default)s: one "
                         "core per engine; a single colocated worker on a whole machine "
@@ -157,6 +167,9 @@ def check_engine_flags(args: argparse.Namespace, extra: tuple[tuple[str, int], .
                     ("--decode-step-tokens", given(args.decode_step_tokens)), *extra):
         if v < 1:
             raise UsageError(f"{flag} must be >= 1, got {v}")
+    s = args.decode_step_s
+    if s is not None and not 0 < s < 3600:
+        raise UsageError(f"--decode-step-s must be in (0, 3600) seconds, got {s}")
 
 
 def run_until_signal(coro_factory: Any) -> int:

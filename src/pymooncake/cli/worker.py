@@ -48,9 +48,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             w.add_argument("--prefill-batch", type=int, default=1,
                            help="prompts prefilled together at most (1 = one at a time, "
                                 "first come first served: the queue Algorithm 1 predicts)")
-            w.add_argument("--prefill-order", choices=("shortest", "fcfs"), default="shortest",
-                           help="which queued prompt is prefilled next: fewest tokens first "
-                                "(aged, so long prompts are not starved) or arrival order")
             w.add_argument("--no-layerwise-kv", action="store_true",
                            help="ship the prompt KV in one batch after the prefill instead of "
                                 "layer by layer during it")
@@ -83,13 +80,13 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             port=args.port, model=args.model, num_kv_blocks=args.num_kv_blocks,
             block_size=args.block_size, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads,
-            decode_step_tokens=args.decode_step_tokens,
+            decode_step_tokens=args.decode_step_tokens, decode_step_s=args.decode_step_s,
             max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_cache,
             global_segment_size_bytes=getattr(args, "global_segment_size", None),
             recv_buffer_bytes=getattr(args, "recv_buffer_size", None),
             layerwise_kv=not getattr(args, "no_layerwise_kv", False),
             prefill_batch=getattr(args, "prefill_batch", 1),
-            prefill_order=getattr(args, "prefill_order", "shortest"),
+            prefill_order=args.prefill_order,
             register_timeout_s=args.register_timeout)
     except ValueError as e:
         raise UsageError(str(e)) from None

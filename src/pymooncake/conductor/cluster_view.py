@@ -188,7 +188,7 @@ class ClusterState:
             prefill.append(PrefillInstanceState(
                 InstanceId(w.info.instance_id), busy_until, queued, len(w.prefills),
                 self.config.prefill_concurrency_limit,
-                tuple(p for _, p in items[1:]), w.info.prefill_order == "shortest",
+                tuple(p for _, p in items[1:]), w.info.prefill_order in ("shortest", "srpt"),
                 w.cpp))
         decode = []
         for w in self.decode_pool():

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 ROLES = ("prefill", "decode", "colocated")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
-WAITING_ORDERS = ("fcfs", "shortest")
+WAITING_ORDERS = ("fcfs", "shortest", "srpt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,13 @@ class EngineConfig:
     """While a running request decodes, the step's budget is at most this (None: no cap):
     prefill chunks stay short enough that the decodes' TBT stays low, and a step with no
     decode still takes ``max_num_batched_tokens`` (Sarathi-Serve's stall-free batching)."""
+    decode_step_s: float | None = None
+    """While a running request decodes, a step's *predicted time* is at most this many
+    seconds (None: off): prefill chunks are sized from the engine's own fitted step-time
+    model (``engine.step_time``: ``a + b·tokens + c·attention pairs``), so they are long
+    where contexts are short and short where attention is dear. Until the model has seen
+    enough steps, ``decode_step_tokens`` applies. Set it a little under the TBT objective:
+    every decode in the step waits the step's whole time for its next token."""
     max_num_seqs: int = 64
     """Running requests at most."""
     enable_chunked_prefill: bool = True
@@ -44,7 +51,11 @@ class EngineConfig:
     """Which waiting request is admitted next: ``fcfs`` (arrival order) or ``shortest``
     (fewest tokens left to compute first, aged by ``aging_tokens_per_s`` so a long prompt
     is not starved: shortest-job-first lowers the mean waiting time of a queue whose job
-    sizes are heavy-tailed, like the prompt lengths of the Mooncake traces)."""
+    sizes are heavy-tailed, like the prompt lengths of the Mooncake traces). ``srpt``
+    extends ``shortest`` to prompts already running: after the decodes, every prompt with
+    tokens left — running ones' next chunks and waiting ones, net of their cached prefix —
+    goes fewest-left first (shortest remaining processing time, preemptive at chunk
+    granularity: a paused prompt keeps its blocks)."""
     aging_tokens_per_s: float = 2000.0
     """``shortest``: a waiting request counts as this many tokens shorter per second waited."""
     kv_load_failure: str = "recompute"
@@ -73,6 +84,10 @@ class EngineConfig:
                 not isinstance(self.decode_step_tokens, int) or self.decode_step_tokens < 1):
             raise ValueError(f"EngineConfig.decode_step_tokens must be a positive int or None, "
                              f"got {self.decode_step_tokens!r}")
+        if self.decode_step_s is not None and not (
+                isinstance(self.decode_step_s, (int, float)) and 0 < self.decode_step_s < 3600):
+            raise ValueError(f"EngineConfig.decode_step_s must be a number of seconds in "
+                             f"(0, 3600) or None, got {self.decode_step_s!r}")
         if self.num_threads < 0:
             raise ValueError(f"EngineConfig.num_threads must be >= 0, got {self.num_threads}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:

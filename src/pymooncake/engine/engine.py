@@ -9,6 +9,7 @@ decode pools).
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,6 +243,7 @@ class Engine:
             if out.num_waiting_for_kv and wait is not None:
                 wait(LOAD_POLL_S)  # only loads in flight: sleep on them, do not spin
             return []
+        t0 = time.perf_counter()
         try:
             logits = self.runner.execute(out)
         except KVLoadError as e:
@@ -262,6 +264,7 @@ class Engine:
                 token, lp = sample_row(logits[row], p, req.generator)
             sampled[req.request_id] = (token, lp, logits[row].clone() if p.return_logits
                                        else None)
+        self.scheduler.observe_step(out, time.perf_counter() - t0)
         finished = self.scheduler.update_from_output(out, sampled)
         return [self._output(r) for r in finished]
 

@@ -2,14 +2,17 @@
 
 Every step shares one token budget: running requests first (decodes, and the next chunk of
 prefills in progress), then waiting requests in arrival order (or shortest first,
-``EngineConfig.waiting_order``), each prefill cut to at most ``prefill_chunk_tokens``. A
+``EngineConfig.waiting_order``; ``srpt`` orders running prompts' chunks and waiting prompts
+together, fewest tokens left first), each prefill cut to at most ``prefill_chunk_tokens`` and,
+under ``EngineConfig.decode_step_s``, to what keeps the step's predicted time within it
+while requests decode (``engine.step_time``). A
 waiting request first reuses its cached prefix (local prefix cache, then an external
 ``KVLoadSource``); while the source's lookup or load is in flight
 (``get_num_matched_tokens`` answers None) the request stays waiting and the next one is
-admitted instead (vLLM's "waiting for remote KV"). When blocks run out, the most recently admitted
-running request is preempted: its blocks are freed and it goes back to the head of the
-queue with ``num_computed_tokens = 0`` (its output so far is kept and recomputed as prompt),
-so no request is lost. No torch; the runner executes the ``SchedulerOutput``.
+admitted instead (vLLM's "waiting for remote KV"). When blocks run out, the most recently
+admitted running request not yet in the step is preempted: its blocks are freed and it goes
+back to the head of the queue with ``num_computed_tokens = 0`` (its output so far is kept and
+recomputed as prompt), so no request is lost. No torch; the runner executes the ``SchedulerOutput``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,12 @@ from pymooncake.engine.config import EngineConfig
 from pymooncake.engine.hooks import KVLoad, KVLoadSource
 from pymooncake.engine.kv.kv_cache_manager import KVCacheManager
 from pymooncake.engine.request import FinishReason, Request, RequestStatus, check_stop
+from pymooncake.engine.step_time import StepTimeModel, attention_pairs
+
+MIN_TIMED_CHUNK = 64
+"""Under ``decode_step_s``, the first prefill chunk of a step gets at least this many tokens
+even when the decodes alone fill the limit, so prompts keep moving (their TBT objective is
+then missed by the decode batch itself, not by the prefill)."""
 
 
 @dataclass(slots=True)
@@ -52,6 +61,36 @@ class SchedulerOutput:
         return sum(s.num_new_tokens for s in self.scheduled)
 
 
+class _StepPlan:
+    """A step being planned: tokens left in its budget and, under ``decode_step_s`` with a
+    fitted model, the tokens and attention pairs already in it (for the time limit)."""
+
+    __slots__ = ("budget", "model", "limit_s", "tokens", "pairs", "chunks")
+
+    def __init__(self, budget: int, sched: Scheduler, timed: bool) -> None:
+        self.budget = budget
+        self.model = sched.step_time if timed else None
+        self.limit_s = sched.config.decode_step_s or 0.0
+        self.tokens = 0
+        self.pairs = 0.0
+        self.chunks = 0
+
+    def room(self, left: int, num_computed: int) -> int:
+        """Tokens a request with ``left`` to compute after ``num_computed`` may take now."""
+        if self.model is None or left <= 1:
+            return self.budget
+        n = self.model.max_new_tokens(self.limit_s, self.tokens, self.pairs, num_computed) or 0
+        if self.chunks == 0:
+            n = max(n, MIN_TIMED_CHUNK)
+        return min(self.budget, n)
+
+    def add(self, num_computed: int, n: int) -> None:
+        self.budget -= n
+        self.tokens += n
+        self.pairs += attention_pairs(num_computed, n)
+        self.chunks += n > 1
+
+
 class Scheduler:
     """Owns the waiting queue and running list over a ``KVCacheManager``."""
 
@@ -71,10 +110,12 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.step_time = StepTimeModel() if config.decode_step_s is not None else None
+        """Fitted from the steps the engine reports (``observe_step``), ``decode_step_s`` only."""
 
     def add_request(self, req: Request) -> None:
         self.waiting.append(req)
-        if self.config.waiting_order == "shortest":
+        if self.config.waiting_order != "fcfs":
             self._enqueued_s[req.request_id] = self.clock()
 
     def _next_waiting(self, skip: AbstractSet[str] = frozenset()) -> Request:
@@ -88,6 +129,14 @@ class Scheduler:
         enq = self._enqueued_s
         return min(cands, key=lambda r: (r.num_tokens - r.num_computed_tokens)
                    - aging * (now - enq.get(r.request_id, now)))
+
+    def observe_step(self, out: SchedulerOutput, seconds: float) -> None:
+        """The engine ran ``out`` in ``seconds`` (before ``update_from_output``): one sample
+        of the step-time model (``decode_step_s`` only)."""
+        if self.step_time is not None:
+            self.step_time.observe(out.num_batched_tokens, sum(
+                attention_pairs(s.request.num_computed_tokens, s.num_new_tokens)
+                for s in out.scheduled), seconds)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -110,51 +159,118 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         cap = self.config.decode_step_tokens
-        if cap is not None and cap < budget and any(
-                r.num_tokens - r.num_computed_tokens == 1 for r in self.running):
+        decoding = any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
+        if cap is not None and cap < budget and decoding:
             budget = cap
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = self._chunk(req.num_tokens - req.num_computed_tokens, budget)
+        timed = self.step_time is not None and decoding and self.step_time.ready
+        if timed:   # the step-time limit replaces the token cap once the model is fitted
+            budget = self.config.max_num_batched_tokens
+        step = _StepPlan(budget, self, timed)
+        if self.config.waiting_order == "srpt":
+            self._schedule_srpt(out, step)
+        else:
+            self._schedule_running(out, step, list(self.running))
+            self._admit_waiting(out, step)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, step: _StepPlan,
+                          reqs: list[Request]) -> bool:
+        """Schedule ``reqs`` (running requests) into ``out`` while budget lasts; out of
+        blocks, preempt the most recently admitted running request not yet in this step.
+        Returns False when a request had to preempt itself (stop scheduling)."""
+        for req in reqs:
+            if step.budget <= 0:
+                break
+            if req.status != RequestStatus.RUNNING:
+                continue    # preempted earlier in this step
+            left = req.num_tokens - req.num_computed_tokens
+            n = self._chunk(left, step.room(left, req.num_computed_tokens))
             if n <= 0:
-                i += 1
                 continue
             while self.kv.allocate_slots(req, n) is None:
-                victim = self.running.pop()
+                victim = self._victim(out)
                 self._preempt(victim, out)
                 if victim is req:
-                    break
-            if req.status == RequestStatus.PREEMPTED:
-                break
+                    return False
             out.scheduled.append(ScheduledRequest(req, n))
-            budget -= n
-            i += 1
+            step.add(req.num_computed_tokens, n)
+        return True
+
+    def _victim(self, out: SchedulerOutput) -> Request:
+        """The most recently admitted running request that this step has not scheduled."""
+        taken = {id(s.request) for s in out.scheduled}
+        for req in reversed(self.running):
+            if id(req) not in taken:
+                self.running.remove(req)
+                return req
+        raise AssertionError("no running request left to preempt")  # the caller is running
+
+    def _admit_waiting(self, out: SchedulerOutput, step: _StepPlan) -> None:
         loading: set[str] = set()  # waiting for their external KV: skipped this step
-        note_batch = getattr(self.kv_source, "set_running_batch", None)
-        while (len(self.waiting) > len(loading) and budget > 0 and not out.preempted
+        while (len(self.waiting) > len(loading) and step.budget > 0 and not out.preempted
                and len(self.running) < self.config.max_num_seqs):
             req = self._next_waiting(loading)
-            if note_batch is not None:
-                note_batch(len(out.scheduled))
-            ok = self._schedule_waiting(req, budget, out)
+            ok = self._admit(req, out, step)
             if ok is None:
                 loading.add(req.request_id)
-                continue
-            if not ok:
+            elif not ok:
                 break
+        out.num_waiting_for_kv = len(loading)
+
+    def _admit(self, req: Request, out: SchedulerOutput, step: _StepPlan) -> bool | None:
+        """``_schedule_waiting`` and, when admitted, move ``req`` to the running list."""
+        note_batch = getattr(self.kv_source, "set_running_batch", None)
+        if note_batch is not None:
+            note_batch(len(out.scheduled))
+        ok = self._schedule_waiting(req, step, out)
+        if ok:
             if req is self.waiting[0]:
                 self.waiting.popleft()
             else:
                 self.waiting.remove(req)
-            self._enqueued_s.pop(req.request_id, None)
             self.running.append(req)
             req.status = RequestStatus.RUNNING
-            budget -= out.scheduled[-1].num_new_tokens
-        out.num_waiting_for_kv = len(loading)
-        return out
+        return ok
 
-    def _schedule_waiting(self, req: Request, budget: int, out: SchedulerOutput
+    def _schedule_srpt(self, out: SchedulerOutput, step: _StepPlan) -> None:
+        """``srpt``: decodes first, then every prompt with tokens left to compute — running
+        ones (their next chunk) and waiting ones (admission) — fewest tokens left first,
+        aged by ``aging_tokens_per_s``. A running prompt that loses the budget to a shorter
+        one keeps its blocks and continues in a later step (preemption at chunk granularity,
+        shortest-remaining-processing-time)."""
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        if not self._schedule_running(out, step, decodes):
+            return
+        now = self.clock()
+        aging = self.config.aging_tokens_per_s
+        enq = self._enqueued_s
+        cands: list[tuple[float, int, Request, bool]] = []
+        for i, r in enumerate(self.running):
+            left = r.num_tokens - r.num_computed_tokens
+            if left > 1:
+                cands.append((left - aging * (now - enq.get(r.request_id, now)), i, r, True))
+        for i, r in enumerate(self.waiting, len(self.running)):
+            left = r.num_tokens - self.kv.num_cached_prefix_tokens(r)
+            cands.append((left - aging * (now - enq.get(r.request_id, now)), i, r, False))
+        cands.sort(key=lambda c: (c[0], c[1]))
+        loading = 0
+        for _, _, req, running in cands:
+            if step.budget <= 0 or out.preempted:
+                break
+            if running:
+                if not self._schedule_running(out, step, [req]):
+                    break
+                continue
+            if len(self.running) >= self.config.max_num_seqs:
+                continue
+            ok = self._admit(req, out, step)
+            if ok is None:
+                loading += 1
+            elif not ok:
+                break
+        out.num_waiting_for_kv = loading
+
+    def _schedule_waiting(self, req: Request, step: _StepPlan, out: SchedulerOutput
                           ) -> bool | None:
         """Admit ``req`` into ``out``: True, False (no room: stop admitting), or None (its
         external KV is still loading: skip it, admit the next)."""
@@ -172,7 +288,8 @@ class Scheduler:
             # at least one token is computed (the full-hit rule, BUG-09): whole blocks only
             max_ext = ((req.num_tokens - 1) // bs) * bs - num_local
             num_ext = max(0, min(num_ext, max_ext))
-        n = self._chunk(req.num_tokens - num_local - num_ext, budget)
+        left = req.num_tokens - num_local - num_ext
+        n = self._chunk(left, step.room(left, num_local + num_ext))
         if n <= 0:
             return False
         new_blocks = self.kv.allocate_slots(req, n, computed_blocks, num_ext)
@@ -191,6 +308,7 @@ class Scheduler:
             out.loads.append(KVLoad(req.request_id, tuple(b.block_id for b in targets),
                                     tuple(keys), num_local, num_ext))
         out.scheduled.append(ScheduledRequest(req, n))
+        step.add(req.num_computed_tokens, n)
         return True
 
     def update_from_output(self, out: SchedulerOutput,

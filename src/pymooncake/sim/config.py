@@ -82,8 +82,12 @@ class SimConfig:
     """With ``step_budget_tokens``: a step's budget while any request decodes
     (``EngineConfig.decode_step_tokens``; None: no cap)."""
     waiting_order: str = "fcfs"
-    """With ``step_budget_tokens``: ``fcfs`` or ``shortest`` (fewest prompt tokens first,
-    aged by ``aging_tokens_per_s``), the engine's ``waiting_order``."""
+    """With ``step_budget_tokens``: ``fcfs``, ``shortest`` (fewest prompt tokens first,
+    aged by ``aging_tokens_per_s``) or ``srpt`` (running and waiting prompts together,
+    fewest tokens left first), the engine's ``waiting_order``."""
+    decode_step_s: float | None = None
+    """With ``step_budget_tokens``: while any request decodes, each step's prefill chunks
+    keep its time within this (``EngineConfig.decode_step_s``; None: off)."""
     aging_tokens_per_s: float = 2000.0
     policy_prefill: tuple[float, float, float] | None = None
     """The Conductor's prefill predictor ``(quadratic_s, linear_s, overhead_s)`` when it is
@@ -146,9 +150,12 @@ class SimConfig:
         if self.decode_step_tokens is not None and (
                 self.step_budget_tokens is None or self.decode_step_tokens < 1):
             raise ValueError("decode_step_tokens must be >= 1 and needs step_budget_tokens")
-        if self.waiting_order not in ("fcfs", "shortest"):
-            raise ValueError(f"waiting_order must be fcfs or shortest, got "
+        if self.waiting_order not in ("fcfs", "shortest", "srpt"):
+            raise ValueError(f"waiting_order must be fcfs, shortest or srpt, got "
                              f"{self.waiting_order!r}")
+        if self.decode_step_s is not None and (self.step_budget_tokens is None
+                                               or not self.decode_step_s > 0):
+            raise ValueError("decode_step_s must be > 0 and needs step_budget_tokens")
         _finite("aging_tokens_per_s", self.aging_tokens_per_s, 0, strict=False)
         if self.policy_prefill is not None and (len(self.policy_prefill) != 3 or any(
                 not (math.isfinite(v) and v >= 0) for v in self.policy_prefill)):

@@ -12,7 +12,13 @@ with decode steps between its chunks. ``EngineNode`` instead replays, step by st
   rest of the running list waits for the next step;
 * then waiting requests while budget is left and fewer than ``max_seqs`` run, in arrival
   order (``fcfs``) or fewest tokens first (``shortest``: prompt tokens minus
-  ``aging_tokens_per_s`` x seconds waited; ties to the earlier arrival); an admitted request
+  ``aging_tokens_per_s`` x seconds waited; ties to the earlier arrival); with ``srpt``,
+  after the decodes, running prompts' next chunks and waiting prompts go together, fewest
+  tokens left first (a waiting prompt's net of its cached prefix), aged the same way;
+* with ``decode_step_s``, while a request decodes, each prefill chunk is the longest that
+  keeps the step's time (below) within it, the first chunk of a step at least
+  ``MIN_TIMED_CHUNK`` tokens (the engine predicts with its fitted model; here the
+  calibrated cost is both the truth and the prediction); an admitted request
   first reuses the whole blocks of its prefix held in the node's cache (at least its last
   prompt token is computed); admission stops while its prompt does not fit in the KV space
   the running requests leave (the engine would admit and preempt later);
@@ -40,7 +46,9 @@ from pymooncake.sim.cache_model import LruBlockCache
 from pymooncake.sim.cluster import SimRequest
 from pymooncake.workload.stats import prefix_blocks_hit
 
-WAITING_ORDERS = ("fcfs", "shortest")
+WAITING_ORDERS = ("fcfs", "shortest", "srpt")
+MIN_TIMED_CHUNK = 64
+"""``engine.scheduler.MIN_TIMED_CHUNK`` (not imported: the simulator stands apart)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +61,7 @@ class StepPolicy:
     max_seqs: int = 64
     waiting_order: str = "fcfs"
     aging_tokens_per_s: float = 2000.0
+    decode_step_s: float | None = None
 
     def __post_init__(self) -> None:
         if min(self.step_budget_tokens, self.chunk_tokens, self.max_seqs) < 1:
@@ -60,6 +69,8 @@ class StepPolicy:
         if self.decode_step_tokens is not None and self.decode_step_tokens < 1:
             raise ValueError(f"decode_step_tokens must be >= 1 or None, got "
                              f"{self.decode_step_tokens}")
+        if self.decode_step_s is not None and not self.decode_step_s > 0:
+            raise ValueError(f"decode_step_s must be > 0 or None, got {self.decode_step_s}")
         if self.waiting_order not in WAITING_ORDERS:
             raise ValueError(f"waiting order must be one of {WAITING_ORDERS}, got "
                              f"{self.waiting_order!r}")
@@ -145,48 +156,125 @@ class EngineNode:
 
     def plan(self, now_s: float) -> float | None:
         """Choose the next step (as ``Scheduler.schedule``); its duration, None when idle."""
-        pol, bs = self.policy, self.block_size
+        pol = self.policy
         budget = step_budget(pol, self.running)
+        limit = None
+        if pol.decode_step_s is not None and any(
+                x.num_tokens - x.computed == 1 for x in self.running):
+            budget, limit = pol.step_budget_tokens, pol.decode_step_s
         planned: list[tuple[Running, int]] = []
-        for x in self.running:
-            if budget <= 0:
-                break
-            k = min(x.num_tokens - x.computed, budget, pol.chunk_tokens)
-            planned.append((x, k))
-            budget -= k
-        kv_free = self.kv_capacity_tokens - self._kv_used()
-        while self.waiting and budget > 0 and len(self.running) < pol.max_seqs:
-            i = pick_waiting(pol, self.waiting, now_s)
-            r = self.waiting[i]
-            n = r.input_length
-            hit = min(prefix_blocks_hit(r.hash_ids, self.cache), (n - 1) // bs) * bs
-            k = min(n - hit, budget, pol.chunk_tokens)
-            if n > kv_free and self.running:
-                break
-            del self.waiting[i]
-            r.hit_tokens = hit
-            r.prefill_start_s = now_s
-            x = Running(r, n, computed=hit)
-            self.running.append(x)
-            planned.append((x, k))
-            budget -= k
-            kv_free -= n
+        self._kv_free = self.kv_capacity_tokens - self._kv_used()
+        if pol.waiting_order == "srpt":
+            self._plan_srpt(now_s, planned, budget, limit)
+        else:
+            for x in self.running:
+                if budget <= 0:
+                    break
+                k = self._room(planned, x, min(x.num_tokens - x.computed, budget,
+                                               pol.chunk_tokens), limit)
+                if k > 0:
+                    planned.append((x, k))
+                    budget -= k
+            while self.waiting and budget > 0 and len(self.running) < pol.max_seqs:
+                k = self._admit(pick_waiting(pol, self.waiting, now_s), now_s, planned,
+                                budget, limit)
+                if k <= 0:
+                    break
+                budget -= k
         self.planned = planned
         if not planned:
             self.busy = False
             return None
         self.busy = True
-        t = 0.0
         for x, k in planned:
             if not x.decoding:
-                c = chunk_s(self.pre, x.computed, k, x.computed == x.req.hit_tokens)
-                x.req.prefill_gpu_s += c
-                t += c
+                x.req.prefill_gpu_s += chunk_s(self.pre, x.computed, k,
+                                               x.computed == x.req.hit_tokens)
+        t = self._step_s(planned)
+        self.busy_s += t
+        return t
+
+    def _hit(self, r: SimRequest) -> int:
+        bs = self.block_size
+        return min(prefix_blocks_hit(r.hash_ids, self.cache), (r.input_length - 1) // bs) * bs
+
+    def _admit(self, i: int, now_s: float, planned: list[tuple[Running, int]], budget: int,
+               limit: float | None) -> int:
+        """Admit ``waiting[i]`` with its first chunk into ``planned``: the chunk's tokens, 0
+        when it does not fit (KV space, or no time left in the step): stop admitting."""
+        r = self.waiting[i]
+        n = r.input_length
+        if n > self._kv_free and self.running:
+            return 0
+        hit = self._hit(r)
+        x = Running(r, n, computed=hit)
+        r.hit_tokens = hit
+        k = self._room(planned, x, min(n - hit, budget, self.policy.chunk_tokens), limit)
+        if k <= 0:
+            return 0
+        del self.waiting[i]
+        r.prefill_start_s = now_s
+        self.running.append(x)
+        planned.append((x, k))
+        self._kv_free -= n
+        return k
+
+    def _plan_srpt(self, now_s: float, planned: list[tuple[Running, int]], budget: int,
+                   limit: float | None) -> None:
+        pol = self.policy
+        for x in self.running:
+            if x.num_tokens - x.computed == 1 and budget > 0:
+                planned.append((x, 1))
+                budget -= 1
+        aging = pol.aging_tokens_per_s
+        cands: list[tuple[float, int, Running | SimRequest]] = [
+            (x.num_tokens - x.computed - aging * (now_s - x.req.arrival_s), i, x)
+            for i, x in enumerate(self.running) if x.num_tokens - x.computed > 1]
+        cands += [(r.input_length - self._hit(r) - aging * (now_s - r.arrival_s),
+                   len(self.running) + i, r) for i, r in enumerate(self.waiting)]
+        cands.sort(key=lambda c: (c[0], c[1]))
+        for _, _, c in cands:
+            if budget <= 0:
+                break
+            if isinstance(c, Running):
+                k = self._room(planned, c, min(c.num_tokens - c.computed, budget,
+                                               pol.chunk_tokens), limit)
+                if k > 0:
+                    planned.append((c, k))
+                    budget -= k
+                continue
+            if len(self.running) >= pol.max_seqs:
+                continue
+            k = self._admit(self.waiting.index(c), now_s, planned, budget, limit)
+            if k <= 0:
+                break
+            budget -= k
+
+    def _room(self, planned: list[tuple[Running, int]], x: Running, k_max: int,
+              limit: float | None) -> int:
+        """The largest chunk ``<= k_max`` for ``x`` that keeps the step within ``limit``
+        (the step's first chunk at least ``MIN_TIMED_CHUNK``); ``k_max`` without a limit."""
+        if limit is None or k_max <= 1:
+            return k_max
+        lo, hi = 0, k_max
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._step_s([*planned, (x, mid)]) <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        if not any(not y.decoding for y, _ in planned):
+            lo = max(lo, min(k_max, MIN_TIMED_CHUNK))
+        return lo
+
+    def _step_s(self, planned: list[tuple[Running, int]]) -> float:
+        """A planned step's time (module docstring)."""
+        t = sum(chunk_s(self.pre, x.computed, k, x.computed == x.req.hit_tokens)
+                for x, k in planned if not x.decoding)
         dec = [x for x, _ in planned if x.decoding]
         if dec:
             t += decode_rows_s(self.pre, self.dec, len(dec), sum(x.num_tokens for x in dec),
                                mixed=t > 0)
-        self.busy_s += t
         return t
 
     def finish(self, now_s: float) -> tuple[list[SimRequest], list[Running]]:

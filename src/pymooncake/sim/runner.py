@@ -125,7 +125,7 @@ class Simulator:
         if self.colocated and cfg.step_budget_tokens is not None:
             pol = StepPolicy(cfg.step_budget_tokens, cfg.decode_step_tokens,
                              cfg.chunk_size_tokens, cfg.max_batch_size, cfg.waiting_order,
-                             cfg.aging_tokens_per_s)
+                             cfg.aging_tokens_per_s, cfg.decode_step_s)
             self.engine_nodes = {p.name: EngineNode(p.name, p.cache, pol, self.est.prefill,
                                                     self.est.decode, hbm_kv, cfg.block_size)
                                  for p in self.prefill_nodes}
@@ -166,7 +166,7 @@ class Simulator:
             busy = max(now, items[0][0] + items[0][1])
             queued = tuple(p for _, p in items[1:])
         return PrefillInstanceState(InstanceId(name), busy, sum(queued), len(items), None,
-                                    queued, self.cfg.waiting_order == "shortest")
+                                    queued, self.cfg.waiting_order in ("shortest", "srpt"))
 
     def _on_engine_step(self, now: float, node: EngineNode) -> None:
         first, done = node.finish(now)

@@ -96,6 +96,11 @@ class BlockPool:
             return None
         return block
 
+    def holds(self, key: BlockKey, token_ids: Sequence[int]) -> bool:
+        """Whether ``get_cached_block`` would return a block (no collision counted)."""
+        block = self._cached.get(key)
+        return block is not None and block.token_ids == tuple(token_ids)
+
     # -- mutations ---------------------------------------------------------------------
     def get_new_blocks(self, num_blocks: int) -> list[KVBlock]:
         """Pop ``num_blocks`` free blocks (LRU first), evicting their keys; ref_cnt = 1.

@@ -60,6 +60,20 @@ class KVCacheManager:
         self.num_hit_blocks += len(hits)
         return hits, len(hits) * self.block_size
 
+    def num_cached_prefix_tokens(self, req: Request) -> int:
+        """Tokens of ``req``'s prefix that ``get_computed_blocks`` would reuse now (same
+        full-hit rule), without counting a query or a hit: for ordering the queue."""
+        if not self.pool.enable_caching:
+            return 0
+        n = 0
+        for i, key in enumerate(req.block_keys):
+            if not self.pool.holds(key, req.block_token_ids(i)):
+                break
+            n += 1
+        if n and n * self.block_size >= req.num_tokens:
+            n -= 1
+        return n * self.block_size
+
     def num_blocks_needed(self, req: Request, num_new_tokens: int,
                           new_computed_blocks: list[KVBlock] = (),  # type: ignore[assignment]
                           num_external_tokens: int = 0) -> int:

@@ -100,6 +100,7 @@ class EngineWorker:
                            max_num_seqs=max_seqs, max_model_len=c.max_model_len,
                            waiting_order=c.prefill_order if role != "decode" else "fcfs",
                            decode_step_tokens=c.decode_step_tokens,
+                           decode_step_s=c.decode_step_s,
                            enable_prefix_caching=c.enable_prefix_caching, role=role,
                            dtype=c.dtype, num_threads=c.num_threads,
                            **self._step_budget(role))

@@ -47,6 +47,9 @@ class WorkerConfig:
     decode_step_tokens: int | None = None
     """``EngineConfig.decode_step_tokens``: a colocated worker's step budget while requests
     decode (None: ``max_num_batched_tokens`` always)."""
+    decode_step_s: float | None = None
+    """``EngineConfig.decode_step_s``: a colocated worker's predicted step time at most while
+    requests decode (None: off)."""
     num_threads: int = 1
     """torch intra-op threads of the engine (``EngineConfig.num_threads``): 1 = one core per
     worker; a worker alone on several cores uses one per core."""
@@ -85,7 +88,8 @@ class WorkerConfig:
     ``prepare_decode`` on a busy decode worker."""
     prefill_order: str = "shortest"
     """Prefill and colocated roles: which queued prompt is admitted next, ``shortest``
-    (fewest tokens first, aged) or ``fcfs`` (``EngineConfig.waiting_order``)."""
+    (fewest tokens first, aged), ``fcfs``, or ``srpt`` (fewest tokens left first among
+    waiting and running prompts) (``EngineConfig.waiting_order``)."""
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode", "colocated"):
