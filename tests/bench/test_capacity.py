@@ -122,12 +122,22 @@ def test_ours_1w_variants_by_their_suffixes() -> None:
         "--decode-step-tokens", "384", "--decode-step-s", "0.65", "--prefill-order", "srpt"]
     assert ours_1w_flags("ours-1w-t1200-fcfs") == [
         "--decode-step-tokens", "256", "--decode-step-s", "1.2", "--prefill-order", "fcfs"]
+    assert ours_1w_flags("ours-1w-srpt-a200")[-4:] == [
+        "--prefill-order", "srpt", "--aging-tokens-per-s", "200"]
+    assert ours_1w_flags("ours-1w-a0") == ["--decode-step-tokens", "256",
+                                           "--aging-tokens-per-s", "0"]
     for bad in ("ours-1w-c0", "ours-1w-c", "ours-1w-cx", "ours-1w-c-5", "ours-pd", "ours-1w-t0",
-                "ours-1w-srpt-t500", "ours-1w-lifo", "ours-1w-t05"):
+                "ours-1w-srpt-t500", "ours-1w-lifo", "ours-1w-t05", "ours-1w-a01",
+                "ours-1w-a200-srpt"):
         assert ours_1w_decode_step_tokens(bad) is None and ours_1w_flags(bad) is None
     check_system("ours-1w-c384")
     check_system("ours-1w-t600-srpt")
     check_system("vllm-t2")
+    from pymooncake.bench.capacity_systems import vllm_options
+    assert vllm_options("vllm") == (None, None) and vllm_options("vllm-t1") == (1, None)
+    assert vllm_options("vllm-b512") == (None, 512) and vllm_options("vllm-t2-b1024") == (2, 1024)
+    for bad in ("vllm-b0", "vllm-b", "vllm-2x1", "vllm-b512-t2", "ours-1w"):
+        assert vllm_options(bad) is None
     for bad in ("ours-1w-c0", "ours-1w-cx", "vllm-t0", "vllm-tx", "ours-1w-srpt-c5"):
         with pytest.raises(ValueError, match=r"ours-1w\[-c<N>\]"):
             check_system(bad)

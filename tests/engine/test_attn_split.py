@@ -132,3 +132,28 @@ def test_row_kernels_on_two_threads_equal_one_thread_bit_for_bit():
     for a, b in zip(*res, strict=True):
         assert torch.equal(a, b)
     assert res[0][3].abs().sum() > 0    # the K/V rows were written
+
+
+def test_paged_decode_on_two_threads_equals_one_thread_bit_for_bit():
+    """Decode attention splits its (sequence, KV head) items over torch's threads once the
+    context read is large (PMK_DEC_PAR_MIN_WORK); each item is computed as on one thread."""
+    torch.manual_seed(2)
+    kv_heads, heads, d, bs, nb = 3, 9, 64, 16, 400
+    cache = torch.randn(2, kv_heads, nb, bs, d)
+    lens = [1500, 7, 900, 3000, 64]                  # above the threshold together
+    tables = torch.stack([torch.randperm(nb)[:3000 // bs + 1] for _ in lens])
+    q = torch.randn(len(lens), heads, d)
+    threads = torch.get_num_threads()
+    res = []
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            res.append(kernels.paged_decode(q, cache, tables, torch.tensor(lens), 0.125))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(res[0], res[1])
+    # and against plain attention over the gathered context of one sequence (float64)
+    kv = cache[:, :, tables[3]].reshape(2, kv_heads, -1, d)[:, :, :3000].double()
+    s = torch.einsum("hd,hkd->hk", q[3].double(), kv[0].repeat_interleave(3, 0)) * 0.125
+    ref = torch.einsum("hk,hkd->hd", s.softmax(-1), kv[1].repeat_interleave(3, 0))
+    torch.testing.assert_close(res[1][3].double(), ref, rtol=1e-5, atol=2e-6)

@@ -47,6 +47,10 @@ COLOCATED = ["decode", "--colocated", "--id", "c", "--conductor", "127.0.0.1:1"]
     (["serve", "--decode-step-tokens", "0"], "--decode-step-tokens must be >= 1, got 0"),
     ([*COLOCATED, "--threads", "-2"], "--threads must be >= 1, got -2"),
     ([*COLOCATED, "--decode-step-tokens", "0"], "--decode-step-tokens must be >= 1, got 0"),
+    (["serve", "--decode-step-s", "0"], "--decode-step-s must be in (0, 3600) seconds, got 0.0"),
+    ([*COLOCATED, "--decode-step-s", "nan"], "--decode-step-s must be in (0, 3600) seconds"),
+    ([*PREFILL, "--aging-tokens-per-s", "-1"], "--aging-tokens-per-s must be in [0, 1e9)"),
+    (["serve", "--prefill-order", "lifo"], "--prefill-order: invalid choice: 'lifo'"),
     # the engine's sizes on the worker roles: one line, not an EngineConfig traceback
     # (a newcomer got 38-41 lines and exit 1, a ZeroDivisionError for --block-size 0)
     ([*PREFILL, "--max-num-batched-tokens", "-5"],

@@ -38,7 +38,8 @@ MAX_BAD_FRACTION = 0.10
 """A rate counts only when at most this share of its requests was rejected or failed."""
 OURS = ("ours-colocated", "ours-1w", "ours-pd")
 PEER_PREFIX = "vllm"
-"""Systems named ``vllm...`` (vllm, vllm-t<N>, vllm-2x1) are the peer's configurations."""
+"""Systems named ``vllm...`` (vllm, vllm-t<N>, vllm-b<M>, vllm-2x1) are the peer's
+configurations."""
 REJECT_STATUSES = (429, 503)
 PERCENTILES = (50, 90, 99)
 

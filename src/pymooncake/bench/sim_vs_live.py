@@ -94,6 +94,7 @@ def system_config(system: str, *, cores: int, block_size: int, chunk_tokens: int
                          decode_step_tokens=int(opts["--decode-step-tokens"]),
                          decode_step_s=float(step_s) if step_s else None,
                          waiting_order=opts.get("--prefill-order", "shortest"),
+                         aging_tokens_per_s=float(opts.get("--aging-tokens-per-s", 2000.0)),
                          policy_prefill=LIVE_CONDUCTOR_PREFILL, **common, **slo)
     if system == "ours-colocated":
         return SimConfig(scenario="colocated", scheduler="local-cache",

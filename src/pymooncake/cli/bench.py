@@ -157,7 +157,8 @@ def _register_capacity(bench: argparse._SubParsersAction) -> None:
                    help="trace names in --traces-dir or JSONL paths (default %(default)s)")
     p.add_argument("--traces-dir", default=DEFAULT_TRACES_DIR)
     p.add_argument("--systems", default=",".join(d.systems),
-                   help="comma-separated: vllm, vllm-t<N>, vllm-2x1, ours-colocated, ours-1w, "
+                   help="comma-separated: vllm[-t<N>][-b<M>] (N threads, M batched tokens "
+                        "per step), vllm-2x1, ours-colocated, ours-1w, "
                         "ours-1w[-c<N>][-t<MS>][-srpt|-fcfs] (decode steps of at most N "
                         "tokens / a predicted MS ms; the prompt order), ours-pd")
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in d.rates),

@@ -42,6 +42,8 @@ class ClusterSpec:
         """``--decode-step-s`` of every worker (None: not given)."""
         self.prefill_order: str | None = kw.pop("prefill_order", None)
         """``--prefill-order`` of every worker (None: the workers' default)."""
+        self.aging_tokens_per_s: float | None = kw.pop("aging_tokens_per_s", None)
+        """``--aging-tokens-per-s`` of every worker (None: the workers' default)."""
         self.num_threads: int = kw.pop("num_threads", 1)
         """torch intra-op threads of every worker's engine (``--threads``)."""
         self.ttft_slo_s: float = kw.pop("ttft_slo_s", 10.0)
@@ -227,6 +229,8 @@ class LocalCluster:
                 common += ["--decode-step-s", repr(s.decode_step_s)]
             if s.prefill_order is not None:
                 common += ["--prefill-order", s.prefill_order]
+            if s.aging_tokens_per_s is not None:
+                common += ["--aging-tokens-per-s", repr(s.aging_tokens_per_s)]
             if s.num_threads != 1:
                 common += ["--threads", str(s.num_threads)]
             if not s.prefix_cache:

@@ -142,6 +142,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "prompts are not starved), arrival order, or srpt: fewest tokens "
                         "left first among waiting *and* running prompts (a running prompt's "
                         "chunks pause for a shorter one) (default %(default)s)")
+    p.add_argument("--aging-tokens-per-s", type=float, default=None, metavar="R",
+                   help="shortest/srpt: a waiting prompt counts as R tokens shorter per "
+                        "second it has waited, so long prompts are not starved (default "
+                        "2000; below the engine's prefill speed, size decides more)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads of each engine (default %(default)s: one "
                         "core per engine; a single colocated worker on a whole machine "
@@ -170,6 +174,9 @@ def check_engine_flags(args: argparse.Namespace, extra: tuple[tuple[str, int], .
     s = args.decode_step_s
     if s is not None and not 0 < s < 3600:
         raise UsageError(f"--decode-step-s must be in (0, 3600) seconds, got {s}")
+    a = args.aging_tokens_per_s
+    if a is not None and not 0 <= a < 1e9:
+        raise UsageError(f"--aging-tokens-per-s must be in [0, 1e9), got {a}")
 
 
 def run_until_signal(coro_factory: Any) -> int:

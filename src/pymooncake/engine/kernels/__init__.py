@@ -41,7 +41,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
     fn = lib.pmk_paged_decode_f32
     fn.restype = ctypes.c_int
-    fn.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64, i64, f32, ptr]
+    fn.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64, i64, f32, ptr, i64]
     fn = lib.pmk_prefill_attn_f32
     fn.restype = ctypes.c_int
     fn.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, i64, i64, f32, ptr, i64, i64]
@@ -136,7 +136,8 @@ def paged_decode(q: torch.Tensor, layer_cache: torch.Tensor, tables: torch.Tenso
     out = torch.empty(b, heads, d, dtype=torch.float32)
     rc = lib.pmk_paged_decode_f32(q.data_ptr(), q.stride(0), layer_cache.data_ptr(), kv_heads,
                                   num_blocks, bs, d, tables.data_ptr(), tables.shape[1],
-                                  ctx_lens.data_ptr(), b, heads, scale, out.data_ptr())
+                                  ctx_lens.data_ptr(), b, heads, scale, out.data_ptr(),
+                                  torch.get_num_threads())
     if rc != 0:
         raise RuntimeError("paged_decode: kernel failed (scratch allocation or heads > "
                            "64 x kv_heads)")

@@ -194,21 +194,40 @@ static void attend_group_any(const float *q, int64_t q_stride, int64_t g_count,
  *         new one, already written to the cache)
  * out     [num_seqs, heads, d] contiguous.
  * Returns 0, or -1 when a scratch allocation fails or heads > 64 * kv_heads. */
+/* Decode attention splits its (sequence, KV head) items over `threads` OpenMP threads (each
+ * with its own scratch) once the keys read reach this many floats per K or V plane: a decode
+ * step's attention reads every context token's K and V, memory-bound, and a second core
+ * brings its own share of the bandwidth. Items are independent, so the bits do not change. */
+#define PMK_DEC_PAR_MIN_WORK 65536
+
 int pmk_paged_decode_f32(const float *q, int64_t q_stride, const float *cache,
                          int64_t kv_heads, int64_t num_blocks, int64_t bs, int64_t d,
                          const int64_t *tables, int64_t table_stride, const int64_t *ctx_lens,
-                         int64_t num_seqs, int64_t heads, float scale, float *out) {
+                         int64_t num_seqs, int64_t heads, float scale, float *out,
+                         int64_t threads) {
     const int64_t g_count = heads / kv_heads;
     if (g_count > 64 || g_count * kv_heads != heads) return -1;
-    int64_t max_ctx = 1;
-    for (int64_t b = 0; b < num_seqs; b++) max_ctx = ctx_lens[b] > max_ctx ? ctx_lens[b] : max_ctx;
-    float *scores = malloc((size_t)(g_count * max_ctx) * sizeof(float));
-    float *acc = malloc((size_t)(g_count * d) * sizeof(float));
-    if (!scores || !acc) { free(scores); free(acc); return -1; }
-    const int64_t plane = kv_heads * num_blocks * bs * d, head_stride = num_blocks * bs * d;
+    int64_t max_ctx = 1, total_ctx = 0;
     for (int64_t b = 0; b < num_seqs; b++) {
-        const int64_t n = ctx_lens[b];
-        for (int64_t kh = 0; kh < kv_heads; kh++) {
+        max_ctx = ctx_lens[b] > max_ctx ? ctx_lens[b] : max_ctx;
+        total_ctx += ctx_lens[b];
+    }
+    const int64_t plane = kv_heads * num_blocks * bs * d, head_stride = num_blocks * bs * d;
+    const int64_t items = num_seqs * kv_heads;
+    int rc = 0;
+#pragma omp parallel num_threads((int)threads) \
+    if (threads > 1 && items > 1 && total_ctx * kv_heads * d >= PMK_DEC_PAR_MIN_WORK)
+    {
+        float *scores = malloc((size_t)(g_count * max_ctx) * sizeof(float));
+        float *acc = malloc((size_t)(g_count * d) * sizeof(float));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            if (!scores || !acc) {
+#pragma omp atomic write
+                rc = -1;
+                continue;
+            }
+            const int64_t b = it / kv_heads, kh = it % kv_heads, n = ctx_lens[b];
 #ifdef __AVX512F__
             if (d == 64 && g_count <= 4) {
                 attend_decode64(q + b * q_stride + kh * g_count * d, g_count,
@@ -223,10 +242,10 @@ int pmk_paged_decode_f32(const float *q, int64_t q_stride, const float *cache,
                          tables + b * table_stride, bs, d, n, NULL, scale,
                          scores, max_ctx, acc, out + (b * heads + kh * g_count) * d, d);
         }
+        free(scores);
+        free(acc);
     }
-    free(scores);
-    free(acc);
-    return 0;
+    return rc;
 }
 
 /* RMSNorm of rows: out[r] = w * (x[r] / sqrt(mean(x[r]^2) + eps)), float32 throughout

@@ -31,7 +31,7 @@ int pmk_decode_layer_f32(const int64_t *lp, const int64_t *st, float eps, float 
                        cache, nb, bs, &st[DS_SLOT], 1);
     const int rc = pmk_paged_decode_f32(qkv, qkv_n, cache, kvh, nb, bs, d,
                                         (const int64_t *)(intptr_t)st[DS_TABLE], 0,
-                                        &st[DS_CTX], 1, heads, scale, att);
+                                        &st[DS_CTX], 1, heads, scale, att, 1);
     pmk_gemv_f32(P(DL_O_W), att, hidden, q_n, NULL, x, tmp);
     memcpy(x, tmp, (size_t)hidden * sizeof(float));
     pmk_rms_norm_f32(x, 1, hidden, hidden, P(DL_POST_NORM), eps, h, 1);

@@ -101,6 +101,8 @@ class EngineWorker:
                            waiting_order=c.prefill_order if role != "decode" else "fcfs",
                            decode_step_tokens=c.decode_step_tokens,
                            decode_step_s=c.decode_step_s,
+                           **({} if c.aging_tokens_per_s is None
+                              else {"aging_tokens_per_s": c.aging_tokens_per_s}),
                            enable_prefix_caching=c.enable_prefix_caching, role=role,
                            dtype=c.dtype, num_threads=c.num_threads,
                            **self._step_budget(role))

@@ -90,6 +90,8 @@ class WorkerConfig:
     """Prefill and colocated roles: which queued prompt is admitted next, ``shortest``
     (fewest tokens first, aged), ``fcfs``, or ``srpt`` (fewest tokens left first among
     waiting and running prompts) (``EngineConfig.waiting_order``)."""
+    aging_tokens_per_s: float | None = None
+    """``EngineConfig.aging_tokens_per_s`` (None: its default)."""
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode", "colocated"):
