@@ -95,7 +95,7 @@ def test_partitioned_leader_stops_before_its_successor_and_refuses_writes(
             rpc_b = RpcClient("127.0.0.1", b.port)
             h = await rpc_b.call("put_start", {"client_id": "w", "key": "y", "size_bytes": 64,
                                                "config": None})
-            assert h["replicas"][0][1] == "S"
+            assert h["replicas"][0]["segment"] == "S"
             await rpc_b.close()
             # the cut-off master refuses every write from now on, at once
             for i in range(5):

@@ -5,19 +5,22 @@ No pickle on the wire. Every call has a timeout. See ``rpc.codec`` for the frame
 """
 
 from pymooncake.rpc.client import RpcClient, SyncRpcClient
-from pymooncake.rpc.codec import MAX_FRAME_BYTES, from_wire, to_wire
+from pymooncake.rpc.codec import MAX_FRAME_BYTES, Message, decode_as, encode, from_wire, to_wire
 from pymooncake.rpc.errors import ErrorCode, RpcConnectionError, RpcError, RpcTimeout
 from pymooncake.rpc.server import RpcServer
 
 __all__ = [
     "MAX_FRAME_BYTES",
     "ErrorCode",
+    "Message",
     "RpcClient",
     "RpcConnectionError",
     "RpcError",
     "RpcServer",
     "RpcTimeout",
     "SyncRpcClient",
+    "decode_as",
+    "encode",
     "from_wire",
     "to_wire",
 ]

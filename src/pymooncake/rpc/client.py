@@ -19,13 +19,30 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from pymooncake.rpc.codec import HEADER, MAX_FRAME_BYTES, pack_frame, unpack_body
+import msgspec
+
+from pymooncake.rpc.codec import (
+    HEADER,
+    MAX_FRAME_BYTES,
+    NIL,
+    Reply,
+    decoder,
+    field_error,
+    pack_frame,
+    unpack_body,
+)
 from pymooncake.rpc.errors import ErrorCode, RpcConnectionError, RpcError, RpcTimeout
 
 T = TypeVar("T")
 
 REPLY_POLL_S = 50e-6
 """How long ``SyncRpcClient`` polls for an answer before its receive sleeps."""
+POLL_MISSES = 2
+"""After this many calls in a row whose answer came after the poll window (a busy server
+or a crowded machine: the polling only burnt CPU the server could have used),
+``SyncRpcClient`` sleeps at once, polling again on one call in ``POLL_PROBE`` to notice
+when answers are quick again."""
+POLL_PROBE = 16
 
 
 def poll_recv(recv: Callable[[], T], budget_s: float) -> T | None:
@@ -44,15 +61,35 @@ def poll_recv(recv: Callable[[], T], budget_s: float) -> T | None:
             os.sched_yield()
 
 
-def _result_of(msg: Any) -> Any:
-    if not isinstance(msg, dict):
-        raise RpcError(ErrorCode.MALFORMED_FRAME, f"response is not a map: {msg!r:.80}")
-    err = msg.get("e")
+_REPLY = decoder(Reply)
+
+
+def _reply(body: bytes | memoryview) -> Reply:
+    """The response envelope of a frame body; ``ValueError`` when it is none."""
+    try:
+        return _REPLY.decode(body)
+    except msgspec.DecodeError as e:
+        raise ValueError(f"malformed response frame of {len(body)} bytes: {e}") from None
+
+
+def _result_of(msg: Reply, reply_type: Any = None) -> Any:
+    """The result of a response (decoded as ``reply_type`` when given, every field
+    checked), or the ``RpcError`` it carries."""
+    err = msg.e
     if err is not None:
         if not isinstance(err, dict):
             raise RpcError(ErrorCode.MALFORMED_FRAME, f"malformed error response: {err!r:.80}")
         raise RpcError(str(err.get("c", ErrorCode.INTERNAL)), str(err.get("s", "")), err.get("d"))
-    return msg.get("r")
+    raw = msg.r
+    try:
+        if reply_type is None:
+            return unpack_body(raw) if len(raw) else None
+        return decoder(reply_type).decode(raw if len(raw) else NIL)
+    except msgspec.DecodeError as e:
+        raise RpcError(ErrorCode.MALFORMED_FRAME,
+                       field_error(e, getattr(reply_type, "__name__", "result"))) from None
+    except ValueError as e:
+        raise RpcError(ErrorCode.MALFORMED_FRAME, str(e)) from None
 
 
 class RpcClient:
@@ -143,16 +180,18 @@ class RpcClient:
 
     def _deliver(self, body: bytes) -> None:
         try:
-            msg = unpack_body(body)
+            msg = _reply(body)
         except ValueError:
             return
-        rid = msg.get("i") if isinstance(msg, dict) else None
-        fut = self._pending.pop(rid, None) if isinstance(rid, int) else None
+        rid = msg.i
+        fut = self._pending.pop(rid, None) if rid is not None else None
         if fut is not None and not fut.done():
             fut.set_result(msg)
 
-    async def call(self, method: str, params: Any = None, timeout_s: float | None = None) -> Any:
-        """Call ``method`` with ``params`` (plain data or a dataclass) and return the result."""
+    async def call(self, method: str, params: Any = None, timeout_s: float | None = None,
+                   reply_type: Any = None) -> Any:
+        """Call ``method`` with ``params`` (plain data, a ``Message`` or a dataclass) and
+        return the result (decoded as ``reply_type`` when given)."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         writer = await self._ensure_connected()
         rid = next(self._ids)
@@ -168,7 +207,7 @@ class RpcClient:
                              f"{timeout:.3g} s") from None
         finally:
             self._pending.pop(rid, None)
-        return _result_of(msg)
+        return _result_of(msg, reply_type)
 
     async def notify(self, method: str, params: Any = None) -> None:
         """Send a one-way notice (no response, no delivery guarantee)."""
@@ -209,6 +248,7 @@ class SyncRpcClient:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._buf = bytearray()
+        self._misses = 0  # calls in a row whose answer came after the poll window
 
     def _connect(self) -> socket.socket:
         if self._sock is None:
@@ -239,12 +279,13 @@ class SyncRpcClient:
         self._sock = None
         self._buf.clear()
 
-    def _read_msg(self, sock: socket.socket) -> Any:
-        """The next frame's decoded body (usually one ``recv``: the whole response), polled
-        for up to ``poll_s`` before the receive sleeps (``poll_recv``)."""
+    def _read_msg(self, sock: socket.socket) -> Reply:
+        """The next frame's response envelope (usually one ``recv``: the whole response),
+        polled for up to ``poll_s`` before the receive sleeps (``poll_recv``) unless the
+        last ``POLL_MISSES`` polls found nothing (then one call in ``POLL_PROBE`` polls)."""
         buf = self._buf
         hsize = HEADER.size
-        poll = self.poll_s > 0
+        poll = self.poll_s > 0 and (self._misses < POLL_MISSES or self._misses % POLL_PROBE == 0)
         while True:
             want = 65536
             if len(buf) >= hsize:
@@ -255,11 +296,15 @@ class SyncRpcClient:
                 if len(buf) >= end:
                     body = bytes(buf[hsize:end])
                     del buf[:end]
-                    return unpack_body(body)
+                    return _reply(body)
                 want = max(want, end - len(buf))
-            chunk = poll_recv(lambda w=want: sock.recv(w, socket.MSG_DONTWAIT),
-                              self.poll_s) if poll else None
-            poll = False
+            chunk = None
+            if poll:
+                poll = False
+                chunk = poll_recv(lambda w=want: sock.recv(w, socket.MSG_DONTWAIT), self.poll_s)
+                self._misses = 0 if chunk is not None else self._misses + 1
+            elif self._misses:
+                self._misses += 1
             if chunk is None:
                 chunk = sock.recv(want)
             if not chunk:
@@ -267,10 +312,11 @@ class SyncRpcClient:
             if not buf and len(chunk) >= hsize:  # the common case: exactly one frame
                 (length,) = HEADER.unpack_from(chunk)
                 if length <= MAX_FRAME_BYTES and len(chunk) == hsize + length:
-                    return unpack_body(memoryview(chunk)[hsize:])
+                    return _reply(memoryview(chunk)[hsize:])
             buf += chunk
 
-    def call(self, method: str, params: Any = None, timeout_s: float | None = None) -> Any:
+    def call(self, method: str, params: Any = None, timeout_s: float | None = None,
+             reply_type: Any = None) -> Any:
         """Call ``method`` and block for its result (see ``RpcClient.call``)."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         with self._lock:
@@ -281,8 +327,8 @@ class SyncRpcClient:
                 sock.sendall(pack_frame({"i": rid, "m": method, "p": params}))
                 while True:
                     msg = self._read_msg(sock)
-                    if isinstance(msg, dict) and msg.get("i") == rid:
-                        return _result_of(msg)
+                    if msg.i == rid:
+                        return _result_of(msg, reply_type)
             except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO/SO_SNDTIMEO: EAGAIN
                 self._drop()
                 raise RpcTimeout(f"{method} to {self.host}:{self.port}: no response in "

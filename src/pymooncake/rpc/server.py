@@ -1,7 +1,8 @@
 """RPC server: asyncio TCP, one protocol object per connection, handlers by method name.
 
 A handler is a plain function or a coroutine function taking the request's params (a
-dataclass instance when registered with ``params_type``, else the decoded msgpack value)
+``Message`` or dataclass instance when registered with ``params_type``, else the decoded
+msgpack value)
 and returning msgpack-able data or a dataclass. Plain functions run inline on the event
 loop as each frame arrives (they must not block: pure cores only), and the responses to
 one read go out in one write; coroutines run as tasks owned by the connection, so one slow
@@ -9,8 +10,9 @@ call does not hold up the others. A plain function may return a coroutine (its r
 path, e.g. waiting for room): that is awaited as a task, and its result is the answer.
 
 A malformed frame is answered with ``MALFORMED_FRAME`` where the request id could be read,
-and the connection is closed when the stream cannot be resynchronised (bad length).
-Other connections are never affected.
+and the connection is closed when the stream cannot be resynchronised (bad length);
+params that do not match the method's type are answered ``INVALID_ARGUMENT`` naming the
+field. Other calls and connections are never affected.
 """
 
 from __future__ import annotations
@@ -23,9 +25,22 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
-from pymooncake.rpc.codec import HEADER, MAX_FRAME_BYTES, from_wire, pack_frame, unpack_body
+from pymooncake.rpc.codec import (
+    HEADER,
+    MAX_FRAME_BYTES,
+    NIL,
+    Message,
+    Request,
+    decoder,
+    field_error,
+    from_wire,
+    pack_frame,
+    unpack_body,
+)
 from pymooncake.rpc.errors import ErrorCode, RpcError
 
 logger = init_logger(__name__)
@@ -37,13 +52,18 @@ RPC_LATENCY = metrics.histogram(
     "pymooncake_rpc_server_latency_seconds", "RPC handler latency (s), by method", ["method"])
 
 
+_REQUEST = decoder(Request)
+
+
 class _Method:
-    __slots__ = ("fn", "params_type", "is_async", "name", "latency", "ok")
+    __slots__ = ("fn", "params_type", "decoder", "is_async", "name", "latency", "ok")
 
     def __init__(self, name: str, fn: Callable[..., Any], params_type: type | None) -> None:
         self.name = name
         self.fn = fn
         self.params_type = params_type
+        self.decoder = (decoder(params_type) if isinstance(params_type, type)
+                        and issubclass(params_type, Message) else None)
         self.is_async = inspect.iscoroutinefunction(fn)
         self.latency = RPC_LATENCY.labels(name)  # labelled children cached: hot path
         self.ok = RPC_REQUESTS.labels(name, "OK")
@@ -71,7 +91,8 @@ class RpcServer:
 
     def register(self, name: str, handler: Callable[..., Any],
                  params_type: type | None = None) -> None:
-        """Serve ``name`` with ``handler``; ``params_type`` (a dataclass) validates params."""
+        """Serve ``name`` with ``handler``; ``params_type`` (a ``Message``, decoded straight
+        from the frame, or a dataclass) validates params."""
         if name in self._methods:
             raise ValueError(f"RPC method {name!r} registered twice")
         self._methods[name] = _Method(name, handler, params_type)
@@ -112,7 +133,8 @@ class RpcServer:
         self._conns.add(conn)
         return conn
 
-    def _dispatch(self, body: bytes | memoryview, out: _Conn) -> None:
+    def _refuse(self, body: bytes | memoryview, out: _Conn, err: msgspec.DecodeError) -> None:
+        """Answer a frame that is no request map (the slow path: say what is wrong)."""
         try:
             msg = unpack_body(body)
         except ValueError as e:
@@ -124,25 +146,45 @@ class RpcServer:
                 ErrorCode.MALFORMED_FRAME, "a request is a map with a str 'm' (method)"))
             return
         rid = msg.get("i")
-        if rid is not None and not isinstance(rid, int):
+        if rid is not None and (not isinstance(rid, int) or isinstance(rid, bool)):
             out.send(None, error=RpcError(ErrorCode.MALFORMED_FRAME,
-                                                    "request id 'i' must be an int"))
+                                          "request id 'i' must be an int"))
             return
-        name = msg["m"]
+        out.send(rid, error=RpcError(ErrorCode.MALFORMED_FRAME,
+                                     field_error(err, "request")))
+
+    def _dispatch(self, body: bytes | memoryview, out: _Conn) -> None:
+        try:
+            req = _REQUEST.decode(body)
+        except msgspec.DecodeError as e:
+            self._refuse(body, out, e)
+            return
+        name, rid, raw = req.m, req.i, req.p
         method = self._methods.get(name)
         if method is None:
             _count(name[:64], ErrorCode.UNKNOWN_METHOD)
             out.send(rid, error=RpcError(ErrorCode.UNKNOWN_METHOD,
                                                    f"no RPC method {name!r}"))
             return
-        params = msg.get("p")
-        if method.params_type is not None:
+        if method.decoder is not None:  # typed: every field checked as it is decoded
             try:
-                params = from_wire(method.params_type, params if params is not None else {})
-            except ValueError as e:
-                _count(name, ErrorCode.INVALID_ARGUMENT)
-                out.send(rid, error=RpcError(ErrorCode.INVALID_ARGUMENT, str(e)))
+                params = method.decoder.decode(raw if len(raw) else NIL)
+            except msgspec.DecodeError as e:
+                self._invalid(method, rid, out, field_error(
+                    e, method.params_type.__name__))  # type: ignore[union-attr]
                 return
+        else:
+            try:
+                params = unpack_body(raw) if len(raw) else None
+            except ValueError as e:
+                out.send(rid, error=RpcError(ErrorCode.MALFORMED_FRAME, str(e)))
+                return
+            if method.params_type is not None:
+                try:
+                    params = from_wire(method.params_type, params if params is not None else {})
+                except ValueError as e:
+                    self._invalid(method, rid, out, str(e))
+                    return
         if method.is_async:
             out.spawn(self._run_async(method, params, rid, out))
         else:
@@ -156,6 +198,11 @@ class RpcServer:
                     out.spawn(self._run_async(method, result, rid, out, start))
                 else:
                     self._finish(method, rid, out, start, result=result)
+
+    @staticmethod
+    def _invalid(method: _Method, rid: int | None, out: _Conn, why: str) -> None:
+        _count(method.name, ErrorCode.INVALID_ARGUMENT)
+        out.send(rid, error=RpcError(ErrorCode.INVALID_ARGUMENT, why))
 
     async def _run_async(self, method: _Method, params: Any, rid: int | None,
                          out: _Conn, start: float | None = None) -> None:

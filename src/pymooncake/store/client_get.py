@@ -27,9 +27,11 @@ from pymooncake.store.datapath import Move
 from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.protocol import (
     TIER_DRAM,
+    KeyRequest,
     KeysRequest,
+    ReadAnswer,
     ReplicaDesc,
-    replica_list_from_wire,
+    ReplicaList,
 )
 
 
@@ -90,17 +92,18 @@ class GetOps(BadReplicaOps):
             return plans
         t_query = self._clock()
         res = self._master("batch_get_replica_list",
-                           {"client_id": self.client_id, "keys": [p.key for p in ask]})
+                           KeysRequest(self.client_id, tuple(p.key for p in ask)),
+                           list[ReadAnswer])
         answers = [self._batch_item(item) for item in res]
         queried = [t_query] * len(ask)  # when each lease was asked for (client clock)
-        load_ix = [i for i, r in enumerate(answers) if isinstance(r, dict) and r.get("promote")]
+        load_ix = [i for i, r in enumerate(answers) if isinstance(r, ReplicaList) and r.promote]
         if load_ix and not load:
             for i in load_ix:
                 answers[i] = NEEDS_LOAD
             load_ix = []
         if load_ix:  # held only on SSD: the master loads them back into DRAM first
             res = self._master("load_replica_list", KeysRequest(
-                self.client_id, tuple(ask[i].key for i in load_ix)))
+                self.client_id, tuple(ask[i].key for i in load_ix)), list[ReadAnswer])
             loaded = []
             for i, item in zip(load_ix, res, strict=True):
                 answers[i] = self._batch_item(item)
@@ -108,11 +111,11 @@ class GetOps(BadReplicaOps):
                     loaded.append(i)
             if loaded:  # a load may wait for room: ask again for a lease that starts now
                 t_again = self._clock()
-                res = self._master("batch_get_replica_list", {
-                    "client_id": self.client_id, "keys": [ask[i].key for i in loaded]})
+                res = self._master("batch_get_replica_list", KeysRequest(
+                    self.client_id, tuple(ask[i].key for i in loaded)), list[ReadAnswer])
                 for i, item in zip(loaded, res, strict=True):
                     r = self._batch_item(item)
-                    if isinstance(r, dict) and r.get("promote"):
+                    if isinstance(r, ReplicaList) and r.promote:
                         r = StoreError(ErrorCode.NO_AVAILABLE_HANDLE,  # retryable
                                        f"{ask[i].key!r} left DRAM again before it was read")
                     answers[i] = r
@@ -125,11 +128,10 @@ class GetOps(BadReplicaOps):
                 self._fill(p, r, t_asked, now, prefer_local)
         return plans
 
-    def _fill(self, p: _ReadPlan, r: dict, t_asked: float, now: float,
+    def _fill(self, p: _ReadPlan, rl: ReplicaList, t_asked: float, now: float,
               prefer_local: bool) -> None:
         """``p`` from the master's answer ``r`` (asked at ``t_asked``, client clock): size,
         lease expiry and the DRAM replicas to try, in order."""
-        rl = replica_list_from_wire(r)
         p.size = rl.size_bytes
         p.checksum = rl.checksum
         p.generation = rl.generation
@@ -152,11 +154,11 @@ class GetOps(BadReplicaOps):
         try:
             self._check_key(key)
             t_query = self._clock()
-            r = self._master("get_replica_list", {"client_id": self.client_id, "key": key})
+            r = self._master("get_replica_list", KeyRequest(self.client_id, key), ReplicaList)
         except StoreError as e:
             p.error = e
             return p
-        if r.get("promote"):
+        if r.promote:
             p.error = NEEDS_LOAD
             return p
         self._fill(p, r, t_query, self._clock(), True)

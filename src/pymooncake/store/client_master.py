@@ -14,13 +14,17 @@ from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.leader import LeaderSyncRpc
 from pymooncake.store.master.core import validate_key
 from pymooncake.store.protocol import (
+    BatchExistRequest,
+    ExistRequest,
+    KeyRequest,
     KeysRequest,
     PutEndRequest,
     PutHandle,
+    PutStartRequest,
+    ReadAnswer,
     RemoveAllRequest,
+    RemoveRequest,
     ReplicaList,
-    put_handle_from_wire,
-    replica_list_from_wire,
 )
 
 
@@ -40,19 +44,28 @@ class MasterOps(ClientBase):
                 self._rpcs.append(rpc)
         return rpc
 
-    def _master(self, method: str, params: Any) -> Any:
-        self._started_dp(method)  # never started, or closed: refused before the master
+    def _master(self, method: str, params: Any, reply_type: Any = None) -> Any:
+        """The master's answer to ``method`` (decoded as ``reply_type`` when given, every
+        field checked), or its ``StoreError``."""
+        if self._dp is None:  # never started, or closed: refused before the master
+            self._started_dp(method)
         try:
-            return self._rpc.call(method, params)
+            return self._rpc.call(method, params, reply_type=reply_type)
         except RpcError as e:
             raise StoreError.from_rpc(e) from None
 
     @staticmethod
-    def _batch_item(item: dict[str, Any]) -> Any:
-        if "e" in item:
-            code, msg = item["e"]
-            return StoreError(ErrorCode(code), msg)
-        return item.get("r")
+    def _batch_item(item: Any) -> Any:
+        """One key's answer of a batch call: a map (``{"r": result}`` or ``{"e": [code,
+        message]}``) or a typed answer (``ReadAnswer``, ``WriteAnswer``)."""
+        if type(item) is dict:
+            if "e" in item:
+                code, msg = item["e"]
+                return StoreError(ErrorCode(code), msg)
+            return item.get("r")
+        if item.e is not None:
+            return StoreError(ErrorCode(item.e[0]), item.e[1])
+        return item.r
 
 
     @staticmethod
@@ -88,11 +101,8 @@ class MasterOps(ClientBase):
         every replica lies on a segment this client knows to have failed is reported
         absent, as ``get`` answers ``OBJECT_NOT_FOUND`` for it (case BUG-34)."""
         self._check_key(key)
-        req: dict[str, Any] = {"client_id": self.client_id, "key": key}
-        bad = self._bad_now()
-        if bad:
-            req["exclude_segments"] = bad
-        return bool(self._master("exist", req))
+        return bool(self._master("exist", ExistRequest(self.client_id, key,
+                                                       tuple(self._bad_now()))))
 
     def batch_exist(self, keys: Sequence[str]) -> list[bool | StoreError]:
         """``exist`` per key (same rule for keys on failed segments)."""
@@ -107,19 +117,15 @@ class MasterOps(ClientBase):
                 out.append(e)
         if not ask:
             return out
-        req: dict[str, Any] = {"client_id": self.client_id,
-                               "keys": [keys[i] for i in ask]}
-        bad = self._bad_now()
-        if bad:
-            req["exclude_segments"] = bad
-        res = self._master("batch_exist", req)
+        res = self._master("batch_exist", BatchExistRequest(
+            self.client_id, tuple(keys[i] for i in ask), tuple(self._bad_now())))
         for i, x in zip(ask, res, strict=True):
             out[i] = self._batch_item(x)
         return out
 
     def remove(self, key: str, force: bool = False) -> None:
         self._check_key(key)
-        self._master("remove", {"client_id": self.client_id, "key": key, "force": force})
+        self._master("remove", RemoveRequest(self.client_id, key, force))
 
     def remove_all(self, force: bool = False) -> int:
         return int(self._master("remove_all", RemoveAllRequest(self.client_id, force)))
@@ -143,29 +149,26 @@ class MasterOps(ClientBase):
     def replica_list(self, key: str) -> ReplicaList:
         """The master's answer for ``key`` (grants a read lease)."""
         self._check_key(key)
-        r = self._master("get_replica_list", {"client_id": self.client_id, "key": key})
-        if r.get("promote"):
-            (item,) = self._master("load_replica_list", KeysRequest(self.client_id, (key,)))
+        r = self._master("get_replica_list", KeyRequest(self.client_id, key), ReplicaList)
+        if r.promote:
+            (item,) = self._master("load_replica_list", KeysRequest(self.client_id, (key,)),
+                                   list[ReadAnswer])
             r = self._batch_item(item)
             if isinstance(r, StoreError):
                 raise r
-        return replica_list_from_wire(r)
+        return r
 
     def put_start(self, key: str, size_bytes: int,
                   config: ReplicateConfig | None = None) -> PutHandle:
         self._check_key(key)
-        return put_handle_from_wire(self._master("put_start", {
-            "client_id": self.client_id, "key": key, "size_bytes": size_bytes,
-            "config": to_wire(config or DEFAULT_CONFIG)}))
+        return self._master("put_start", PutStartRequest(
+            self.client_id, key, size_bytes, to_wire(config or DEFAULT_CONFIG)), PutHandle)
 
     def put_end(self, key: str, generation: int, checksum: bytes | None = None) -> None:
         """Publish a write started by ``put_start``. ``checksum``: the written bytes'
         ``store.checksum.digests``; without one the object is published but never
         verifies on read (``CHECKSUM_MISMATCH``: unverifiable bytes are not data)."""
-        req = {"client_id": self.client_id, "key": key, "generation": generation}
-        if checksum is not None:
-            req["checksum"] = checksum
-        self._master("put_end", req)
+        self._master("put_end", PutEndRequest(self.client_id, key, generation, checksum))
 
     def put_revoke(self, key: str, generation: int) -> None:
         self._master("put_revoke", PutEndRequest(self.client_id, key, generation))

@@ -19,7 +19,14 @@ from pymooncake.store.client_memory import MemoryOps, check_lists
 from pymooncake.store.config import ReplicateConfig
 from pymooncake.store.datapath import Move
 from pymooncake.store.errors import ErrorCode, StoreError
-from pymooncake.store.protocol import BatchPutEndRequest
+from pymooncake.store.protocol import (
+    BatchPutEndRequest,
+    BatchPutStartRequest,
+    PutEndRequest,
+    PutHandle,
+    PutStartRequest,
+    WriteAnswer,
+)
 
 
 @functools.lru_cache(maxsize=256)
@@ -103,23 +110,21 @@ class PutOps(MasterOps, MemoryOps):
         if not idx:
             return
         one = len(idx) == 1  # one key: put_start/put_end, no batch wrapping on either side
-        req: dict[str, Any] = ({"client_id": self.client_id, "key": keys[idx[0]],
-                                "size_bytes": sizes[idx[0]]} if one else
-                               {"client_id": self.client_id, "keys": [keys[i] for i in idx],
-                                "sizes_bytes": [sizes[i] for i in idx]})
-        if config is not None and config is not DEFAULT_CONFIG:
-            wire = _config_wire(config)
-            if wire is not None:
-                req["config"] = wire
-        handles: dict[int, dict[str, Any]] = {}
+        wire = (_config_wire(config) if config is not None and config is not DEFAULT_CONFIG
+                else None)
+        handles: dict[int, PutHandle] = {}
         if one:
-            r = self._answer("put_start", req)
+            r = self._answer("put_start", PutStartRequest(
+                self.client_id, keys[idx[0]], sizes[idx[0]], wire), PutHandle)
             if isinstance(r, StoreError):
                 out[idx[0]] = r
                 return
             handles[idx[0]] = r
         else:
-            for i, item in zip(idx, self._master("batch_put_start", req), strict=True):
+            req = BatchPutStartRequest(self.client_id, tuple(keys[i] for i in idx),
+                                       tuple(sizes[i] for i in idx), wire)
+            for i, item in zip(idx, self._master("batch_put_start", req, list[WriteAnswer]),
+                               strict=True):
                 r = self._batch_item(item)
                 if isinstance(r, StoreError):
                     out[i] = r
@@ -133,20 +138,20 @@ class PutOps(MasterOps, MemoryOps):
                 src = sources[i]
                 src_addr = src if isinstance(src, int) else None
                 sums[i] = digests(src if src_addr is None else view_at(src_addr, sizes[i]))
-                for rep in h["replicas"]:  # [replica_id, segment, addr, length, ...]
-                    local = (self._local_view(rep[2], sizes[i])
-                             if rep[1] == self.segment_name else None)
+                for rep in h.replicas:
+                    local = (self._local_view(rep.addr, sizes[i])
+                             if rep.segment == self.segment_name else None)
                     if local is not None:  # our own segment: one copy, no engine round
                         if src_addr is None:
                             local[:] = np.frombuffer(src, dtype=np.uint8)
                         else:
-                            ctypes.memmove(rep[2], src_addr, sizes[i])
+                            ctypes.memmove(rep.addr, src_addr, sizes[i])
                         continue
                     if src_addr is None:
                         src_addr, arr, release = self._stage(sizes[i])
                         arr[:] = np.frombuffer(src, dtype=np.uint8)
                         staged.append(release)
-                    moves.append(Move(True, src_addr, rep[1], rep[2], sizes[i]))
+                    moves.append(Move(True, src_addr, rep.segment, rep.addr, sizes[i]))
                     owners.append(i)
             self._started_dp("put")
             results = self._dp.run(moves)
@@ -161,30 +166,28 @@ class PutOps(MasterOps, MemoryOps):
         if failed:
             self._master("batch_put_revoke", BatchPutEndRequest(
                 self.client_id, tuple(keys[i] for i in failed),
-                tuple(handles[i]["generation"] for i in failed)))
+                tuple(handles[i].generation for i in failed)))
             for i, reason in failed.items():
                 out[i] = StoreError(ErrorCode.TRANSFER_FAIL, f"write of {keys[i]!r}: {reason}")
         if ok and one:
-            r = self._answer("put_end", {"client_id": self.client_id, "key": keys[ok[0]],
-                                         "generation": handles[ok[0]]["generation"],
-                                         "checksum": sums[ok[0]]})
+            r = self._answer("put_end", PutEndRequest(
+                self.client_id, keys[ok[0]], handles[ok[0]].generation, sums[ok[0]]))
             if isinstance(r, StoreError):
                 out[ok[0]] = r
         elif ok:
-            res = self._master("batch_put_end", {
-                "client_id": self.client_id, "keys": [keys[i] for i in ok],
-                "generations": [handles[i]["generation"] for i in ok],
-                "checksums": [sums[i] for i in ok]})
+            res = self._master("batch_put_end", BatchPutEndRequest(
+                self.client_id, tuple(keys[i] for i in ok),
+                tuple(handles[i].generation for i in ok), tuple(sums[i] for i in ok)))
             for i, item in zip(ok, res, strict=True):
                 r = self._batch_item(item)
                 if isinstance(r, StoreError):
                     out[i] = r
 
-    def _answer(self, method: str, params: dict[str, Any]) -> Any:
+    def _answer(self, method: str, params: Any, reply_type: Any = None) -> Any:
         """A single-key call's result, or the master's ``StoreError`` answer as a value (as
         a batch item carries it); a lost or timed-out call raises, as a batch call does."""
         try:
-            return self._master(method, params)
+            return self._master(method, params, reply_type)
         except StoreError as e:
             if e.code in (ErrorCode.RPC_TIMEOUT, ErrorCode.RPC_FAIL):
                 raise

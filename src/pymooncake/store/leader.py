@@ -222,7 +222,7 @@ class LeaderSyncRpc:
         return self._rpc
 
     def call(self, method: str, params: Any = None, timeout_s: float | None = None,
-             failover_s: float | None = None) -> Any:
+             failover_s: float | None = None, reply_type: Any = None) -> Any:
         """``SyncRpcClient.call`` on the leader; raises the last ``RpcError`` when no
         leader answers within ``failover_s`` (default ``failover_timeout_s``; at once
         without HA)."""
@@ -231,7 +231,7 @@ class LeaderSyncRpc:
         rpc, addr = self._rpc, self._addr
         if rpc is not None and addr is not None and addr == self.locator.peek():
             try:  # the usual case, the known leader answers: no bookkeeping before a failure
-                return rpc.call(method, params, timeout_s)
+                return rpc.call(method, params, timeout_s, reply_type)
             except RpcError as e:
                 tries = _Attempts(bound, t0)
                 self._failed(method, addr, e, tries)
@@ -246,7 +246,7 @@ class LeaderSyncRpc:
                 err = tries.first or RpcConnectionError(f"{method}: no other leader")
             else:
                 try:
-                    return self._client(addr).call(method, params, timeout_s)
+                    return self._client(addr).call(method, params, timeout_s, reply_type)
                 except RpcError as e:
                     err = e
             self._failed(method, addr, err, tries)
@@ -285,7 +285,8 @@ class LeaderRpc:
             self._rpc, self._addr = RpcClient(addr[0], addr[1], timeout_s=self.timeout_s), addr
         return self._rpc
 
-    async def call(self, method: str, params: Any = None, timeout_s: float | None = None) -> Any:
+    async def call(self, method: str, params: Any = None, timeout_s: float | None = None,
+                   reply_type: Any = None) -> Any:
         """``RpcClient.call`` on the leader (same rules as ``LeaderSyncRpc.call``)."""
         tries = _Attempts(self.failover_timeout_s)
         while True:
@@ -297,7 +298,8 @@ class LeaderRpc:
                 err = tries.first or RpcConnectionError(f"{method}: no other leader")
             else:
                 try:
-                    return await (await self._client(addr)).call(method, params, timeout_s)
+                    return await (await self._client(addr)).call(method, params, timeout_s,
+                                                                  reply_type)
                 except RpcError as e:
                     err = e
             hint = tries.next_hint(method, addr, err, self.locator.ha)

@@ -1,5 +1,10 @@
 """Messages between store clients, storage processes and the master (private to ``store``).
 
+Every message is an ``rpc.Message`` (a ``msgspec.Struct``): decoded straight from the
+frame with each field's type checked, an unknown or missing field refused naming it; the
+master's handlers take them as they come (no hand validation) and answer them (replicas
+travel as maps of named fields, not positional lists).
+
 Every state-changing call on an object names the exact write ``generation`` it refers to
 (case BUG-18): ``put_end``/``put_revoke`` of an older generation are refused as stale.
 Addresses are absolute addresses inside the target segment's registered buffer (what the
@@ -8,16 +13,15 @@ Transfer Engine takes as ``target_addr``); lengths are bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Any
 
-from pymooncake.store.config import ReplicateConfig
+from pymooncake.rpc import Message
 
 TIER_DRAM = "dram"
 TIER_SSD = "ssd"
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaDesc:
+class ReplicaDesc(Message):
     """One replica: ``length`` bytes at ``addr`` in ``segment`` (``addr=-1`` on SSD)."""
 
     replica_id: int
@@ -29,8 +33,7 @@ class ReplicaDesc:
     status: str = "COMPLETE"
 
 
-@dataclass(frozen=True, slots=True)
-class PutHandle:
+class PutHandle(Message):
     """What ``put_start`` grants: write ``size_bytes`` to each replica, then ``put_end``."""
 
     key: str
@@ -39,8 +42,7 @@ class PutHandle:
     replicas: tuple[ReplicaDesc, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaList:
+class ReplicaList(Message):
     """Readable replicas of a published object, local-first order is the client's job.
 
     ``lease_ttl_ms``: the read lease granted with this answer; a read that completes after
@@ -55,10 +57,12 @@ class ReplicaList:
     checksum: bytes | None = None
     """The object's per-chunk digests (``store.checksum``); ``None``: stored without one
     (its bytes then never verify, so never read)."""
+    promote: bool = False
+    """The object lives only on SSD (no replica here): ask ``load_replica_list``, which
+    loads it back into DRAM first."""
 
 
-@dataclass(frozen=True, slots=True)
-class MountRequest:
+class MountRequest(Message):
     client_id: str
     segment: str
     host: str
@@ -72,74 +76,94 @@ class MountRequest:
     the holder of a still-mounted segment replaces it (the holder restarted)."""
 
 
-@dataclass(frozen=True, slots=True)
-class UnmountRequest:
+class UnmountRequest(Message):
     client_id: str
     segment: str
 
 
-@dataclass(frozen=True, slots=True)
-class HeartbeatRequest:
+class HeartbeatRequest(Message):
     client_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class PutStartRequest:
+class PutStartRequest(Message):
     client_id: str
     key: str
     size_bytes: int
-    config: ReplicateConfig = field(default_factory=ReplicateConfig)
+    config: dict[str, Any] | None = None
+    """A ``ReplicateConfig``'s fields (``None``: the defaults); checked by the master."""
 
 
-@dataclass(frozen=True, slots=True)
-class PutEndRequest:
+class PutEndRequest(Message):
     client_id: str
     key: str
     generation: int
+    checksum: bytes | None = None
+    """The written bytes' ``store.checksum.digests`` (``put_end``; none for a revoke)."""
 
 
-@dataclass(frozen=True, slots=True)
-class KeyRequest:
+class KeyRequest(Message):
     client_id: str
     key: str
 
 
-@dataclass(frozen=True, slots=True)
-class KeysRequest:
+class ExistRequest(Message):
+    client_id: str
+    key: str
+    exclude_segments: tuple[str, ...] = ()
+    """Segments the caller knows have failed: a key only there is reported absent."""
+
+
+class KeysRequest(Message):
     client_id: str
     keys: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class RemoveRequest:
+class BatchExistRequest(Message):
+    client_id: str
+    keys: tuple[str, ...]
+    exclude_segments: tuple[str, ...] = ()
+
+
+class RemoveRequest(Message):
     client_id: str
     key: str
     force: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class RemoveAllRequest:
+class RemoveAllRequest(Message):
     client_id: str
     force: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class BatchPutStartRequest:
+class BatchPutStartRequest(Message):
     client_id: str
     keys: tuple[str, ...]
     sizes_bytes: tuple[int, ...]
-    config: ReplicateConfig = field(default_factory=ReplicateConfig)
+    config: dict[str, Any] | None = None
+    """A ``ReplicateConfig``'s fields (``None``: the defaults); checked by the master."""
+
+    def __post_init__(self) -> None:
+        _same_length(self.keys, "sizes_bytes", self.sizes_bytes)
 
 
-@dataclass(frozen=True, slots=True)
-class BatchPutEndRequest:
+class BatchPutEndRequest(Message):
     client_id: str
     keys: tuple[str, ...]
     generations: tuple[int, ...]
+    checksums: tuple[bytes | None, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _same_length(self.keys, "generations", self.generations)
+        if self.checksums is not None:
+            _same_length(self.keys, "checksums", self.checksums)
 
 
-@dataclass(frozen=True, slots=True)
-class SpillOrder:
+def _same_length(keys: tuple, name: str, other: tuple) -> None:
+    if len(other) != len(keys):
+        raise ValueError(f"{name} has {len(other)} items for {len(keys)} keys")
+
+
+class SpillOrder(Message):
     """Master → storage process: copy ``length`` bytes at ``addr`` of its segment to SSD."""
 
     key: str
@@ -149,8 +173,7 @@ class SpillOrder:
     length: int
 
 
-@dataclass(frozen=True, slots=True)
-class LoadOrder:
+class LoadOrder(Message):
     """Master → storage process: read ``key`` from SSD into ``addr`` of its segment."""
 
     key: str
@@ -160,8 +183,7 @@ class LoadOrder:
     length: int
 
 
-@dataclass(frozen=True, slots=True)
-class SsdRecoverRequest:
+class SsdRecoverRequest(Message):
     """Storage process → master after a restart: objects found intact on its SSD tier,
     ``(key, size_bytes, per-chunk checksum)`` each, to become SSD replicas in
     ``segment``; ``final`` on the last batch (the master then forgets what it kept for
@@ -174,8 +196,7 @@ class SsdRecoverRequest:
     final: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class BadReplicaRequest:
+class BadReplicaRequest(Message):
     """Client → master: replicas of ``key`` (write ``generation``) whose bytes failed the
     checksum on a read, confirmed by a second read."""
 
@@ -185,26 +206,18 @@ class BadReplicaRequest:
     replica_ids: tuple[int, ...]
 
 
-# -- compact wire forms of the hot-path answers (lists, no per-field maps) ----------------
-
-def replica_to_wire(r: object) -> list:
-    """``[replica_id, segment, addr, length, tier, host, status]`` of a replica-like object."""
-    return [r.replica_id, r.segment, r.addr, r.length, r.tier, r.host,  # type: ignore[attr-defined]
-            getattr(r, "status", None) or ("COMPLETE" if getattr(r, "complete", True)
-                                           else "PROCESSING")]
 
 
-def replica_from_wire(w: list) -> ReplicaDesc:
-    return ReplicaDesc(int(w[0]), str(w[1]), int(w[2]), int(w[3]), str(w[4]), str(w[5]),
-                       str(w[6]))
+class ReadAnswer(Message):
+    """One key's answer in ``batch_get_replica_list`` / ``load_replica_list``: the replica
+    list, or the error ``[code, message]``."""
+
+    r: ReplicaList | None = None
+    e: tuple[int, str] | None = None
 
 
-def put_handle_from_wire(d: dict) -> PutHandle:
-    return PutHandle(d["key"], d["generation"], d["size_bytes"],
-                     tuple(replica_from_wire(r) for r in d["replicas"]))
+class WriteAnswer(Message):
+    """One key's answer in ``batch_put_start``: the handle, or the error."""
 
-
-def replica_list_from_wire(d: dict) -> ReplicaList:
-    return ReplicaList(d["key"], d["size_bytes"], d["generation"],
-                       tuple(replica_from_wire(r) for r in d["replicas"]), d["lease_ttl_ms"],
-                       d.get("checksum"))
+    r: PutHandle | None = None
+    e: tuple[int, str] | None = None

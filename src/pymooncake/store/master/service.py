@@ -1,8 +1,9 @@
 """The master process: ``MasterCore`` behind the RPC layer, with a clock and background work.
 
-Every RPC handler is a thin shell: decode the typed request (``store.protocol``), call the
-pure core with ``now_ms`` from the service clock, map ``StoreError`` to an ``RpcError``
-whose ``code`` is the ``ErrorCode`` name and whose ``data`` is ``{"code": int}``. Batch
+Every RPC handler is a thin shell: it takes the typed request (``store.protocol``, checked
+field by field by the RPC layer as it is decoded), calls the pure core with ``now_ms`` from
+the service clock, and maps ``StoreError`` to an ``RpcError`` whose ``code`` is the
+``ErrorCode`` name and whose ``data`` is ``{"code": int}``. Batch
 methods answer a list with one ``{"r": result}`` or ``{"e": [code, message]}`` per key.
 
 Background work (every ``tick_interval_s``): drop silent clients, reclaim abandoned writes,
@@ -34,16 +35,22 @@ from pymooncake.store.master.ha import HaConfig, HaController
 from pymooncake.store.master.rereplicator import ReReplicator
 from pymooncake.store.protocol import (
     TIER_DRAM,
+    BatchExistRequest,
     BatchPutEndRequest,
+    BatchPutStartRequest,
+    ExistRequest,
     HeartbeatRequest,
+    KeyRequest,
     KeysRequest,
     MountRequest,
     PutEndRequest,
+    PutHandle,
+    PutStartRequest,
     RemoveAllRequest,
+    RemoveRequest,
     ReplicaList,
     SpillOrder,
     UnmountRequest,
-    replica_to_wire,
 )
 
 logger = init_logger(__name__)
@@ -79,57 +86,11 @@ PROMOTE_WAIT_S = 3.0
 """Longest a get of an SSD-resident object waits for DRAM room (leases to lapse)."""
 
 
-_KEY_FIELDS = frozenset({"client_id", "key"})
-_KEYS_FIELDS = frozenset({"client_id", "keys"})
-_PUT_START_FIELDS = frozenset({"client_id", "key", "size_bytes", "config"})
-_BATCH_PUT_START_FIELDS = frozenset({"client_id", "keys", "sizes_bytes", "config"})
-_PUT_END_FIELDS = frozenset({"client_id", "key", "generation", "checksum"})
-_BATCH_PUT_END_FIELDS = frozenset({"client_id", "keys", "generations", "checksums"})
 _DEFAULT_CONFIG = ReplicateConfig()
-_REMOVE_FIELDS = frozenset({"client_id", "key", "force"})
-_OPTIONAL = frozenset({"config", "exclude_segments", "force", "checksum", "checksums"})
-_EXCLUDE = frozenset({"exclude_segments"})
+_NONE: frozenset[str] = frozenset()
 
 
-def _exclude(p: dict[str, Any]) -> frozenset[str]:
-    """``exclude_segments`` of an exist request: segments the caller knows have failed."""
-    ex = p.get("exclude_segments", ())
-    if not isinstance(ex, list | tuple) or not all(isinstance(x, str) for x in ex):
-        raise RpcError("INVALID_ARGUMENT", "exclude_segments must be a list of segment names")
-    return frozenset(ex)
-
-
-def _check(p: Any, fields: frozenset[str]) -> None:
-    """Raw params must be a map with exactly ``fields`` (``config`` optional) and a str
-    ``client_id``; raises ``RpcError(INVALID_ARGUMENT)`` naming what is wrong."""
-    if not isinstance(p, dict):
-        raise RpcError("INVALID_ARGUMENT", f"params must be a map, got {type(p).__name__}")
-    if p.keys() != fields:
-        unknown = set(p) - fields
-        missing = fields - _OPTIONAL - set(p)
-        if unknown or missing:
-            raise RpcError("INVALID_ARGUMENT", f"unknown field(s) {sorted(map(str, unknown))}"
-                           if unknown else f"missing field(s) {sorted(missing)}")
-    if not isinstance(p["client_id"], str):
-        raise RpcError("INVALID_ARGUMENT", "client_id must be a str")
-
-
-def _int(p: dict[str, Any], name: str) -> int:
-    v = p[name]
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise RpcError("INVALID_ARGUMENT", f"{name} must be an int, got {type(v).__name__}")
-    return v
-
-
-def _keys(p: dict[str, Any]) -> list[str]:
-    keys = p["keys"]
-    if not isinstance(keys, list):
-        raise RpcError("INVALID_ARGUMENT", "keys must be a list of str")
-    return keys
-
-
-def _config(p: dict[str, Any]) -> ReplicateConfig:
-    raw = p.get("config")
+def _config(raw: dict[str, Any] | None) -> ReplicateConfig:
     if raw is None:
         return _DEFAULT_CONFIG
     try:
@@ -232,19 +193,18 @@ class MasterService:
         s.register("mount_segment", self._mount, MountRequest)
         s.register("unmount_segment", self._unmount, UnmountRequest)
         s.register("heartbeat", self._heartbeat, HeartbeatRequest)
-        # hot paths take raw maps (checked by hand below) and answer compact lists
-        s.register("put_start", self._put_start)
-        s.register("batch_put_start", self._batch_put_start)
-        s.register("put_end", self._put_end)
-        s.register("batch_put_end", self._batch_put_end)
+        s.register("put_start", self._put_start, PutStartRequest)
+        s.register("batch_put_start", self._batch_put_start, BatchPutStartRequest)
+        s.register("put_end", self._put_end, PutEndRequest)
+        s.register("batch_put_end", self._batch_put_end, BatchPutEndRequest)
         s.register("put_revoke", self._put_revoke, PutEndRequest)
         s.register("batch_put_revoke", self._batch_put_revoke, BatchPutEndRequest)
-        s.register("get_replica_list", self._get_replica_list)
-        s.register("batch_get_replica_list", self._batch_get_replica_list)
+        s.register("get_replica_list", self._get_replica_list, KeyRequest)
+        s.register("batch_get_replica_list", self._batch_get_replica_list, KeysRequest)
         s.register("load_replica_list", self._load_replica_list, KeysRequest)
-        s.register("exist", self._exist)
-        s.register("batch_exist", self._batch_exist)
-        s.register("remove", self._remove)
+        s.register("exist", self._exist, ExistRequest)
+        s.register("batch_exist", self._batch_exist, BatchExistRequest)
+        s.register("remove", self._remove, RemoveRequest)
         s.register("batch_remove", self._batch_remove, KeysRequest)
         s.register("remove_all", self._remove_all, RemoveAllRequest)
         s.register("release_leases", self._release_leases, KeysRequest)
@@ -398,76 +358,59 @@ class MasterService:
     def _heartbeat(self, p: HeartbeatRequest) -> dict[str, Any]:
         return {"known": self.core.heartbeat(p.client_id, self.now_ms())}
 
-    def _write_wire(self, obj: Any) -> dict[str, Any]:
-        return {"key": obj.key, "generation": obj.generation, "size_bytes": obj.size_bytes,
-                "replicas": [replica_to_wire(r) for r in obj.replicas]}
-
-    def _put_start(self, p: Any) -> Any:
+    def _put_start(self, p: PutStartRequest) -> Any:
         """A plain handler (no task per put); when the store is full while spills are in
         flight it returns the coroutine that waits for them once and tries again."""
-        _check(p, _PUT_START_FIELDS)
-        cid, key, size, cfg = p["client_id"], p["key"], p["size_bytes"], _config(p)
+        cfg = _config(p.config)
         try:
-            return self._write_wire(self._call(self.core.start_write, cid, key, size, cfg,
-                                               self.now_ms()))
+            return self._call(self.core.put_start, p.client_id, p.key, p.size_bytes, cfg,
+                              self.now_ms())
         except RpcError as e:
             if e.code != ErrorCode.NO_AVAILABLE_HANDLE.name or not self._spills:
                 raise
-            return self._put_start_again(e, cid, key, size, cfg)
+            return self._put_start_again(e, p, cfg)
 
-    async def _put_start_again(self, err: RpcError, cid: str, key: str, size: Any,
-                               cfg: ReplicateConfig) -> Any:
+    async def _put_start_again(self, err: RpcError, p: PutStartRequest,
+                               cfg: ReplicateConfig) -> PutHandle:
         if not await self._wait_spills():
             raise err
-        return self._write_wire(self._call(self.core.start_write, cid, key, size, cfg,
-                                           self.now_ms()))
+        return self._call(self.core.put_start, p.client_id, p.key, p.size_bytes, cfg,
+                          self.now_ms())
 
-    def _batch_put_start(self, p: Any) -> Any:
+    def _batch_put_start(self, p: BatchPutStartRequest) -> Any:
         """As ``_put_start``, per key; the keys that found no room while spills are in
         flight are tried once more after them (by the returned coroutine)."""
-        _check(p, _BATCH_PUT_START_FIELDS)
-        keys, sizes, cid, cfg = p["keys"], p["sizes_bytes"], p["client_id"], _config(p)
-        if not isinstance(keys, list) or not isinstance(sizes, list) or len(keys) != len(sizes):
-            raise RpcError("INVALID_ARGUMENT", "keys and sizes_bytes must be lists of one length")
+        keys, sizes, cid, cfg = p.keys, p.sizes_bytes, p.client_id, _config(p.config)
         now = self.now_ms()
-        start = self.core.start_write
-        out = self._each(lambda i: self._write_wire(start(cid, keys[i], sizes[i], cfg, now)),
-                         range(len(keys)))
+        start = self.core.put_start
+        out = self._each(lambda i: start(cid, keys[i], sizes[i], cfg, now), range(len(keys)))
         retry = [i for i, r in enumerate(out)
                  if "e" in r and r["e"][0] == int(ErrorCode.NO_AVAILABLE_HANDLE)]
         self._after()
         if retry and self._spills:
-            return self._batch_put_start_again(out, retry, keys, sizes, cid, cfg)
+            return self._batch_put_start_again(out, retry, p, cfg)
         return out
 
-    async def _batch_put_start_again(self, out: list, retry: list[int], keys: list,
-                                     sizes: list, cid: str, cfg: ReplicateConfig) -> Any:
+    async def _batch_put_start_again(self, out: list, retry: list[int],
+                                     p: BatchPutStartRequest, cfg: ReplicateConfig) -> Any:
         if await self._wait_spills():
-            start = self.core.start_write
+            start = self.core.put_start
             now = self.now_ms()
-            again = self._each(lambda i: self._write_wire(start(cid, keys[i], sizes[i], cfg,
-                                                                now)), retry)
+            again = self._each(lambda i: start(p.client_id, p.keys[i], p.sizes_bytes[i], cfg,
+                                               now), retry)
             for i, r in zip(retry, again, strict=True):
                 out[i] = r
             self._after()
         return out
 
-    def _put_end(self, p: Any) -> bool:
-        _check(p, _PUT_END_FIELDS)
-        self._call(self.core.put_end, p["client_id"], p["key"], _int(p, "generation"),
-                   self.now_ms(), p.get("checksum"))
+    def _put_end(self, p: PutEndRequest) -> bool:
+        self._call(self.core.put_end, p.client_id, p.key, p.generation, self.now_ms(),
+                   p.checksum)
         return True
 
-    def _batch_put_end(self, p: Any) -> Any:
-        _check(p, _BATCH_PUT_END_FIELDS)
-        keys, gens, cid = p["keys"], p["generations"], p["client_id"]
-        if not isinstance(keys, list) or not isinstance(gens, list) or len(keys) != len(gens):
-            raise RpcError("INVALID_ARGUMENT", "keys and generations must be lists of one length")
-        sums = p.get("checksums")
-        if sums is None:
-            sums = [None] * len(keys)
-        elif not isinstance(sums, list) or len(sums) != len(keys):
-            raise RpcError("INVALID_ARGUMENT", "checksums must be a list as long as keys")
+    def _batch_put_end(self, p: BatchPutEndRequest) -> Any:
+        keys, gens, cid = p.keys, p.generations, p.client_id
+        sums = p.checksums if p.checksums is not None else (None,) * len(keys)
         now = self.now_ms()
         end = self.core.put_end
         out = self._each(lambda i: end(cid, keys[i], gens[i], now, sums[i]),
@@ -541,30 +484,28 @@ class MasterService:
         if not ok:
             raise StoreError(ErrorCode.OBJECT_NOT_FOUND, f"{key!r} could not be read from SSD")
 
-    def _read_wire(self, client_id: str, key: str, now: float) -> dict[str, Any]:
-        """A published object's readable replicas; ``{"promote": True}`` when it lives only
-        on SSD (the client then asks ``load_replica_list``, which waits for the load)."""
+    def _read(self, client_id: str, key: str, now: float) -> ReplicaList:
+        """A published object's readable DRAM replicas and a read lease; ``promote`` set
+        when it lives only on SSD (the client then asks ``load_replica_list``, which waits
+        for the load)."""
         try:
             obj = self.core.read_object(client_id, key, now)
         except StoreError as e:
             _LOOKUP["miss" if e.code == ErrorCode.OBJECT_NOT_FOUND else "error"].inc()
             raise
-        reps = [replica_to_wire(r) for r in obj.replicas if r.complete and r.tier == TIER_DRAM]
+        reps = tuple(r.desc() for r in obj.replicas if r.complete and r.tier == TIER_DRAM)
         if not reps:
-            return {"key": key, "promote": True}
+            return ReplicaList(key, 0, 0, (), 0.0, None, True)
         _LOOKUP["hit"].inc()
-        return {"key": key, "size_bytes": obj.size_bytes, "generation": obj.generation,
-                "replicas": reps, "lease_ttl_ms": self.config.default_kv_lease_ttl_ms,
-                "checksum": obj.checksum}
+        return ReplicaList(key, obj.size_bytes, obj.generation, reps,
+                           self.config.default_kv_lease_ttl_ms, obj.checksum)
 
-    def _get_replica_list(self, p: Any) -> Any:
-        _check(p, _KEY_FIELDS)
-        return self._call(self._read_wire, p["client_id"], p["key"], self.now_ms())
+    def _get_replica_list(self, p: KeyRequest) -> ReplicaList:
+        return self._call(self._read, p.client_id, p.key, self.now_ms())
 
-    def _batch_get_replica_list(self, p: Any) -> Any:
-        _check(p, _KEYS_FIELDS)
-        cid, now = p["client_id"], self.now_ms()
-        return self._each(lambda k: self._read_wire(cid, k, now), _keys(p))
+    def _batch_get_replica_list(self, p: KeysRequest) -> Any:
+        cid, now = p.client_id, self.now_ms()
+        return self._each(lambda k: self._read(cid, k, now), p.keys)
 
     async def _load_replica_list(self, p: KeysRequest) -> Any:
         """Load SSD-only objects back, all keys at once: each load waits at most one
@@ -576,30 +517,22 @@ class MasterService:
                 rl = await self._lookup(p.client_id, key)
             except StoreError as e:
                 return {"e": [int(e.code), e.message]}
-            return {"r": {"key": key, "size_bytes": rl.size_bytes,
-                          "generation": rl.generation,
-                          "replicas": [replica_to_wire(r) for r in rl.replicas
-                                       if r.tier == TIER_DRAM],
-                          "lease_ttl_ms": rl.lease_ttl_ms, "checksum": rl.checksum}}
+            return {"r": ReplicaList(key, rl.size_bytes, rl.generation,
+                                     tuple(r for r in rl.replicas if r.tier == TIER_DRAM),
+                                     rl.lease_ttl_ms, rl.checksum)}
         return list(await asyncio.gather(*(one(k) for k in p.keys)))
 
-    def _exist(self, p: Any) -> bool:
-        _check(p, _KEY_FIELDS | _EXCLUDE)
-        return self._call(self.core.exist, p["client_id"], p["key"], self.now_ms(),
-                          _exclude(p))
+    def _exist(self, p: ExistRequest) -> bool:
+        return self._call(self.core.exist, p.client_id, p.key, self.now_ms(),
+                          frozenset(p.exclude_segments) if p.exclude_segments else _NONE)
 
-    def _batch_exist(self, p: Any) -> Any:
-        _check(p, _KEYS_FIELDS | _EXCLUDE)
-        cid, now, ex = p["client_id"], self.now_ms(), _exclude(p)
-        return self._each(lambda k: self.core.exist(cid, k, now, ex), _keys(p))
+    def _batch_exist(self, p: BatchExistRequest) -> Any:
+        cid, now = p.client_id, self.now_ms()
+        ex = frozenset(p.exclude_segments) if p.exclude_segments else _NONE
+        return self._each(lambda k: self.core.exist(cid, k, now, ex), p.keys)
 
-    def _remove(self, p: Any) -> bool:
-        """A raw map checked by hand, as the other hot paths (``RemoveRequest``'s fields)."""
-        _check(p, _REMOVE_FIELDS)
-        force = p.get("force", False)
-        if not isinstance(force, bool):
-            raise RpcError("INVALID_ARGUMENT", f"force must be a bool, got {type(force).__name__}")
-        self._call(self.core.remove, p["key"], self.now_ms(), force)
+    def _remove(self, p: RemoveRequest) -> bool:
+        self._call(self.core.remove, p.key, self.now_ms(), p.force)
         return True
 
     def _batch_remove(self, p: KeysRequest) -> Any:
