@@ -37,12 +37,6 @@ T = TypeVar("T")
 
 REPLY_POLL_S = 50e-6
 """How long ``SyncRpcClient`` polls for an answer before its receive sleeps."""
-POLL_MISSES = 2
-"""After this many calls in a row whose answer came after the poll window (a busy server
-or a crowded machine: the polling only burnt CPU the server could have used),
-``SyncRpcClient`` sleeps at once, polling again on one call in ``POLL_PROBE`` to notice
-when answers are quick again."""
-POLL_PROBE = 16
 
 
 def poll_recv(recv: Callable[[], T], budget_s: float) -> T | None:
@@ -248,7 +242,6 @@ class SyncRpcClient:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._buf = bytearray()
-        self._misses = 0  # calls in a row whose answer came after the poll window
 
     def _connect(self) -> socket.socket:
         if self._sock is None:
@@ -281,11 +274,10 @@ class SyncRpcClient:
 
     def _read_msg(self, sock: socket.socket) -> Reply:
         """The next frame's response envelope (usually one ``recv``: the whole response),
-        polled for up to ``poll_s`` before the receive sleeps (``poll_recv``) unless the
-        last ``POLL_MISSES`` polls found nothing (then one call in ``POLL_PROBE`` polls)."""
+        polled for up to ``poll_s`` before the receive sleeps (``poll_recv``)."""
         buf = self._buf
         hsize = HEADER.size
-        poll = self.poll_s > 0 and (self._misses < POLL_MISSES or self._misses % POLL_PROBE == 0)
+        poll = self.poll_s > 0
         while True:
             want = 65536
             if len(buf) >= hsize:
@@ -298,13 +290,9 @@ class SyncRpcClient:
                     del buf[:end]
                     return _reply(body)
                 want = max(want, end - len(buf))
-            chunk = None
-            if poll:
-                poll = False
-                chunk = poll_recv(lambda w=want: sock.recv(w, socket.MSG_DONTWAIT), self.poll_s)
-                self._misses = 0 if chunk is not None else self._misses + 1
-            elif self._misses:
-                self._misses += 1
+            chunk = poll_recv(lambda w=want: sock.recv(w, socket.MSG_DONTWAIT),
+                              self.poll_s) if poll else None
+            poll = False
             if chunk is None:
                 chunk = sock.recv(want)
             if not chunk:
