@@ -10,7 +10,7 @@ from typing import Any
 
 from pymooncake.bench import engine as bench_engine
 from pymooncake.cli.common import add_json_flag, emit
-from pymooncake.cli.role_common import add_model_flag
+from pymooncake.cli.role_common import add_model_flag, resolve_model_arg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -170,6 +170,27 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     add_json_flag(b)
     b.set_defaults(handler=_cmd_bench)
 
+    m = bench_subparsers.add_parser(
+        "mixed-step", help="a prompt's TTFT while requests decode, per step policy",
+        description="One engine per step policy (--policies cap:N = decode_step_tokens, "
+                    "time:S = decode_step_s, none), --threads threads: --decoding requests of "
+                    "--decode-context prompt tokens decode while a --prompt-len prompt is "
+                    "computed in chunks beside them; reports the prompt's TTFT, its steps "
+                    "and the longest / median step (the decodes' token intervals), median "
+                    "over interleaved --repeats. Model: random token ids.")
+    add_model_flag(m)
+    m.add_argument("--policies", default="cap:256,cap:512,time:0.6",
+                   help="comma-separated step policies (default %(default)s)")
+    m.add_argument("--decoding", type=int, default=3, help="requests decoding (default 3)")
+    m.add_argument("--decode-context", type=int, default=1500,
+                   help="prompt tokens of each decoding request (default 1500)")
+    m.add_argument("--prompt-len", type=int, default=2400,
+                   help="tokens of the prompt whose TTFT is measured (default 2400)")
+    m.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    m.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default 3)")
+    add_json_flag(m)
+    m.set_defaults(handler=_cmd_mixed_step)
+
     t = bench_subparsers.add_parser(
         "engine-trace", help="serve the first N requests of a Mooncake trace on the tiny engine",
         description="Materialise the first N requests of a trace (default: the bundled "
@@ -205,6 +226,41 @@ def _cmd_trace_batch(args: argparse.Namespace) -> int:
         f"{r['prompt_tokens']} prompt + {r['output_tokens']} output tokens, "
         f"{r['num_preemptions']} preemptions"))
     return 0
+
+
+def _cmd_mixed_step(args: argparse.Namespace) -> int:
+    from pymooncake.bench import mixed_step
+    from pymooncake.cli.main import UsageError
+    try:
+        policies = [mixed_step.parse_policy(t) for t in args.policies.split(",")]
+    except ValueError as e:
+        raise UsageError(f"--policies: {e}") from None
+    if len({p.name for p in policies}) != len(policies):
+        raise UsageError(f"--policies lists a policy twice: {args.policies!r}")
+    for flag, v in (("--decoding", args.decoding), ("--decode-context", args.decode_context),
+                    ("--prompt-len", args.prompt_len), ("--threads", args.threads),
+                    ("--repeats", args.repeats)):
+        if v < 1:
+            raise UsageError(f"{flag} must be >= 1, got {v}")
+    resolve_model_arg(args.model)
+    res = mixed_step.run(args.model, policies, decoding=args.decoding,
+                         decode_context=args.decode_context, prompt_len=args.prompt_len,
+                         threads=args.threads, repeats=args.repeats)
+    emit(res, args.json, _mixed_step_text)
+    return 0
+
+
+def _mixed_step_text(res: dict[str, Any]) -> str:
+    lines = [f"{res['model']}, {res['threads']} threads: {res['decoding']} requests decoding "
+             f"at {res['decode_context']} tokens of context, a {res['prompt_len']}-token prompt",
+             f"{'policy':>12} {'TTFT s [min-max]':>22} {'steps':>6} {'max step ms':>12} "
+             f"{'median step ms':>15}"]
+    for name, r in res["policies"].items():
+        lo, hi = r["ttft_s_range"]
+        lines.append(f"{name:>12} {r['ttft_s']:>8.2f} [{lo:.2f}-{hi:.2f}]{'':>4} "
+                     f"{r['steps']:>6.0f} {1000 * r['max_step_s']:>12.0f} "
+                     f"{1000 * r['median_step_s']:>15.0f}")
+    return "\n".join(lines)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
