@@ -58,7 +58,9 @@ def _round(eng: Engine, rng: random.Random, decoding: int, context: int, prompt_
     def toks(n: int) -> list[int]:
         return [rng.randrange(100, vocab) for _ in range(n)]
 
-    ids = [eng.add_request(toks(context), SamplingParams(max_tokens=100_000, ignore_eos=True))
+    # enough tokens to decode through the whole prompt (at least one prompt token a step)
+    budget = prompt_len + WARMUP_DECODE_TOKENS + 16
+    ids = [eng.add_request(toks(context), SamplingParams(max_tokens=budget, ignore_eos=True))
            for _ in range(decoding)]
     while any(not eng.requests[i].output_token_ids for i in ids):
         eng.step()
@@ -88,12 +90,13 @@ def run(model: str, policies: list[Policy], *, decoding: int = 3, decode_context
                     ("prompt_len", prompt_len), ("threads", threads), ("repeats", repeats)):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
-    need = decoding * (decode_context + 200) + prompt_len
+    per_decoder = decode_context + prompt_len + WARMUP_DECODE_TOKENS + 16
+    need = decoding * per_decoder + prompt_len
     engines = {}
     for p in policies:
         cfg = EngineConfig(max_num_batched_tokens=512, prefill_chunk_tokens=512,
                            decode_step_tokens=p.decode_step_tokens, decode_step_s=p.decode_step_s,
-                           max_num_seqs=decoding + 2, max_model_len=max(decode_context + 256,
+                           max_num_seqs=decoding + 2, max_model_len=max(per_decoder,
                                                                         prompt_len + 8),
                            num_kv_blocks=need // block_size + 16, block_size=block_size,
                            enable_prefix_caching=False, num_threads=threads)
