@@ -55,27 +55,48 @@ _OURS_1W = re.compile(
     r"ours-1w(?:-c([1-9]\d*))?(?:-t([1-9]\d*))?(?:-(srpt|fcfs))?(?:-a(0|[1-9]\d*))?")
 
 
-def ours_1w_flags(name: str) -> list[str] | None:
-    """The worker flags of an ``ours-1w[-c<N>][-t<MS>][-srpt|-fcfs][-a<R>]`` system (module
-    docstring), None for any other system."""
+@dataclass(frozen=True)
+class Ours1W:
+    """The step policy an ``ours-1w[-c<N>][-t<MS>][-srpt|-fcfs][-a<R>]`` name sets (module
+    docstring); None leaves the worker's default."""
+
+    decode_step_tokens: int
+    decode_step_s: float | None = None
+    prefill_order: str | None = None
+    aging_tokens_per_s: int | None = None
+
+    def flags(self) -> list[str]:
+        out = ["--decode-step-tokens", str(self.decode_step_tokens)]
+        if self.decode_step_s is not None:
+            out += ["--decode-step-s", f"{self.decode_step_s:g}"]
+        if self.prefill_order is not None:
+            out += ["--prefill-order", self.prefill_order]
+        if self.aging_tokens_per_s is not None:
+            out += ["--aging-tokens-per-s", str(self.aging_tokens_per_s)]
+        return out
+
+
+def ours_1w_options(name: str) -> Ours1W | None:
+    """The policy of an ``ours-1w...`` system, None for any other system."""
     m = _OURS_1W.fullmatch(name)
     if m is None:
         return None
-    flags = ["--decode-step-tokens", m[1] or str(OURS_1W_DECODE_STEP_TOKENS)]
-    if m[2]:
-        flags += ["--decode-step-s", f"{int(m[2]) / 1000:g}"]
-    if m[3]:
-        flags += ["--prefill-order", m[3]]
-    if m[4]:
-        flags += ["--aging-tokens-per-s", m[4]]
-    return flags
+    return Ours1W(int(m[1]) if m[1] else OURS_1W_DECODE_STEP_TOKENS,
+                  int(m[2]) / 1000 if m[2] else None, m[3] or None,
+                  int(m[4]) if m[4] else None)
+
+
+def ours_1w_flags(name: str) -> list[str] | None:
+    """The worker flags of an ``ours-1w...`` system, None for any other system."""
+    opts = ours_1w_options(name)
+    return None if opts is None else opts.flags()
 
 
 def ours_1w_decode_step_tokens(name: str) -> int | None:
     """The decode-step cap of an ``ours-1w`` system (``ours-1w``: 256, ``-c<N>``: N), None
     for any other system."""
-    flags = ours_1w_flags(name)
-    return None if flags is None else int(flags[1])
+    opts = ours_1w_options(name)
+    return None if opts is None else opts.decode_step_tokens
 
 
 _VLLM = re.compile(r"vllm(?:-t([1-9]\d*))?(?:-b([1-9]\d*))?")
@@ -91,7 +112,7 @@ def vllm_options(name: str) -> tuple[int | None, int | None] | None:
 
 
 def check_system(name: str) -> None:
-    if name in SYSTEMS or vllm_options(name) is not None or ours_1w_flags(name) is not None:
+    if name in SYSTEMS or vllm_options(name) is not None or ours_1w_options(name) is not None:
         return
     raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}, "
                      f"vllm[-t<N>][-b<M>] or ours-1w[-c<N>][-t<MS>][-srpt|-fcfs][-a<R>]")

@@ -20,7 +20,7 @@ How the live systems map onto the simulator (one node = one pinned core):
   timed with that many threads (``calibrate-cpu --threads``), stepped like the engine
   (``sim.engine_node``): 512-token steps, 256 while any request decodes, shortest-first
   admission (its variants ``ours-1w-c<N>-t<MS>-srpt`` with their cap, step time and
-  order: ``capacity_systems.ours_1w_flags``), the prefix cache in the whole paged KV
+  order: ``capacity_systems.ours_1w_options``), the prefix cache in the whole paged KV
   (every engine's KV together), early rejection at the live objectives with the live
   Conductor's view of a shortest-first queue and its prefill predictor
   (``LIVE_CONDUCTOR_PREFILL``, not the calibrated truth).
@@ -37,7 +37,7 @@ from typing import Any
 
 from pymooncake.bench import capacity as cap
 from pymooncake.bench.capacity_client import at_rate, select_sample
-from pymooncake.bench.capacity_systems import ours_1w_flags
+from pymooncake.bench.capacity_systems import ours_1w_options
 from pymooncake.conductor.config import ConductorConfig
 from pymooncake.sim.calibration import CalibratedCostModel, Calibration
 from pymooncake.sim.config import SimConfig
@@ -86,15 +86,13 @@ def system_config(system: str, *, cores: int, block_size: int, chunk_tokens: int
                          num_prefill=num_prefill or 1, num_decode=num_decode or 1,
                          cache_capacity_tokens=kv_tokens * (1 + STORE_SEGMENT_CACHES),
                          **common, **slo)
-    if (flags := ours_1w_flags(system)) is not None:   # one engine on every core
-        opts = dict(zip(flags[::2], flags[1::2], strict=True))
-        step_s = opts.get("--decode-step-s")
+    if (o := ours_1w_options(system)) is not None:   # one engine on every core
         return SimConfig(scenario="colocated", scheduler="local-cache", num_prefill=1,
                          step_budget_tokens=chunk_tokens,
-                         decode_step_tokens=int(opts["--decode-step-tokens"]),
-                         decode_step_s=float(step_s) if step_s else None,
-                         waiting_order=opts.get("--prefill-order", "shortest"),
-                         aging_tokens_per_s=float(opts.get("--aging-tokens-per-s", 2000.0)),
+                         decode_step_tokens=o.decode_step_tokens, decode_step_s=o.decode_step_s,
+                         waiting_order=o.prefill_order or "shortest",
+                         aging_tokens_per_s=float(2000.0 if o.aging_tokens_per_s is None
+                                                  else o.aging_tokens_per_s),
                          policy_prefill=LIVE_CONDUCTOR_PREFILL, **common, **slo)
     if system == "ours-colocated":
         return SimConfig(scenario="colocated", scheduler="local-cache",
@@ -173,7 +171,7 @@ def sweep_doc(samples: dict[str, Trace], systems: dict[str, SimConfig],
 
 def threads_of(system: str, cores: int) -> int:
     """Torch threads of one engine of the live ``system`` (``ours-1w``: one per core)."""
-    return cores if ours_1w_flags(system) is not None else 1
+    return cores if ours_1w_options(system) is not None else 1
 
 
 def pick_calibration(cals: Sequence[tuple[Calibration, str]], threads: int
@@ -201,7 +199,7 @@ def simulate_like_live(live: dict[str, Any], cal: Calibration, calibration_path:
     skipped: dict[str, str] = {}
     for system in c["systems"]:
         got = pick_calibration(cals, threads_of(system, cores))
-        known = system in SIM_SYSTEMS or ours_1w_flags(system) is not None
+        known = system in SIM_SYSTEMS or ours_1w_options(system) is not None
         if not known or got is None:
             skipped[system] = ("no simulated counterpart" if not known else
                                f"no {threads_of(system, cores)}-thread calibration given")
