@@ -36,7 +36,6 @@ from pymooncake.store.master.objects import (
     ObjectState,
     ObjectTable,
     Replica,
-    namespace_of,
 )
 from pymooncake.store.protocol import (
     TIER_DRAM,
@@ -630,14 +629,14 @@ class MasterCore:
             if now_ms - c.last_seen_ms > ttl_ms:
                 for name in list(c.segments):
                     self._drop_segment(name)
-                for obj in self.objects:
-                    if obj.writer == c.client_id and not obj.complete:
+                for obj in self.objects.writing():
+                    if obj.writer == c.client_id:
                         self._discard_write(obj, None)
                 del self.clients[c.client_id]
                 self.effects.dropped_clients.append(c.client_id)
         release_ms = self.config.put_start_release_timeout_s * 1000.0
-        for obj in self.objects:
-            if not obj.complete and now_ms - obj.put_start_ms >= release_ms:
+        for obj in self.objects.writing():   # (every 0.1 s: never a scan of all objects)
+            if now_ms - obj.put_start_ms >= release_ms:
                 self._discard_write(obj, None)
         keep = []
         for d in self._discarded:
@@ -659,11 +658,14 @@ class MasterCore:
     def stats(self, now_ms: float) -> dict[str, object]:
         per_ns: dict[str, int] = defaultdict(int)
         num_soft = num_hard = 0
-        for obj in self.objects:
-            if obj.complete:
-                per_ns[namespace_of(obj.key)] += obj.size_bytes * len(obj.replicas)
-                num_hard += obj.pin.hard
-                num_soft += obj.pin.soft_pinned(now_ms)
+        ns_of, done = self.objects.namespaces, ObjectState.COMPLETE
+        for key, obj in self.objects.items():   # every second: kept to a few attributes
+            if obj.state is done:
+                per_ns[ns_of[key]] += obj.size_bytes * len(obj.replicas)
+                pin = obj.pin
+                num_hard += pin.hard
+                if pin.soft_deadline_ms is not None and now_ms < pin.soft_deadline_ms:
+                    num_soft += 1                           # (Pin.soft_pinned, inlined)
         return {
             "num_objects": len(self.objects),
             "num_segments": len(self.pool.segments),

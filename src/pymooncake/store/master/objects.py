@@ -9,7 +9,7 @@ state-changing call must name it (case BUG-18).
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import ItemsView, Iterator
 from dataclasses import dataclass, field
 
 from pymooncake.store.master.leases import Pin
@@ -81,6 +81,12 @@ class ObjectTable:
 
     def __init__(self) -> None:
         self._objects: dict[str, ObjectMeta] = {}
+        self.namespaces: dict[str, str] = {}
+        """Key → its ``namespace_of``, worked out once at ``put`` (the master's gauges
+        sum bytes per namespace every second)."""
+        self._writing: dict[str, ObjectMeta] = {}
+        """Objects put while ``PROCESSING`` (pruned lazily by ``writing``): the master's
+        tick looks at these, not at every object, for abandoned writes."""
         self.changed: set[str] | None = None
         """When a set (an HA leader journals its changes): keys put, popped or marked
         with ``touch`` since the journal last took them."""
@@ -90,12 +96,18 @@ class ObjectTable:
 
     def put(self, obj: ObjectMeta) -> None:
         self._objects[obj.key] = obj
+        if obj.key not in self.namespaces:
+            self.namespaces[obj.key] = namespace_of(obj.key)
+        if obj.state is ObjectState.PROCESSING:
+            self._writing[obj.key] = obj
         if self.changed is not None:
             self.changed.add(obj.key)
 
     def pop(self, key: str) -> ObjectMeta | None:
         if self.changed is not None:
             self.changed.add(key)
+        self._writing.pop(key, None)
+        self.namespaces.pop(key, None)
         return self._objects.pop(key, None)
 
     def touch(self, key: str) -> None:
@@ -111,6 +123,23 @@ class ObjectTable:
 
     def __iter__(self) -> Iterator[ObjectMeta]:
         return iter(list(self._objects.values()))
+
+    def items(self) -> ItemsView[str, ObjectMeta]:
+        """``(key, object)`` pairs, not copied: the caller must not change the table while
+        it iterates."""
+        return self._objects.items()
+
+    def writing(self) -> list[ObjectMeta]:
+        """The objects still being written (``PROCESSING``), oldest put first, in time
+        proportional to the writes in flight rather than to the table: an object leaves
+        the list once published (``put_end`` flips its state; states never go back) or
+        popped."""
+        w = self._writing
+        done = [k for k, o in w.items()
+                if o.state is not ObjectState.PROCESSING or self._objects.get(k) is not o]
+        for k in done:
+            del w[k]
+        return list(w.values())
 
     def keys(self) -> list[str]:
         return list(self._objects)
