@@ -144,6 +144,8 @@ class EngineWorker:
     def _engine_main(self) -> None:
         while not self._stop.is_set():
             busy = self.engine.has_unfinished()
+            if not busy:
+                self.on_idle()
             try:
                 cmd = self._cmds.get(timeout=0 if busy else 0.02)
             except queue.Empty:
@@ -199,6 +201,10 @@ class EngineWorker:
         return None
 
     def on_failed(self, request_id: str, reason: str) -> None:  # engine thread
+        return None
+
+    def on_idle(self) -> None:  # engine thread
+        """The engine has nothing to compute (called on every idle turn of its loop)."""
         return None
 
     def _collect_kv_events(self) -> None:

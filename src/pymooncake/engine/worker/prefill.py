@@ -207,6 +207,10 @@ class PrefillWorker(EngineWorker):
         await self.on_engine(lambda: self._drop(str(request_id)))
         return True
 
+    def on_idle(self) -> None:
+        if self._puts is not None:      # a put deferred while prompts computed goes now
+            self._puts.idle()
+
     def on_failed(self, request_id: str, reason: str) -> None:
         self._forget(request_id)
         p = self._pending.pop(request_id, None)
