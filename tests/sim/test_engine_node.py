@@ -2,7 +2,8 @@
 the decode-step cap, shortest-first admission and prefix reuse, checked against step-by-step
 arithmetic done by hand with round costs: prefill 1 ms per token + 10 ms per request; a
 decode step of its own 20 ms + 1 ms per sequence + 0.01 ms per context token; decodes riding
-in a step with a prefill chunk 1 ms each (a prompt token's cost) + 0.01 ms per context token."""
+in a step with a prefill chunk the decode step's fixed 20 ms + 1 ms each (a prompt token's
+cost) + 0.01 ms per context token."""
 
 from __future__ import annotations
 
@@ -74,13 +75,14 @@ def test_shortest_first_with_the_decode_step_cap(make_trace) -> None:  # noqa: A
     #   = 0.512 + 3 x 0.01 = 0.542 s -> first tokens of C and B
     assert c.first_token_s == pytest.approx(0.542) and b.first_token_s == pytest.approx(0.542)
     # step 2 (C, B decode: budget 256): C 1, B 1, A 254 tokens = 0.254 + 2 decode rows
-    #   (0.002 + 1e-5 x (101 + 201) = 0.00502) = 0.25902 s -> C and B finish at 0.80102 s
-    assert c.finish_s == pytest.approx(0.80102) and b.finish_s == pytest.approx(0.80102)
-    assert c.tbt_s == pytest.approx(0.25902) and b.tbt_s == pytest.approx(0.25902)
-    # step 3 (nobody decodes): A's last 134 tokens = 0.134 s -> first token at 0.93502 s
-    assert a.first_token_s == pytest.approx(0.93502)
+    #   (0.02 + 0.002 + 1e-5 x (101 + 201) = 0.02502) = 0.27902 s -> C and B finish at
+    #   0.82102 s
+    assert c.finish_s == pytest.approx(0.82102) and b.finish_s == pytest.approx(0.82102)
+    assert c.tbt_s == pytest.approx(0.27902) and b.tbt_s == pytest.approx(0.27902)
+    # step 3 (nobody decodes): A's last 134 tokens = 0.134 s -> first token at 0.95502 s
+    assert a.first_token_s == pytest.approx(0.95502)
     # step 4: A decodes alone, step(1, 601) = 0.021 + 0.00601 = 0.02701 s
-    assert a.finish_s == pytest.approx(0.96203) and a.tbt_s == pytest.approx(0.02701)
+    assert a.finish_s == pytest.approx(0.98203) and a.tbt_s == pytest.approx(0.02701)
     # a request alone costs the calibrated prefill: A's three chunks 212 + 254 + 134
     assert a.prefill_gpu_s == pytest.approx(PRE.prefill_s(600, 0))
 
@@ -88,11 +90,11 @@ def test_shortest_first_with_the_decode_step_cap(make_trace) -> None:  # noqa: A
 def test_without_the_cap_the_decodes_wait_for_a_longer_chunk(make_trace) -> None:  # noqa: ANN001
     res = simulate(make_trace(ROWS, block_size=100), _cfg(decode_step_tokens=None), CM)
     a, c = _by_len(res)[600], _by_len(res)[100]
-    # step 2 (budget 512): C 1, B 1, A's last 388 tokens = 0.388 + 0.00502 = 0.39302 s
-    assert c.first_token_s == pytest.approx(0.542) and c.tbt_s == pytest.approx(0.39302)
-    assert a.first_token_s == pytest.approx(0.93502)
+    # step 2 (budget 512): C 1, B 1, A's last 388 tokens = 0.388 + 0.02502 = 0.41302 s
+    assert c.first_token_s == pytest.approx(0.542) and c.tbt_s == pytest.approx(0.41302)
+    assert a.first_token_s == pytest.approx(0.95502)
     # step 3: A decodes alone
-    assert a.finish_s == pytest.approx(0.96203)
+    assert a.finish_s == pytest.approx(0.98203)
 
 
 def test_fcfs_lets_the_long_prompt_take_the_first_step(make_trace) -> None:  # noqa: ANN001
@@ -150,15 +152,15 @@ def test_decode_step_s_sizes_the_chunk_to_the_time_limit(make_trace) -> None:  #
     within the limit (not the 256-token cap); with no room, ``MIN_TIMED_CHUNK`` tokens."""
     res = simulate(make_trace(ROWS, block_size=100), _cfg(decode_step_s=0.15), CM)
     a, b, c = (_by_len(res)[n] for n in (600, 200, 100))
-    # step 1 as with the cap: 0.542 s. Step 2: decode rows 0.00502 s, A's chunk k with
-    #   0.001 k + 0.00502 <= 0.15 -> k = 144: 0.14902 s -> C and B finish at 0.69102 s
+    # step 1 as with the cap: 0.542 s. Step 2: decode rows 0.02502 s, A's chunk k with
+    #   0.001 k + 0.02502 <= 0.15 -> k = 124: 0.14902 s -> C and B finish at 0.69102 s
     assert c.first_token_s == pytest.approx(0.542)
     assert c.tbt_s == pytest.approx(0.14902) and b.finish_s == pytest.approx(0.69102)
-    # step 3: A's last 600 - 212 - 144 = 244 tokens -> the same first token as with the cap
-    assert a.first_token_s == pytest.approx(0.93502)
-    # a limit below the decode rows alone: A still gets 64 tokens (0.064 + 0.00502 s)
+    # step 3: A's last 600 - 212 - 124 = 264 tokens -> the same first token as with the cap
+    assert a.first_token_s == pytest.approx(0.95502)
+    # a limit below the decode rows alone: A still gets 64 tokens (0.064 + 0.02502 s)
     c2 = _by_len(simulate(make_trace(ROWS, block_size=100), _cfg(decode_step_s=0.004), CM))[100]
-    assert c2.tbt_s == pytest.approx(0.06902)
+    assert c2.tbt_s == pytest.approx(0.08902)
     with pytest.raises(ValueError, match="decode_step_s"):
         SimConfig(scenario="colocated", decode_step_s=0.1)
 
@@ -173,10 +175,11 @@ def test_srpt_runs_a_short_newcomer_before_a_running_prompt(make_trace) -> None:
     a, c = _by_len(res)[600], _by_len(res)[100]
     # step 1: A 128 = 0.138 s; step 2: C 100 (+ overhead) and A 28 = 0.138 s -> C at 0.276 s
     assert c.first_token_s == pytest.approx(0.276)
-    # step 3: C decodes (0.001 + 1e-5 x 101) with A's next 127 tokens -> C ends at 0.40501 s
-    assert c.finish_s == pytest.approx(0.40501)
+    # step 3: C decodes (0.02 + 0.001 + 1e-5 x 101) with A's next 127 tokens -> C ends at
+    #   0.42501 s
+    assert c.finish_s == pytest.approx(0.42501)
     # A: 600 tokens at 1 ms + its overhead + C's whole cost before it + C's decode row
-    assert a.first_token_s == pytest.approx(0.61 + 0.11 + 0.00201)
+    assert a.first_token_s == pytest.approx(0.61 + 0.11 + 0.02201)
     # shortest (admission only): the running A keeps the budget; C starts after A's prefill
     res = simulate(make_trace(rows, block_size=100), _cfg(waiting_order="shortest", **kw), CM)
     assert _by_len(res)[100].first_token_s > _by_len(res)[600].first_token_s
