@@ -658,14 +658,12 @@ class MasterCore:
     def stats(self, now_ms: float) -> dict[str, object]:
         per_ns: dict[str, int] = defaultdict(int)
         num_soft = num_hard = 0
-        ns_of, done = self.objects.namespaces, ObjectState.COMPLETE
-        for key, obj in self.objects.items():   # every second: kept to a few attributes
-            if obj.state is done:
+        ns_of = self.objects.namespaces
+        for key, obj in self.objects.items():
+            if obj.complete:
                 per_ns[ns_of[key]] += obj.size_bytes * len(obj.replicas)
-                pin = obj.pin
-                num_hard += pin.hard
-                if pin.soft_deadline_ms is not None and now_ms < pin.soft_deadline_ms:
-                    num_soft += 1                           # (Pin.soft_pinned, inlined)
+                num_hard += obj.pin.hard
+                num_soft += obj.pin.soft_pinned(now_ms)
         return {
             "num_objects": len(self.objects),
             "num_segments": len(self.pool.segments),
