@@ -287,3 +287,47 @@ def test_least_ttft_counts_the_delay_a_short_job_imposes_on_a_shortest_first_que
         p = PREFILL_POLICIES["global-cache"](req, ClusterView(0.0, fifo, ()), none, EST,
                                              PolicyConfig())
         assert isinstance(p, Placement) and p.prefill_instance == "p0"
+
+
+def test_a_workers_startup_profile_fits_the_prefill_estimator_at_registration() -> None:
+    """Samples of t = 3e-8·n² + 2e-4·n + 5e-3 (hand-made) give those coefficients back at
+    once; with an explicit estimator (``--profile``) they only join the online profile."""
+    from pymooncake.conductor.config import ConductorConfig
+    from pymooncake.conductor.policy import PrefillEstimator
+    from pymooncake.conductor.service import Conductor
+    samples = [(n, 0, 3e-8 * n * n + 2e-4 * n + 5e-3) for n in (128, 256, 512, 1024, 2048)]
+    c = Conductor(ConductorConfig())
+    c.learn_profile(samples)
+    est = c.estimators.prefill
+    assert c.num_profile_fits == 1
+    assert est.quadratic_s == pytest.approx(3e-8, rel=1e-6)
+    assert est.linear_s == pytest.approx(2e-4, rel=1e-6)
+    assert est.overhead_s == pytest.approx(5e-3, rel=1e-6)
+    mine = PrefillEstimator(1e-9, 1e-5, 0.0)
+    c2 = Conductor(ConductorConfig(), prefill_estimator=mine)
+    c2.learn_profile(samples)
+    assert c2.estimators.prefill == mine and c2.num_profile_fits == 0
+    assert list(c2._profile) == samples
+    c3 = Conductor(ConductorConfig(online_profile=False))
+    c3.learn_profile(samples)
+    assert c3.num_profile_fits == 0 and not c3._profile
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ("{", "not JSON"),
+    ('{"a": 1}', "must be a list"),
+    ("[[100, 0]]", "sample 0 is not"),
+    ("[[100, 0, 0.5], [0, 0, 0.1]]", "sample 1 is not"),
+    ("[[100, 100, 0.5]]", "sample 0 is not"),
+    ("[[100, 0, -1]]", "sample 0 is not"),
+    ("[[100, 0, NaN]]", "sample 0 is not"),
+    ("[[100.5, 0, 1.0]]", "sample 0 is not"),
+    ("[[true, 0, 1.0]]", "sample 0 is not"),
+    ("[" + ",".join(["[10, 0, 0.1]"] * 257) + "]", "at most 256"),
+])
+def test_a_malformed_startup_profile_is_refused_naming_what_is_wrong(raw, message) -> None:
+    from pymooncake.conductor.request_stages import profile_samples
+    with pytest.raises(ValueError, match=message):
+        profile_samples(raw)
+    assert profile_samples("") == []
+    assert profile_samples("[[100, 20, 0.5], [200, 0, 1]]") == [(100, 20, 0.5), (200, 0, 1.0)]

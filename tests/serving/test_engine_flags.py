@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.serving.conftest import stream_token_ids, workers
+from tests.serving.conftest import health, stream_token_ids, wait_for, workers
 
 
 def _ids(seed: int, n: int) -> list[int]:
@@ -37,6 +37,30 @@ def test_two_thread_colocated_worker_with_a_decode_cap_equals_one_engine(make_cl
         assert usage["completion_tokens"] == 10
 
 
+def test_colocated_worker_profiles_at_start_and_teaches_the_conductor_online(make_cluster):
+    """With ``--startup-profile-tokens`` the Conductor's prefill estimator is fitted when
+    the worker registers (before any request); without it, it keeps the config's defaults
+    until 16 colocated requests have finished, whose ``prefill`` windows it then fits."""
+    from pymooncake.conductor.config import ConductorConfig
+    on = make_cluster(colocated=True, num_prefill=1, num_decode=0, max_model_len=2048,
+                      startup_profile_tokens=1024)
+    est = health(on.url)["prefill_estimator"]
+    assert est["num_online_fits"] == 1
+    assert est["linear_s"] > 0 and est["quadratic_s"] >= 0
+    defaults = ConductorConfig()
+    off = make_cluster(colocated=True, num_prefill=1, num_decode=0, max_model_len=2048,
+                       startup_profile_tokens=0)
+    est = health(off.url)["prefill_estimator"]
+    assert est == {"quadratic_s": defaults.prefill_quadratic_s,
+                   "linear_s": defaults.prefill_linear_s,
+                   "overhead_s": defaults.prefill_overhead_s, "num_online_fits": 0}
+    for i in range(16):
+        ids, _, errors = stream_token_ids(off.url, _ids(200 + i, 40 + 60 * i), 2)
+        assert not errors and len(ids) == 2
+    wait_for(lambda: health(off.url)["prefill_estimator"]["num_online_fits"] == 1,
+             what="an online fit from the colocated requests")
+
+
 PREFILL = ["prefill", "--id", "p", "--conductor", "127.0.0.1:1"]
 DECODE = ["decode", "--id", "d", "--conductor", "127.0.0.1:1"]
 COLOCATED = ["decode", "--colocated", "--id", "c", "--conductor", "127.0.0.1:1"]
@@ -50,6 +74,8 @@ COLOCATED = ["decode", "--colocated", "--id", "c", "--conductor", "127.0.0.1:1"]
     (["serve", "--decode-step-s", "0"], "--decode-step-s must be in (0, 3600) seconds, got 0.0"),
     ([*COLOCATED, "--decode-step-s", "nan"], "--decode-step-s must be in (0, 3600) seconds"),
     ([*PREFILL, "--aging-tokens-per-s", "-1"], "--aging-tokens-per-s must be in [0, 1e9)"),
+    (["serve", "--startup-profile-tokens", "-1"], "--startup-profile-tokens must be >= 0"),
+    ([*COLOCATED, "--startup-profile-tokens", "-5"], "--startup-profile-tokens must be >= 0"),
     (["serve", "--prefill-order", "lifo"], "--prefill-order: invalid choice: 'lifo'"),
     # the engine's sizes on the worker roles: one line, not an EngineConfig traceback
     # (a newcomer got 38-41 lines and exit 1, a ZeroDivisionError for --block-size 0)

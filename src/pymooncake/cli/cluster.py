@@ -45,6 +45,8 @@ class ClusterSpec:
         self.aging_tokens_per_s: float | None = kw.pop("aging_tokens_per_s", None)
         """``--aging-tokens-per-s`` of every worker (None: the workers' default)."""
         self.num_threads: int = kw.pop("num_threads", 1)
+        self.startup_profile_tokens: int | None = kw.pop("startup_profile_tokens", None)
+        """``--startup-profile-tokens`` of every worker (None: the workers' default)."""
         """torch intra-op threads of every worker's engine (``--threads``)."""
         self.ttft_slo_s: float = kw.pop("ttft_slo_s", 10.0)
         self.tbt_slo_s: float = kw.pop("tbt_slo_s", 1.0)
@@ -233,6 +235,8 @@ class LocalCluster:
                 common += ["--aging-tokens-per-s", repr(s.aging_tokens_per_s)]
             if s.num_threads != 1:
                 common += ["--threads", str(s.num_threads)]
+            if s.startup_profile_tokens is not None:
+                common += ["--startup-profile-tokens", str(s.startup_profile_tokens)]
             if not s.prefix_cache:
                 common.append("--no-prefix-cache")
             if s.otel:

@@ -146,6 +146,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="shortest/srpt: a waiting prompt counts as R tokens shorter per "
                         "second it has waited, so long prompts are not starved (default "
                         "2000; below the engine's prefill speed, size decides more)")
+    p.add_argument("--startup-profile-tokens", type=int, default=2048, metavar="N",
+                   help="prefill and colocated workers time prompts of up to N tokens before "
+                        "they register, so the Conductor predicts TTFTs (early rejection, "
+                        "placement) for this machine from the first request on; 0 = off "
+                        "(the Conductor's defaults or --profile until it has fitted its "
+                        "online profile) (default %(default)s)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads of each engine (default %(default)s: one "
                         "core per engine; a single colocated worker on a whole machine "
@@ -177,6 +183,9 @@ def check_engine_flags(args: argparse.Namespace, extra: tuple[tuple[str, int], .
     a = args.aging_tokens_per_s
     if a is not None and not 0 <= a < 1e9:
         raise UsageError(f"--aging-tokens-per-s must be in [0, 1e9), got {a}")
+    if args.startup_profile_tokens < 0:
+        raise UsageError(f"--startup-profile-tokens must be >= 0, got "
+                         f"{args.startup_profile_tokens}")
 
 
 def run_until_signal(coro_factory: Any) -> int:

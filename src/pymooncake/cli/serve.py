@@ -118,6 +118,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        num_threads=args.threads, decode_step_tokens=args.decode_step_tokens,
                        decode_step_s=args.decode_step_s, prefill_order=args.prefill_order,
                        aging_tokens_per_s=args.aging_tokens_per_s,
+                       startup_profile_tokens=args.startup_profile_tokens,
                        ttft_slo_s=args.ttft_slo,
                        tbt_slo_s=args.tbt_slo, profile=args.profile,
                        max_concurrency=args.max_concurrency, quiet=args.demo,

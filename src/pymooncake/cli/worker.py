@@ -87,6 +87,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             layerwise_kv=not getattr(args, "no_layerwise_kv", False),
             prefill_batch=getattr(args, "prefill_batch", 1),
             prefill_order=args.prefill_order, aging_tokens_per_s=args.aging_tokens_per_s,
+            startup_profile_tokens=args.startup_profile_tokens,
             register_timeout_s=args.register_timeout)
     except ValueError as e:
         raise UsageError(str(e)) from None

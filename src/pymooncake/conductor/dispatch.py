@@ -321,6 +321,9 @@ class RequestDispatch:
                 if fin is not None:
                     finished = True
                     self._observe(rid, f.stages)
+                    # its ``prefill`` window (mixed decode steps included) teaches the
+                    # predictor what a prompt costs here (Conductor.learn_prefill)
+                    self.learn_prefill(len(req.prompt_token_ids), cached or 0, f.stages)
                 if f.token_ids or fin is not None:
                     yield TokenEvent(rid, f.token_ids, fin, cached_tokens=cached)
         except RpcError as e:

@@ -3,12 +3,14 @@ OpenTelemetry span per stage), the policy's predictors from the config, and the 
 refusal or a worker failure to the ``Rejection`` the front door answers with.
 
 Holds ``PLACED`` … ``STAGE_S`` (metrics), ``observe_stages`` (windows a worker measured),
-``stage_span`` (a stage the Conductor timed), ``REJECT_STATUS``, ``estimators_from`` and
-``worker_failed``. Used by ``conductor.service`` and ``conductor.dispatch``.
+``stage_span`` (a stage the Conductor timed), ``REJECT_STATUS``, ``estimators_from``,
+``profile_samples`` and ``worker_failed``. Used by ``conductor.service`` and ``conductor.dispatch``.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from typing import Any
 
@@ -87,6 +89,37 @@ def estimators_from(cfg: ConductorConfig, prefill: PrefillEstimator | None = Non
                       decode=DecodeEstimator(overhead_s=cfg.decode_step_s * 0.5,
                                              weight_s=cfg.decode_step_s * 0.5,
                                              per_context_token_s=1e-8, per_sequence_s=1e-3))
+
+
+MAX_PROFILE_SAMPLES = 256
+"""A worker's start-up profile holds at most this many samples."""
+
+
+def profile_samples(raw: str) -> list[tuple[int, int, float]]:
+    """``WorkerInfo.prefill_profile_json`` as ``(prompt tokens, reused tokens, seconds)``
+    samples (empty for ``""``). Raises ``ValueError`` naming what is wrong: not JSON, not a
+    list of ``[int, int, number]``, more than ``MAX_PROFILE_SAMPLES``, or a sample with
+    tokens < 1, reused outside ``[0, tokens)`` or seconds not finite and > 0."""
+    if not raw:
+        return []
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise ValueError("prefill_profile_json is not JSON") from None
+    if not isinstance(doc, list) or len(doc) > MAX_PROFILE_SAMPLES:
+        raise ValueError(f"prefill_profile_json must be a list of at most "
+                         f"{MAX_PROFILE_SAMPLES} [tokens, reused, seconds] samples")
+    out = []
+    for i, s in enumerate(doc):
+        ok = (isinstance(s, list) and len(s) == 3
+              and all(isinstance(v, int) and not isinstance(v, bool) for v in s[:2])
+              and isinstance(s[2], (int, float)) and not isinstance(s[2], bool))
+        if not ok or not (s[0] >= 1 and 0 <= s[1] < s[0] and math.isfinite(s[2])
+                          and s[2] > 0):
+            raise ValueError(f"prefill_profile_json sample {i} is not [tokens >= 1, "
+                             f"0 <= reused < tokens, seconds > 0]: {s!r}"[:200])
+        out.append((s[0], s[1], float(s[2])))
+    return out
 
 
 def worker_failed(stage: str, err: BaseException) -> RequestRejected:

@@ -40,7 +40,12 @@ from pymooncake.conductor.policy import (
     fit_prefill_estimator,
 )
 from pymooncake.conductor.replication import HotBlockReplicator
-from pymooncake.conductor.request_stages import ORPHAN_ABORTS, estimators_from, observe_stages
+from pymooncake.conductor.request_stages import (
+    ORPHAN_ABORTS,
+    estimators_from,
+    observe_stages,
+    profile_samples,
+)
 from pymooncake.conductor.token_streams import TokenRouter
 from pymooncake.conductor.worker_loss import WorkerLossWatch
 from pymooncake.identity import CacheNamespace
@@ -82,6 +87,9 @@ class Conductor(RequestDispatch):
             maxlen=self.config.online_profile_window)
         self._profile_new = 0
         self.num_profile_fits = 0
+        self._explicit_estimator = prefill_estimator is not None
+        self._profiled: set[str] = set()
+        """Workers whose start-up profile was taken (a re-registration adds none)."""
         self._roots: dict[str, Any] = {}
         """request id → its ``serving.request`` span (OpenTelemetry; None while off)."""
         self.tokens = TokenRouter()
@@ -157,8 +165,9 @@ class Conductor(RequestDispatch):
                            f"--context-length <= {info.max_model_len}")
         try:
             cpp_model_of(info)      # a CPP group's cost model (conductor.cluster_view)
+            profile = profile_samples(info.prefill_profile_json)
         except ValueError as e:
-            raise RpcError("INVALID_ARGUMENT", str(e)) from None
+            raise RpcError("INVALID_ARGUMENT", f"worker {info.instance_id}: {e}") from None
         d = json.loads(info.namespace_json)
         d["extra"] = tuple(tuple(x) for x in d.get("extra") or ())
         ns = CacheNamespace(**d)
@@ -199,6 +208,9 @@ class Conductor(RequestDispatch):
         entry.client.on_disconnect = lambda reason: self._connection_lost(entry, reason)
         logger.info("worker %s (%s) registered at %s:%d", info.instance_id, info.role,
                     info.host, info.rpc_port)
+        if profile and info.instance_id not in self._profiled:
+            self._profiled.add(info.instance_id)
+            self.learn_profile(profile)
         return True
 
     def _load(self, load: WorkerLoad) -> bool:
@@ -277,6 +289,23 @@ class Conductor(RequestDispatch):
         if self._profile_new < self.config.online_profile_every or len(self._profile) < 8:
             return
         self._profile_new = 0
+        self._refit()
+
+    def learn_profile(self, samples: list[tuple[int, int, float]]) -> None:
+        """Add a worker's start-up profile (``WorkerInfo.prefill_profile_json``) to the
+        online profile and, unless the Conductor was given an estimator (``--profile``),
+        fit ``PrefillEstimator`` to it now: TTFT predictions (placement, early rejection)
+        are then this machine's from the first request on."""
+        if not self.config.online_profile:
+            return
+        self._profile.extend(samples)
+        if not self._explicit_estimator:
+            self._refit()
+
+    def _refit(self) -> None:
+        """Fit ``PrefillEstimator`` to the profile (with a fixed overhead when the samples
+        support one); a fit that would predict a negative time for some prompt is not
+        taken."""
         try:
             est = fit_prefill_estimator(list(self._profile), with_overhead=True)
         except ValueError:

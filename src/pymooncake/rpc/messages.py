@@ -121,6 +121,10 @@ class WorkerInfo:
     cpp_json: str = ""
     """A chunked-pipeline (CPP) prefill group (docs/cpp.md): its cost model as JSON
     (``conductor.policy.cpp_placement.cpp_model_to_wire``); empty for a single worker."""
+    prefill_profile_json: str = ""
+    """Prefill times it measured at start as JSON ``[[prompt tokens, reused tokens,
+    seconds], ...]`` (``engine.worker.profile.startup_profile``); empty when it measured
+    none. The Conductor fits its ``PrefillEstimator`` to them (``Conductor.learn_profile``)."""
 
 
 @dataclass(frozen=True, slots=True)

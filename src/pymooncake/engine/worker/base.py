@@ -81,6 +81,8 @@ class EngineWorker:
         """Called once, after the first registration the Conductor accepted (``serve``)."""
         self._warned_s = -1e9
         self.sizing: Any = None
+        self.prefill_profile: list[tuple[int, int, float]] = []
+        """``(prompt tokens, reused tokens, seconds)`` timed at start (``build_engine``)."""
         """``engine.config.KVSizing`` of this worker (set by ``build_engine``)."""
 
     # -- engine ---------------------------------------------------------------------------
@@ -109,7 +111,24 @@ class EngineWorker:
         engine = Engine.from_model_name(c.model, cfg, hooks=hooks, kv_source=kv_source)
         self.sizing = worker_sizing(c, engine.kv.block_nbytes // c.block_size, blocks)
         logger.info("%s %s: %s", role, c.instance_id, self.sizing.describe(role))
+        if role != "decode" and c.startup_profile_tokens:
+            self.prefill_profile = self._startup_profile(engine)
         return engine
+
+    def _startup_profile(self, engine: Any) -> list[tuple[int, int, float]]:
+        """``worker.profile.startup_profile`` of ``engine``; a failure is logged and gives
+        no samples (the Conductor then keeps its defaults): it never stops the worker."""
+        from pymooncake.engine.worker.profile import startup_profile
+        t0 = time.perf_counter()
+        try:
+            samples = startup_profile(engine, self.config.startup_profile_tokens)
+        except Exception:  # noqa: BLE001 - a profile is an optimisation, serving is not
+            logger.exception("startup prefill profile failed; the Conductor keeps its "
+                             "prefill estimator")
+            return []
+        logger.info("startup prefill profile in %.1f s: %s", time.perf_counter() - t0,
+                    ", ".join(f"{n} tok {s:.3f} s" for n, _, s in samples))
+        return samples
 
     def _step_budget(self, role: str) -> dict[str, int]:
         """``max_num_batched_tokens`` for ``EngineConfig`` (see ``WorkerConfig``)."""
@@ -235,7 +254,9 @@ class EngineWorker:
                           kv_capacity_tokens=self.engine.config.kv_capacity_tokens,
                           max_batch_size=self.engine.config.max_num_seqs, pid=os.getpid(),
                           prefill_order=self.engine.config.waiting_order,
-                          max_model_len=self.engine.config.max_model_len)
+                          max_model_len=self.engine.config.max_model_len,
+                          prefill_profile_json=json.dumps(self.prefill_profile)
+                          if self.prefill_profile else "")
 
     def load(self) -> WorkerLoad:
         e = self.engine

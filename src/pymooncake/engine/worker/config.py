@@ -92,6 +92,11 @@ class WorkerConfig:
     waiting and running prompts) (``EngineConfig.waiting_order``)."""
     aging_tokens_per_s: float | None = None
     """``EngineConfig.aging_tokens_per_s`` (None: its default)."""
+    startup_profile_tokens: int = 2048
+    """Prefill and colocated roles: before registering, time prompts of up to this many
+    tokens on the engine (``worker.profile.startup_profile``, ~3 s for SmolLM2-135M on two
+    cores) and send the samples with ``WorkerInfo`` so the Conductor fits its prefill
+    predictor for this machine at once; 0 = off."""
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode", "colocated"):
@@ -117,6 +122,9 @@ class WorkerConfig:
             if v is not None and v <= 0:
                 raise ValueError(f"{name} must be > 0 (or unset: sized from the model), "
                                  f"got {v}")
+        if not isinstance(self.startup_profile_tokens, int) or self.startup_profile_tokens < 0:
+            raise ValueError(f"--startup-profile-tokens must be >= 0, got "
+                             f"{self.startup_profile_tokens}")
         if self.prefill_batch < 1:
             raise ValueError(f"prefill_batch must be >= 1, got {self.prefill_batch}")
         if self.decode_step_tokens is not None and self.decode_step_tokens < 1:

@@ -128,7 +128,8 @@ class CppPrefillWorker(PrefillWorker):
     from the prefix cache (the tail's layer-wise writes would miss the imported blocks)."""
 
     def __init__(self, config: Any, cpp: CppWorkerConfig) -> None:
-        super().__init__(dataclasses.replace(config, layerwise_kv=False, prefill_order="fcfs"))
+        super().__init__(dataclasses.replace(config, layerwise_kv=False, prefill_order="fcfs",
+                                             startup_profile_tokens=0))
         self.cpp = cpp
         self.group: Any = None
         self.watch: Any = None

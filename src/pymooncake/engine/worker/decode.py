@@ -98,7 +98,7 @@ class DecodeWorker(EngineWorker):
         self.step_times = StepTimeModel()
         """Measured step time vs batch size (engine thread adds; admission reads)."""
         self.clock = (StageClock("decode", "decode_queue") if config.role == "decode"
-                      else StageClock("generate", "queue"))
+                      else StageClock("generate", "queue", prompt_stage="prefill"))
 
     def start_resources(self) -> None:
         from pymooncake.transfer import TransferConfig, TransferEngine

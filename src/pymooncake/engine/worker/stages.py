@@ -15,6 +15,10 @@ prefill worker  ``queue`` (task received → first step with it), ``store_lookup
 decode worker   ``decode_queue`` (KV-ready notice → first step with it), ``decode_load``
                 (arrived KV imported into the paged cache), ``decode`` (first step →
                 finish)
+colocated       ``queue``, ``generate`` (first step → finish) and ``prefill`` (first step
+                that computes its prompt → last layer of the last one: decode steps of
+                other requests mixed in included, which is the prefill time the Conductor
+                has to predict there)
 
 ``StageClock`` is a layer hook (``engine.hooks``) plus explicit ``mark`` calls from the
 worker; it is thread-safe (the RPC loop marks arrivals, the engine thread the rest).
@@ -39,9 +43,13 @@ class StageClock(NullHooks):
     engine steps of a request extend (``prefill`` or ``decode``); ``queue_stage`` the window
     from ``arrive`` to its first step."""
 
-    def __init__(self, compute_stage: str, queue_stage: str) -> None:
+    def __init__(self, compute_stage: str, queue_stage: str,
+                 prompt_stage: str | None = None) -> None:
         self.compute_stage = compute_stage
         self.queue_stage = queue_stage
+        self.prompt_stage = prompt_stage
+        """Also the window of the steps that compute the request's prompt (more than one new
+        token), when set (the colocated worker's ``prefill``)."""
         self._lock = threading.Lock()
         self._arrived: dict[str, float] = {}
         self._windows: dict[str, dict[str, list[float]]] = {}
@@ -96,3 +104,5 @@ class StageClock(NullHooks):
         with self._lock:
             for s in ctx.seqs:
                 self._extend(s.request_id, self.compute_stage, self._step_t0, t1)
+                if self.prompt_stage is not None and s.num_new_tokens > 1:
+                    self._extend(s.request_id, self.prompt_stage, self._step_t0, t1)
