@@ -122,3 +122,47 @@ def test_bug_51_live_conductor_sheds_sheddable_requests_only_while_saturated():
             await w.client.close()
 
     asyncio.run(run())
+
+
+def test_a_prefix_still_being_computed_counts_as_held_where_it_is_computed():
+    """Request ``a`` (1,024 tokens) is placed on p0 and not finished; ``b`` shares its first
+    60 blocks of 16 tokens. Hand arithmetic with the config's estimator t = 5e-8·(n²−p²) +
+    1e-4·(n−p) + 3e-3: on idle p1, b computes all 1,024 tokens, 0.1555 s; on p0 it waits
+    for a's remaining 0.04 s and computes 64 tokens, 5e-8·(1,024² − 960²) + 1e-4·64 + 3e-3
+    = 0.01594 s: 0.05594 s, so p0 with 60 reused blocks. Once a's prefill is over and no
+    KV event has said so yet, nothing is pending any more: nothing reused (both idle, the
+    first instance), 0.1555 s."""
+    import asyncio
+
+    from pymooncake.conductor.policy import Placement
+    from pymooncake.conductor.service import Conductor
+    from pymooncake.rpc.messages import GenerateRequest, SamplingOptions
+
+    async def run() -> None:
+        c = Conductor(ConductorConfig(ttft_slo_s=1e6, tbt_slo_s=1e6, policy="local-cache"))
+        for iid, role in (("p0", "prefill"), ("p1", "prefill"), ("d0", "decode")):
+            info = WorkerInfo(iid, role, "127.0.0.1", 1, _namespace_json(), 16, 1 << 20, 64)
+            await c._register(info)
+        a = GenerateRequest("a", tuple(range(1024)), SamplingOptions(max_tokens=4))
+        b = GenerateRequest("b", tuple(range(960)) + tuple(range(5000, 5064)),
+                            SamplingOptions(max_tokens=4))
+        p0 = c.state.workers["p0"]
+        p0.prefills["a"] = (0.0, 0.05)
+        p0.prefill_keys["a"] = tuple(c.block_keys_of(a))
+        assert c.state.pending_blocks(c.block_keys_of(b), ["p0", "p1"]) == (60, 0)
+        got = c.place(b, 0.01)
+        assert isinstance(got, Placement)
+        assert (got.prefill_instance, got.prefix_blocks) == ("p0", 60)
+        assert got.predicted_prefill_s == pytest.approx(
+            5e-8 * (1024 ** 2 - 960 ** 2) + 1e-4 * 64 + 3e-3)
+        assert got.predicted_ttft_s == pytest.approx(0.04 + got.predicted_prefill_s)
+        c._prefilled("a", p0)
+        assert not p0.prefills and not p0.prefill_keys
+        again = c.place(b, 0.02)
+        assert isinstance(again, Placement)
+        assert (again.prefill_instance, again.prefix_blocks) == ("p0", 0)
+        assert again.predicted_prefill_s == pytest.approx(5e-8 * 1024 ** 2 + 1e-4 * 1024 + 3e-3)
+        for w in c.state.workers.values():
+            await w.client.close()
+
+    asyncio.run(run())

@@ -51,6 +51,9 @@ class WorkerEntry:
     """The service's RPC client to it."""
     prefills: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Placed prefills: request id → (dispatch time, predicted prefill seconds)."""
+    prefill_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Placed prefills: request id → its prompt's block keys, blocks this worker's cache
+    will hold once that prefill has computed them (``ClusterState.pending_blocks``)."""
     decodes: dict[str, tuple[int, float]] = field(default_factory=dict)
     """Placed decodes: request id → (context tokens, predicted finish time)."""
     held_keys: set[str] = field(default_factory=set)
@@ -171,6 +174,26 @@ class ClusterState:
             return []
         return sorted((w for w in self.workers.values() if w.info.role == "decode"),
                       key=lambda w: w.info.instance_id)
+
+    def pending_blocks(self, keys: list[str], instance_ids: list[str]) -> tuple[int, ...]:
+        """Per instance, the leading blocks of ``keys`` that a prefill placed there and not
+        yet finished shares: they are not in its cache yet (no KV event), but a request
+        queued behind that prefill finds them there. (A request placed on the instance
+        first runs after it, FCFS; shortest-first too, since such a request — a later turn
+        of the same conversation, a retried prompt — is rarely the shorter one.)"""
+        out = []
+        for iid in instance_ids:
+            w = self.workers.get(iid)
+            best = 0
+            for other in (w.prefill_keys.values() if w is not None else ()):
+                n = 0
+                for a, b in zip(keys, other, strict=False):
+                    if a != b:
+                        break
+                    n += 1
+                best = max(best, n)
+            out.append(best)
+        return tuple(out)
 
     def view(self, now_s: float) -> ClusterView:
         """A fresh ``ClusterView`` of the live workers at ``now_s``."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator
@@ -99,8 +100,14 @@ class RequestDispatch:
             return PolicyRejection("no_instance", 1.0)
         assert self.namespace is not None and self.policy_config is not None
         keys = self.block_keys_of(req) if keys is None else keys
-        match = self.state.index.match(keys, [p.instance_id for p in view.prefill],
-                                       remote=self.config.use_store)
+        ids = [p.instance_id for p in view.prefill]
+        match = self.state.index.match(keys, ids, remote=self.config.use_store)
+        pending = self.state.pending_blocks(keys, ids)
+        held = tuple(match.local_blocks) + (0,) * (len(ids) - len(match.local_blocks))
+        if any(p > h for p, h in zip(pending, held, strict=True)):
+            # a prefix still being computed there counts as held (its request runs first)
+            match = dataclasses.replace(match, local_blocks=tuple(
+                max(p, h) for p, h in zip(pending, held, strict=True)))
         info = RequestInfo(req.request_id, len(req.prompt_token_ids), tuple(keys),
                            req.sampling.max_tokens, now_s, next(self._seq),
                            sheddable=req.priority > 0)
@@ -155,16 +162,17 @@ class RequestDispatch:
                             predicted_prefill_s=decision.predicted_prefill_s,
                             predicted_ttft_s=decision.predicted_ttft_s)
         if self.config.colocated:
-            stream = self._run_colocated(req, decision, t0)
+            stream = self._run_colocated(req, decision, t0, keys or [])
         else:
             stream = self._run_disaggregated(req, decision, t0, keys or [])
         async for ev in stream:
             yield ev
 
-    def _book(self, req: GenerateRequest, p: Placement, now_s: float
+    def _book(self, req: GenerateRequest, p: Placement, now_s: float, keys: list[str]
               ) -> tuple[WorkerEntry, WorkerEntry | None]:
         pw = self.state.workers[p.prefill_instance]
         pw.prefills[req.request_id] = (now_s, p.predicted_transfer_s + p.predicted_prefill_s)
+        pw.prefill_keys[req.request_id] = tuple(keys)
         dw = None
         if p.decode_instance is not None:
             dw = self.state.workers[p.decode_instance]
@@ -175,8 +183,14 @@ class RequestDispatch:
         self.in_flight[req.request_id] = (p.prefill_instance, p.decode_instance)
         return pw, dw
 
-    def _unbook(self, rid: str, pw: WorkerEntry, dw: WorkerEntry | None) -> None:
+    @staticmethod
+    def _prefilled(rid: str, pw: WorkerEntry) -> None:
+        """The prefill of ``rid`` on ``pw`` is over (its blocks are in ``pw``'s cache)."""
         pw.prefills.pop(rid, None)
+        pw.prefill_keys.pop(rid, None)
+
+    def _unbook(self, rid: str, pw: WorkerEntry, dw: WorkerEntry | None) -> None:
+        self._prefilled(rid, pw)
         if dw is not None:
             dw.decodes.pop(rid, None)
         self.in_flight.pop(rid, None)
@@ -189,7 +203,7 @@ class RequestDispatch:
     async def _run_disaggregated(self, req: GenerateRequest, p: Placement, t0: float,
                                  keys: list[str]) -> AsyncIterator[TokenEvent]:
         rid = req.request_id
-        pw, dw = self._book(req, p, t0)
+        pw, dw = self._book(req, p, t0, keys)
         assert dw is not None and self.namespace is not None
         bs = self.namespace.block_size
         max_tokens = req.sampling.max_tokens
@@ -252,7 +266,7 @@ class RequestDispatch:
                 stage = "prefill"
             assert prefill_call is not None
             res = from_wire(PrefillResult, await self.losses.guard(rid, prefill_call))
-            pw.prefills.pop(rid, None)
+            self._prefilled(rid, pw)
             t_first = time.monotonic()
             self._stage(rid, "prefill_rpc", t1, t_first)
             self._stage(rid, "ttft", req.arrival_time_s or t0, t_first)
@@ -297,10 +311,10 @@ class RequestDispatch:
                 if prepared:
                     await self._abort(dw, rid)
 
-    async def _run_colocated(self, req: GenerateRequest, p: Placement, t0: float
-                             ) -> AsyncIterator[TokenEvent]:
+    async def _run_colocated(self, req: GenerateRequest, p: Placement, t0: float,
+                             keys: list[str]) -> AsyncIterator[TokenEvent]:
         rid = req.request_id
-        w, _ = self._book(req, p, t0)
+        w, _ = self._book(req, p, t0, keys)
         finished = False
         stage = "prepare"
         try:
@@ -315,7 +329,7 @@ class RequestDispatch:
                     cached = f.cached_tokens
                     HIT_TOKENS.inc(cached)
                 if f.token_ids and rid in w.prefills:
-                    w.prefills.pop(rid, None)
+                    self._prefilled(rid, w)
                     self._stage(rid, "ttft", req.arrival_time_s or t0, time.monotonic())
                 fin = f.finish_reason
                 if fin is not None:
