@@ -81,9 +81,9 @@ class EngineWorker:
         """Called once, after the first registration the Conductor accepted (``serve``)."""
         self._warned_s = -1e9
         self.sizing: Any = None
+        """``engine.config.KVSizing`` of this worker (set by ``build_engine``)."""
         self.prefill_profile: list[tuple[int, int, float]] = []
         """``(prompt tokens, reused tokens, seconds)`` timed at start (``build_engine``)."""
-        """``engine.config.KVSizing`` of this worker (set by ``build_engine``)."""
 
     # -- engine ---------------------------------------------------------------------------
     def build_engine(self, role: str, hooks: tuple = (), kv_source: Any = None) -> Any:
