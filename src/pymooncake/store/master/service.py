@@ -11,13 +11,16 @@ expire leases, evict at the high watermark, and carry out the core's SSD orders 
 the storage process that owns the segment (``ssd_spill`` / ``ssd_load`` / ``ssd_delete``).
 A put that finds no room while spills are in flight waits for them once and retries; a get
 of an object held only on SSD loads it back into its owner's DRAM first (promotion).
+
+This module holds the service's lifecycle, the call plumbing (``_call``, ``_each``,
+``_after``), the tick loop and gauges; the handler table and handlers are mixed in from
+``service_handlers``, the SSD work (spills, promotion) from ``service_ssd``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,33 +28,18 @@ from typing import Any
 from pymooncake.metadata.aio import cancel_and_wait
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
-from pymooncake.rpc import RpcClient, RpcError, RpcServer, from_wire
-from pymooncake.store.config import MasterConfig, ReplicateConfig
-from pymooncake.store.errors import ErrorCode, StoreError
-from pymooncake.store.master import rejoin
+from pymooncake.rpc import RpcClient, RpcError, RpcServer
+from pymooncake.store.config import MasterConfig
+from pymooncake.store.errors import StoreError
 from pymooncake.store.master.copier import ReplicaCopier
 from pymooncake.store.master.core import MasterCore
 from pymooncake.store.master.ha import HaConfig, HaController
 from pymooncake.store.master.rereplicator import ReReplicator
-from pymooncake.store.protocol import (
-    TIER_DRAM,
-    BatchExistRequest,
-    BatchPutEndRequest,
-    BatchPutStartRequest,
-    ExistRequest,
-    HeartbeatRequest,
-    KeyRequest,
-    KeysRequest,
-    MountRequest,
-    PutEndRequest,
-    PutHandle,
-    PutStartRequest,
-    RemoveAllRequest,
-    RemoveRequest,
-    ReplicaList,
-    SpillOrder,
-    UnmountRequest,
-)
+from pymooncake.store.master.service_handlers import M_LOOKUPS, HandlerMethods
+from pymooncake.store.master.service_ssd import PROMOTE_WAIT_S, SsdMethods
+
+# re-exported from here (they were defined in this module before the split)
+__all__ = ["GAUGE_INTERVAL_S", "M_LOOKUPS", "PROMOTE_WAIT_S", "MasterService", "run_master"]
 
 logger = init_logger(__name__)
 
@@ -72,9 +60,6 @@ M_NAMESPACE = metrics.gauge("pymooncake_store_namespace_bytes",
                             ["namespace"])
 M_FRAG = metrics.gauge("pymooncake_store_fragmentation_ratio",
                        "1 - largest free range / free bytes, per segment", ["segment"])
-M_LOOKUPS = metrics.counter("pymooncake_store_lookups_total",
-                            "get_replica_list answers, by result (hit/miss)", ["result"])
-_LOOKUP = {r: M_LOOKUPS.labels(r) for r in ("hit", "miss", "error")}
 M_EVICTION_STALLS = metrics.counter(
     "pymooncake_store_eviction_stalls_total",
     "Watermark eviction passes over the watermark that found no evictable object")
@@ -82,28 +67,11 @@ M_DROPPED_CLIENTS = metrics.counter("pymooncake_store_dropped_clients_total",
                                     "Clients dropped after missing heartbeats")
 
 
-PROMOTE_WAIT_S = 3.0
-"""Longest a get of an SSD-resident object waits for DRAM room (leases to lapse)."""
-
-
-_DEFAULT_CONFIG = ReplicateConfig()
-_NONE: frozenset[str] = frozenset()
-
-
-def _config(raw: dict[str, Any] | None) -> ReplicateConfig:
-    if raw is None:
-        return _DEFAULT_CONFIG
-    try:
-        return from_wire(ReplicateConfig, raw, "config")
-    except ValueError as e:
-        raise RpcError("INVALID_ARGUMENT", str(e)) from None
-
-
 def _rpc_error(e: StoreError) -> RpcError:
     return RpcError(e.code.name, e.message, {"code": int(e.code)})
 
 
-class MasterService:
+class MasterService(HandlerMethods, SsdMethods):
     """Serve a ``MasterCore`` on ``config.host:config.port`` (``port=0`` picks one).
 
     ``clock`` gives seconds (monotonic); tests may pass a fake. ``await start()``, then
@@ -177,69 +145,6 @@ class MasterService:
                 await c.close()
 
     # -- plumbing ----------------------------------------------------------------------
-
-    def _register(self) -> None:
-        server = self.server
-
-        class _Gated:  # with HA, every call but ping/ha_status is gated and journaled
-            @staticmethod
-            def register(name: str, fn: Callable[..., Any], ptype: type | None = None) -> None:
-                server.register(name, self._gated(fn), ptype)
-
-        s = _Gated
-        server.register("ping", lambda p: "pong")
-        server.register("ha_status", lambda p: self.ha.status() if self.ha else
-                        {"role": "standalone"})
-        s.register("mount_segment", self._mount, MountRequest)
-        s.register("unmount_segment", self._unmount, UnmountRequest)
-        s.register("heartbeat", self._heartbeat, HeartbeatRequest)
-        s.register("put_start", self._put_start, PutStartRequest)
-        s.register("batch_put_start", self._batch_put_start, BatchPutStartRequest)
-        s.register("put_end", self._put_end, PutEndRequest)
-        s.register("batch_put_end", self._batch_put_end, BatchPutEndRequest)
-        s.register("put_revoke", self._put_revoke, PutEndRequest)
-        s.register("batch_put_revoke", self._batch_put_revoke, BatchPutEndRequest)
-        s.register("get_replica_list", self._get_replica_list, KeyRequest)
-        s.register("batch_get_replica_list", self._batch_get_replica_list, KeysRequest)
-        s.register("load_replica_list", self._load_replica_list, KeysRequest)
-        s.register("exist", self._exist, ExistRequest)
-        s.register("batch_exist", self._batch_exist, BatchExistRequest)
-        s.register("remove", self._remove, RemoveRequest)
-        s.register("batch_remove", self._batch_remove, KeysRequest)
-        s.register("remove_all", self._remove_all, RemoveAllRequest)
-        s.register("release_leases", self._release_leases, KeysRequest)
-        s.register("list_keys", lambda p: self.core.list_keys())
-        s.register("stats", lambda p: self.core.stats(self.now_ms()))
-        self.copier.register(s)     # replica_segments, replicate (hot-block replication)
-        rejoin.register(s, self)    # ssd_recover, report_bad_replica (issue 17)
-
-    def _gated(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """With HA: refuse unless leading; answer only after the changes the call made
-        (and every change queued before it) are durable in the journal."""
-        if self.ha_config is None:
-            return fn
-
-        async def handler(p: Any) -> Any:
-            ha = self.ha
-            if ha is None:
-                raise RpcError(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS.name,
-                               "master is starting", {"code": -1010, "leader": ""})
-            await ha.gate()
-            core = self.core
-            try:
-                out = fn(p)
-                if inspect.isawaitable(out):
-                    out = await out
-            finally:
-                fut = ha.record() if self.core is core else None
-            if fut is not None:
-                await ha.durable(fut)
-            elif self.core is not core or not ha.leading:
-                await ha.gate()  # stepped down meanwhile: the answer may be stale
-            return out
-
-        return handler
-
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             out = fn(*args)
@@ -308,244 +213,6 @@ class MasterService:
         t = asyncio.ensure_future(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
-
-    def _peer(self, segment: str) -> RpcClient | None:
-        seg = self.core.pool.segments.get(segment)
-        if seg is None or not seg.rpc_port:
-            return None
-        addr = (seg.rpc_host or seg.host, seg.rpc_port)
-        c = self._peers.get(addr)
-        if c is None:
-            c = self._peers[addr] = RpcClient(addr[0], addr[1], timeout_s=30.0)
-        return c
-
-    async def _ssd_call(self, segment: str, method: str, params: Any) -> Any:
-        peer = self._peer(segment)
-        if peer is None:
-            raise RpcError("SEGMENT_NOT_FOUND", f"segment {segment!r} has no storage RPC")
-        return await peer.call(method, params)
-
-    async def _spill(self, order: SpillOrder) -> None:
-        ok, dropped = False, []
-        try:
-            res = await self._ssd_call(order.segment, "ssd_spill", order)
-            ok, dropped = bool(res.get("ok")), list(res.get("dropped", []))
-        except Exception as e:  # a dead owner: the object is dropped like a plain eviction
-            logger.warning("spill of %r to %s failed: %s", order.key, order.segment, e)
-        alive = self.core.spill_done(order.key, order.generation, order.segment, ok, dropped,
-                                     self.now_ms())
-        if ok and not alive:
-            self._spawn(self._ssd_call(order.segment, "ssd_delete", {"keys": [order.key]}))
-        self._after()
-
-    async def _wait_spills(self) -> bool:
-        if not self._spills:
-            return False
-        await asyncio.wait(list(self._spills), timeout=30.0)
-        return True
-
-    # -- handlers ----------------------------------------------------------------------
-
-    def _mount(self, p: MountRequest) -> dict[str, Any]:
-        self._call(self.core.mount_segment, p.client_id, p.segment, p.host, p.base_addr,
-                   p.size_bytes, self.now_ms(), p.ssd_capacity_bytes, p.rpc_host, p.rpc_port,
-                   p.holder)
-        return {"ok": True}
-
-    def _unmount(self, p: UnmountRequest) -> int:
-        return self._call(self.core.unmount_segment, p.client_id, p.segment, self.now_ms())
-
-    def _heartbeat(self, p: HeartbeatRequest) -> dict[str, Any]:
-        return {"known": self.core.heartbeat(p.client_id, self.now_ms())}
-
-    def _put_start(self, p: PutStartRequest) -> Any:
-        """A plain handler (no task per put); when the store is full while spills are in
-        flight it returns the coroutine that waits for them once and tries again."""
-        cfg = _config(p.config)
-        try:
-            return self._call(self.core.put_start, p.client_id, p.key, p.size_bytes, cfg,
-                              self.now_ms())
-        except RpcError as e:
-            if e.code != ErrorCode.NO_AVAILABLE_HANDLE.name or not self._spills:
-                raise
-            return self._put_start_again(e, p, cfg)
-
-    async def _put_start_again(self, err: RpcError, p: PutStartRequest,
-                               cfg: ReplicateConfig) -> PutHandle:
-        if not await self._wait_spills():
-            raise err
-        return self._call(self.core.put_start, p.client_id, p.key, p.size_bytes, cfg,
-                          self.now_ms())
-
-    def _batch_put_start(self, p: BatchPutStartRequest) -> Any:
-        """As ``_put_start``, per key; the keys that found no room while spills are in
-        flight are tried once more after them (by the returned coroutine)."""
-        keys, sizes, cid, cfg = p.keys, p.sizes_bytes, p.client_id, _config(p.config)
-        now = self.now_ms()
-        start = self.core.put_start
-        out = self._each(lambda i: start(cid, keys[i], sizes[i], cfg, now), range(len(keys)))
-        retry = [i for i, r in enumerate(out)
-                 if "e" in r and r["e"][0] == int(ErrorCode.NO_AVAILABLE_HANDLE)]
-        self._after()
-        if retry and self._spills:
-            return self._batch_put_start_again(out, retry, p, cfg)
-        return out
-
-    async def _batch_put_start_again(self, out: list, retry: list[int],
-                                     p: BatchPutStartRequest, cfg: ReplicateConfig) -> Any:
-        if await self._wait_spills():
-            start = self.core.put_start
-            now = self.now_ms()
-            again = self._each(lambda i: start(p.client_id, p.keys[i], p.sizes_bytes[i], cfg,
-                                               now), retry)
-            for i, r in zip(retry, again, strict=True):
-                out[i] = r
-            self._after()
-        return out
-
-    def _put_end(self, p: PutEndRequest) -> bool:
-        self._call(self.core.put_end, p.client_id, p.key, p.generation, self.now_ms(),
-                   p.checksum)
-        return True
-
-    def _batch_put_end(self, p: BatchPutEndRequest) -> Any:
-        keys, gens, cid = p.keys, p.generations, p.client_id
-        sums = p.checksums if p.checksums is not None else (None,) * len(keys)
-        now = self.now_ms()
-        end = self.core.put_end
-        out = self._each(lambda i: end(cid, keys[i], gens[i], now, sums[i]),
-                         range(len(keys)))
-        self._after()
-        return out
-
-    def _put_revoke(self, p: PutEndRequest) -> bool:
-        self._call(self.core.put_revoke, p.client_id, p.key, p.generation, self.now_ms())
-        return True
-
-    def _batch_put_revoke(self, p: BatchPutEndRequest) -> Any:
-        now = self.now_ms()
-        out = self._each(lambda kg: self.core.put_revoke(p.client_id, kg[0], kg[1], now),
-                         zip(p.keys, p.generations, strict=True))
-        self._after()
-        return out
-
-    async def _lookup(self, client_id: str, key: str) -> ReplicaList:
-        """Replica list of ``key``; loads an SSD-only object back into DRAM first."""
-        try:
-            rl = self.core.get_replica_list(client_id, key, self.now_ms())
-        except StoreError as e:
-            if e.code == ErrorCode.OBJECT_NOT_FOUND:
-                M_LOOKUPS.labels("miss").inc()
-            raise
-        if any(r.tier == TIER_DRAM for r in rl.replicas):
-            M_LOOKUPS.labels("hit").inc()
-            return rl
-        task = self._promotions.get(key)
-        if task is None:
-            task = asyncio.ensure_future(self._promote(key))
-            self._promotions[key] = task
-            task.add_done_callback(lambda _t: self._promotions.pop(key, None))
-        await asyncio.shield(task)
-        rl = self.core.get_replica_list(client_id, key, self.now_ms())
-        M_LOOKUPS.labels("hit").inc()
-        return rl
-
-    async def _promote(self, key: str) -> None:
-        # Room may be held by spills in flight or by read leases about to lapse: wait for
-        # those, bounded by one lease TTL (at most PROMOTE_WAIT_S), then give up.
-        deadline = self._clock() + min(PROMOTE_WAIT_S,
-                                       self.config.default_kv_lease_ttl_ms / 1000.0 + 0.2)
-        while True:
-            try:
-                order = self.core.promote_start(key, self.now_ms())
-                break
-            except StoreError as e:
-                self._after()
-                if e.code != ErrorCode.NO_AVAILABLE_HANDLE:
-                    raise
-                if not await self._wait_spills():
-                    if self._clock() >= deadline:
-                        raise
-                    await asyncio.sleep(0.02)
-        self._after()
-        if order is None:
-            return
-        ok = corrupt = False
-        try:
-            res = await self._ssd_call(order.segment, "ssd_load", order)
-            ok, corrupt = bool(res.get("ok")), bool(res.get("corrupt"))
-        except Exception as e:
-            logger.warning("load of %r from SSD on %s failed: %s", key, order.segment, e)
-        self.core.promote_done(order, ok, self.now_ms())
-        self._after()
-        if corrupt:  # the SSD copy failed its checksum: an error, never the bytes (BUG-60)
-            raise StoreError(ErrorCode.CHECKSUM_MISMATCH,
-                             f"{key!r}: the SSD copy failed its checksum and was dropped")
-        if not ok:
-            raise StoreError(ErrorCode.OBJECT_NOT_FOUND, f"{key!r} could not be read from SSD")
-
-    def _read(self, client_id: str, key: str, now: float) -> ReplicaList:
-        """A published object's readable DRAM replicas and a read lease; ``promote`` set
-        when it lives only on SSD (the client then asks ``load_replica_list``, which waits
-        for the load)."""
-        try:
-            obj = self.core.read_object(client_id, key, now)
-        except StoreError as e:
-            _LOOKUP["miss" if e.code == ErrorCode.OBJECT_NOT_FOUND else "error"].inc()
-            raise
-        reps = tuple(r.desc() for r in obj.replicas if r.complete and r.tier == TIER_DRAM)
-        if not reps:
-            return ReplicaList(key, 0, 0, (), 0.0, None, True)
-        _LOOKUP["hit"].inc()
-        return ReplicaList(key, obj.size_bytes, obj.generation, reps,
-                           self.config.default_kv_lease_ttl_ms, obj.checksum)
-
-    def _get_replica_list(self, p: KeyRequest) -> ReplicaList:
-        return self._call(self._read, p.client_id, p.key, self.now_ms())
-
-    def _batch_get_replica_list(self, p: KeysRequest) -> Any:
-        cid, now = p.client_id, self.now_ms()
-        return self._each(lambda k: self._read(cid, k, now), p.keys)
-
-    async def _load_replica_list(self, p: KeysRequest) -> Any:
-        """Load SSD-only objects back, all keys at once: each load waits at most one
-        ``PROMOTE_WAIT_S`` for room, so the whole answer does too (one key after another,
-        a batch of mostly-spilled keys outlived the client's RPC timeout, case BUG-62).
-        A key that finds no room answers ``NO_AVAILABLE_HANDLE`` (retryable)."""
-        async def one(key: str) -> dict[str, Any]:
-            try:
-                rl = await self._lookup(p.client_id, key)
-            except StoreError as e:
-                return {"e": [int(e.code), e.message]}
-            return {"r": ReplicaList(key, rl.size_bytes, rl.generation,
-                                     tuple(r for r in rl.replicas if r.tier == TIER_DRAM),
-                                     rl.lease_ttl_ms, rl.checksum)}
-        return list(await asyncio.gather(*(one(k) for k in p.keys)))
-
-    def _exist(self, p: ExistRequest) -> bool:
-        return self._call(self.core.exist, p.client_id, p.key, self.now_ms(),
-                          frozenset(p.exclude_segments) if p.exclude_segments else _NONE)
-
-    def _batch_exist(self, p: BatchExistRequest) -> Any:
-        cid, now = p.client_id, self.now_ms()
-        ex = frozenset(p.exclude_segments) if p.exclude_segments else _NONE
-        return self._each(lambda k: self.core.exist(cid, k, now, ex), p.keys)
-
-    def _remove(self, p: RemoveRequest) -> bool:
-        self._call(self.core.remove, p.key, self.now_ms(), p.force)
-        return True
-
-    def _batch_remove(self, p: KeysRequest) -> Any:
-        now = self.now_ms()
-        out = self._each(lambda k: self.core.remove(k, now), p.keys)
-        self._after()
-        return out
-
-    def _remove_all(self, p: RemoveAllRequest) -> int:
-        return self._call(self.core.remove_all, self.now_ms(), p.force)
-
-    def _release_leases(self, p: KeysRequest) -> int:
-        return self.core.release_leases(p.client_id, list(p.keys))
 
     # -- background --------------------------------------------------------------------
 
