@@ -45,9 +45,9 @@ class ClusterSpec:
         self.aging_tokens_per_s: float | None = kw.pop("aging_tokens_per_s", None)
         """``--aging-tokens-per-s`` of every worker (None: the workers' default)."""
         self.num_threads: int = kw.pop("num_threads", 1)
+        """torch intra-op threads of every worker's engine (``--threads``)."""
         self.startup_profile_tokens: int | None = kw.pop("startup_profile_tokens", None)
         """``--startup-profile-tokens`` of every worker (None: the workers' default)."""
-        """torch intra-op threads of every worker's engine (``--threads``)."""
         self.ttft_slo_s: float = kw.pop("ttft_slo_s", 10.0)
         self.tbt_slo_s: float = kw.pop("tbt_slo_s", 1.0)
         self.profile: str | None = kw.pop("profile", None)
