@@ -46,7 +46,10 @@ def test_colocated_worker_profiles_at_start_and_teaches_the_conductor_online(mak
                       startup_profile_tokens=1024)
     est = health(on.url)["prefill_estimator"]
     assert est["num_online_fits"] == 1
-    assert est["linear_s"] > 0 and est["quadratic_s"] >= 0
+    # every term >= 0 and the time grows with the prompt (the tiny model's millisecond
+    # prefills are noisy on a loaded machine: which term carries the growth varies)
+    assert min(est["quadratic_s"], est["linear_s"], est["overhead_s"]) >= 0
+    assert est["quadratic_s"] * 1024 ** 2 + est["linear_s"] * 1024 > 0
     defaults = ConductorConfig()
     off = make_cluster(colocated=True, num_prefill=1, num_decode=0, max_model_len=2048,
                        startup_profile_tokens=0)

@@ -303,20 +303,18 @@ class Conductor(RequestDispatch):
             self._refit()
 
     def _refit(self) -> None:
-        """Fit ``PrefillEstimator`` to the profile (with a fixed overhead when the samples
-        support one); a fit that would predict a negative time for some prompt is not
-        taken."""
+        """Fit ``PrefillEstimator`` to the profile; when noisy samples (a small model's
+        millisecond prefills on a loaded machine) give a negative term, the best fit with
+        every term >= 0 instead. A fit that grows with neither n nor n² is not taken."""
+        samples = list(self._profile)
         try:
-            est = fit_prefill_estimator(list(self._profile), with_overhead=True)
+            est = fit_prefill_estimator(samples, with_overhead=True)
+            if est.quadratic_s < 0 or est.linear_s <= 0 or est.overhead_s < 0:
+                est = fit_prefill_estimator(samples, with_overhead=True, nonnegative=True)
         except ValueError:
             return
-        if est.quadratic_s < 0 or est.linear_s <= 0 or est.overhead_s < 0:
-            try:  # overhead or curvature not supported by these samples: the simpler fit
-                est = fit_prefill_estimator(list(self._profile))
-            except ValueError:
-                return
-            if est.quadratic_s < 0 or est.linear_s <= 0:
-                return
+        if est.quadratic_s <= 0 and est.linear_s <= 0:
+            return
         self.estimators = dataclasses.replace(self.estimators, prefill=est)
         self.num_profile_fits += 1
 
