@@ -331,3 +331,19 @@ def test_a_malformed_startup_profile_is_refused_naming_what_is_wrong(raw, messag
         profile_samples(raw)
     assert profile_samples("") == []
     assert profile_samples("[[100, 20, 0.5], [200, 0, 1]]") == [(100, 20, 0.5), (200, 0, 1.0)]
+
+
+def test_a_prefix_still_being_computed_counts_as_held() -> None:
+    from pymooncake.conductor.policy import PrefixMatch, shared_prefix_blocks, with_pending
+    keys = ["k1", "k2", "k3", "k4"]
+    # the longest leading run any in-flight prompt shares: 2 (k1 k2 x) and 3 (k1 k2 k3 k9)
+    assert shared_prefix_blocks(keys, [("k1", "k2", "x"), ("k1", "k2", "k3", "k9")]) == 3
+    assert shared_prefix_blocks(keys, [("k2", "k1")]) == 0        # order matters
+    assert shared_prefix_blocks(keys, [("k1", "k2", "k3", "k4", "k5")]) == 4
+    assert shared_prefix_blocks(keys, []) == 0
+    m = PrefixMatch(local_blocks=(1, 0, 4), best_blocks=4, best_holder="p2")
+    got = with_pending(m, (3, 0, 2))
+    assert got == PrefixMatch(local_blocks=(3, 0, 4), best_blocks=4, best_holder="p2")
+    assert with_pending(m, (0, 0, 0)) is m
+    with pytest.raises(ValueError, match="pending has 2 entries for 3 instances"):
+        with_pending(m, (1, 2))

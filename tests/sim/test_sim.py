@@ -227,6 +227,28 @@ def test_queued_request_reuses_blocks_after_the_prefill_ends(make_trace) -> None
     assert r1.hit_tokens == 32768 and r1.remote_hit_tokens == 0
 
 
+def test_placement_counts_a_prefix_still_being_computed(make_trace) -> None:
+    # Costs by hand (the calibrated model of test_engine_node: 1 ms per token + 10 ms per
+    # prefill). a (1,000 tokens, blocks 1-10, one output token: no decode step follows)
+    # starts on p0 at 0 and ends at 1.01 s; b (1,000
+    # tokens, sharing a's first 9 blocks) arrives at 0.9 s, when nothing is cached yet (no
+    # KV event before a's end). As the live Conductor does (ClusterState.pending_blocks),
+    # the simulated one counts a's 9 blocks as held on p0: p0 = 0.11 s left of a + a
+    # 100-token prefill 0.11 s = 0.22 s against p1's full 1.01 s. So b goes to p0, starts at
+    # 1.01 s with 900 tokens hit and has its first token at 1.12 s (on p1: 1.91 s).
+    from test_engine_node import CM
+    trace = make_trace([(0.0, 1000, 1, tuple(range(1, 11))),
+                        (900.0, 1000, 2, (*range(1, 10), 11))], block_size=100)
+    cfg = SimConfig(scenario="colocated", scheduler="local-cache", num_prefill=2,
+                    block_size=100, chunk_size_tokens=100_000, sample_interval_s=0)
+    a, b = simulate(trace, cfg, CM).requests
+    assert (a.prefill_node, b.prefill_node) == ("p0", "p0")
+    assert b.planned_prefix_blocks == 9 and b.hit_tokens == 900
+    assert a.first_token_s == pytest.approx(1.01)
+    assert b.prefill_start_s == pytest.approx(1.01)
+    assert b.first_token_s == pytest.approx(1.12)
+
+
 def test_finished_blocks_are_fetched_across_nodes(make_trace) -> None:
     # After r0's prefill has ended (4.575 s), r1 (at 10 s, on p1) fetches all 64 blocks.
     keys = tuple(range(64))

@@ -141,7 +141,13 @@ def test_ours_1w_takes_the_calibration_of_its_threads(cal_file, tmp_path) -> Non
             cfg.waiting_order, cfg.early_rejection, cfg.ttft_slo_s) == (
                 1, 512, 256, "shortest", True, 2.5)
     assert cfg.resolve_cache_tokens(364 * 128 * 2) == 93_184   # the whole paged KV
-    assert cfg.policy_prefill == (5e-8, 1e-4, 3e-3)   # the live Conductor's defaults
+    assert cfg.policy_prefill is None   # the calibrated cost (the live start-up profile)
+    assert system_config("ours-1w", cores=2, block_size=128, chunk_tokens=512,
+                         kv_tokens=364 * 128 * 2, admission=(2.5, 0.15),
+                         conductor_prefill="defaults").policy_prefill == (5e-8, 1e-4, 3e-3)
+    with pytest.raises(ValueError, match="conductor_prefill must be one of"):
+        system_config("ours-1w", cores=2, block_size=128, chunk_tokens=512,
+                      kv_tokens=364 * 128 * 2, admission=None, conductor_prefill="truth")
     assert cfg.decode_step_s is None
     cfg = system_config("ours-1w-c384-t650-srpt", cores=2, block_size=128, chunk_tokens=512,
                         kv_tokens=364 * 128 * 2, admission=(2.5, 0.15))
@@ -149,9 +155,12 @@ def test_ours_1w_takes_the_calibration_of_its_threads(cal_file, tmp_path) -> Non
 
 
 def test_ours_1w_on_the_recorded_real_pilot(cal_file, tmp_path, capsys) -> None:  # noqa: ANN001
-    """A real recorded `bench capacity` pilot of ours-1w (tests/sim/data, trimmed): the
-    simulator rebuilds the live run's 16 requests and, predicting with the live Conductor's
-    default prefill predictor at the live objectives, rejects none of them, as live."""
+    """A real recorded `bench capacity` pilot of ours-1w (tests/sim/data, trimmed; made
+    before 4760ab6, when the live Conductor predicted with its built-in defaults): the
+    simulator rebuilds the live run's 16 requests and, predicting as that Conductor did
+    (``--conductor-prefill defaults``), rejects none of them at the live objectives, as
+    live; predicting with the calibrated cost (what a Conductor with a start-up profile
+    does) it rejects some at the tight 5x objective."""
     live = json.loads((DATA / "capacity_pilot_1w_conversation.json").read_text())
     from pymooncake.workload.trace import bundled_trace_path
     trace = Path(live["traces"]["conversation"]["path"])
@@ -162,7 +171,12 @@ def test_ours_1w_on_the_recorded_real_pilot(cal_file, tmp_path, capsys) -> None:
     two = tmp_path / "cal2.json"
     two.write_text(json.dumps(doc))
     sim = simulate_like_live(live, load_calibration(two), str(two),
-                             trace_paths={"conversation": str(trace)})
+                             trace_paths={"conversation": str(trace)},
+                             conductor_prefill="defaults")
+    calibrated = simulate_like_live(live, load_calibration(two), str(two),
+                                    trace_paths={"conversation": str(trace)})
+    assert sum(p["summary"]["num_rejected"] for p in calibrated["points"]) > 0
+    assert calibrated["config"]["conductor_prefill"] == "calibrated"
     assert sim["config"]["systems"] == ["ours-1w"]
     assert sim["config"]["admission_slo_s"]["conversation"] == pytest.approx([6.37565, 0.214961],
                                                                              rel=1e-4)
@@ -174,7 +188,8 @@ def test_ours_1w_on_the_recorded_real_pilot(cal_file, tmp_path, capsys) -> None:
     assert rows[0]["live_ttft_p90_s"] == pytest.approx(3.690059)
     rc = main(["sim", "vs-live", "--calibration", str(cal_file), "--calibration", str(two),
                "--live", str(DATA / "capacity_pilot_1w_conversation.json"),
-               "--trace", f"conversation={trace}", "--json"])
+               "--trace", f"conversation={trace}", "--conductor-prefill", "defaults",
+               "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["not_simulated"] == {} and len(out["rows"]) == 5
     assert [r["sim_ttft_p90_s"] for r in out["rows"]] == [r["sim_ttft_p90_s"] for r in rows]

@@ -22,8 +22,11 @@ How the live systems map onto the simulator (one node = one pinned core):
   admission (its variants ``ours-1w-c<N>-t<MS>-srpt`` with their cap, step time and
   order: ``capacity_systems.ours_1w_options``), the prefix cache in the whole paged KV
   (every engine's KV together), early rejection at the live objectives with the live
-  Conductor's view of a shortest-first queue and its prefill predictor
-  (``LIVE_CONDUCTOR_PREFILL``, not the calibrated truth).
+  Conductor's view of a shortest-first queue; its prefill predictor is the calibrated cost
+  (the live Conductor fits the worker's start-up profile at registration and refits from
+  finished prefills: ``engine.worker.profile``, ``Conductor.learn_profile``), or, for a live
+  run made before that (commit 4760ab6), ``conductor_prefill="defaults"``: the
+  ``ConductorConfig`` defaults that Conductor predicted with for ever.
 Each system takes the calibration whose ``node.threads`` is the threads of its engines (1,
 or the cores for ``ours-1w``); a system without one is left out (``config.not_simulated``).
 """
@@ -47,10 +50,12 @@ from pymooncake.workload.materialize import scaled_length
 from pymooncake.workload.trace import Trace
 
 SIM_SYSTEMS = ("ours-colocated", "ours-pd", "vllm-2x1", "ours-1w")
+CONDUCTOR_PREFILL = ("calibrated", "defaults")
+"""What the simulated Conductor of ``ours-1w`` predicts a prefill with: the calibrated cost
+(live since 4760ab6: the start-up profile) or ``ConductorConfig``'s defaults (earlier runs)."""
 _CC = ConductorConfig()
-LIVE_CONDUCTOR_PREFILL = (_CC.prefill_quadratic_s, _CC.prefill_linear_s, _CC.prefill_overhead_s)
-"""What the live Conductor of ``bench capacity`` predicts a prefill with: its config's
-defaults (the harness passes no ``--profile``, and the colocated path does not refit)."""
+DEFAULT_CONDUCTOR_PREFILL = (_CC.prefill_quadratic_s, _CC.prefill_linear_s,
+                             _CC.prefill_overhead_s)
 STORE_SEGMENT_CACHES = 2
 """A prefill worker's Store segment holds this many paged caches (engine.config)."""
 SOLO_SPACING_MS = 1e7
@@ -75,8 +80,16 @@ def scale_lengths(trace: Trace, length_scale: int) -> Trace:
 def system_config(system: str, *, cores: int, block_size: int, chunk_tokens: int,
                   kv_tokens: int, admission: tuple[float, float] | None,
                   max_batch_size: int = 64, num_prefill: int | None = None,
-                  num_decode: int | None = None) -> SimConfig:
-    """The ``SimConfig`` standing for one live system (see the module docstring)."""
+                  num_decode: int | None = None,
+                  conductor_prefill: str = "calibrated") -> SimConfig:
+    """The ``SimConfig`` standing for one live system (see the module docstring);
+    ``conductor_prefill`` one of ``CONDUCTOR_PREFILL``.
+
+    Raises:
+        ValueError: an unknown system or ``conductor_prefill``."""
+    if conductor_prefill not in CONDUCTOR_PREFILL:
+        raise ValueError(f"conductor_prefill must be one of {', '.join(CONDUCTOR_PREFILL)}, "
+                         f"got {conductor_prefill!r}")
     common = dict(block_size=block_size, chunk_size_tokens=chunk_tokens,
                   max_batch_size=max_batch_size, sample_interval_s=0.0)
     slo = dict(early_rejection=True, ttft_slo_s=admission[0], tbt_slo_s=admission[1]) \
@@ -93,7 +106,9 @@ def system_config(system: str, *, cores: int, block_size: int, chunk_tokens: int
                          waiting_order=o.prefill_order or "shortest",
                          aging_tokens_per_s=float(2000.0 if o.aging_tokens_per_s is None
                                                   else o.aging_tokens_per_s),
-                         policy_prefill=LIVE_CONDUCTOR_PREFILL, **common, **slo)
+                         policy_prefill=(DEFAULT_CONDUCTOR_PREFILL
+                                         if conductor_prefill == "defaults" else None),
+                         **common, **slo)
     if system == "ours-colocated":
         return SimConfig(scenario="colocated", scheduler="local-cache",
                          num_prefill=num_prefill or cores, **common, **slo)
@@ -183,9 +198,11 @@ def pick_calibration(cals: Sequence[tuple[Calibration, str]], threads: int
 
 def simulate_like_live(live: dict[str, Any], cal: Calibration, calibration_path: str, *,
                        trace_paths: dict[str, str] | None = None, say: Say | None = None,
-                       more: Sequence[tuple[Calibration, str]] = ()) -> dict[str, Any]:
+                       more: Sequence[tuple[Calibration, str]] = (),
+                       conductor_prefill: str = "calibrated") -> dict[str, Any]:
     """The live capacity experiment ``live`` replayed in the calibrated simulator; each
-    system with the calibration (``cal`` or one of ``more``) of its engines' threads."""
+    system with the calibration (``cal`` or one of ``more``) of its engines' threads and
+    ``conductor_prefill`` (``CONDUCTOR_PREFILL``) as its Conductor's prefill predictor."""
     from pymooncake.workload import load_trace
     c = live["config"]
     if live.get("kind") != cap.DOC_KIND:
@@ -228,7 +245,8 @@ def simulate_like_live(live: dict[str, Any], cal: Calibration, calibration_path:
         samples[label] = scale_lengths(sample, scale)
     bs = next(iter(samples.values())).block_size
     cfgs = {s: system_config(s, cores=cores, block_size=bs, chunk_tokens=m.chunk_size_tokens,
-                             kv_tokens=m.kv_capacity_tokens, admission=(1e9, 1e9))
+                             kv_tokens=m.kv_capacity_tokens, admission=(1e9, 1e9),
+                             conductor_prefill=conductor_prefill)
             for s, m in cms.items()}
     doc = sweep_doc(samples, cfgs, cms, rates=c["rates"], multiples=c["multiples"],
                     solo_requests=int(c["solo_requests"]),
@@ -236,7 +254,7 @@ def simulate_like_live(live: dict[str, Any], cal: Calibration, calibration_path:
                     admission_by_trace=c.get("admission_slo_s"), say=say)
     doc["config"] |= {"length_scale": scale, "requests": c["requests"], "seed": c["seed"],
                       "cores": cores, "kv_tokens_per_node": kv_tokens,
-                      "not_simulated": skipped}
+                      "not_simulated": skipped, "conductor_prefill": conductor_prefill}
     doc["calibration"] = _calibration_info(cal, calibration_path)
     doc["calibration_of_system"] = used
     doc["calibrations"] = {p: _calibration_info(k, p) for k, p in cals if p in used.values()}

@@ -72,7 +72,7 @@ def _cmd_vs_live(args: argparse.Namespace) -> int:
         cals = [(load_calibration(f), f) for f in args.calibration]
         live = _read_live(args.live)
         sim = simulate_like_live(live, *cals[0], trace_paths=paths, say=_say(args),
-                                 more=cals[1:])
+                                 more=cals[1:], conductor_prefill=args.conductor_prefill)
         rows = compare(live, sim, args.tolerance)
         if args.sim_out:
             Path(args.sim_out).write_text(json.dumps(sim, indent=1))
@@ -174,6 +174,11 @@ def register(sim: argparse._SubParsersAction) -> None:
                    help="trace file of a label when the live document's path is not here")
     p.add_argument("--tolerance", type=float, default=0.20,
                    help="relative p90 TTFT error counted as a match (default %(default)s)")
+    p.add_argument("--conductor-prefill", choices=("calibrated", "defaults"),
+                   default="calibrated",
+                   help="what ours-1w's Conductor predicts a prefill with: the calibrated "
+                        "cost (live runs since 4760ab6 fit a start-up profile) or the "
+                        "Conductor's built-in defaults (live runs before it)")
     p.add_argument("--out", default=None, metavar="PNG", help="plot here")
     p.add_argument("--sim-out", default=None, metavar="JSON",
                    help="write the simulated capacity document here")

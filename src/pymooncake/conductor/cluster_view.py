@@ -21,6 +21,7 @@ from pymooncake.conductor.policy import (
     InstanceId,
     PrefillInstanceState,
     PrefixIndex,
+    shared_prefix_blocks,
 )
 from pymooncake.conductor.policy.cpp_placement import cpp_model_from_wire
 from pymooncake.rpc.messages import KVEvents, WorkerInfo, WorkerLoad
@@ -177,23 +178,14 @@ class ClusterState:
 
     def pending_blocks(self, keys: list[str], instance_ids: list[str]) -> tuple[int, ...]:
         """Per instance, the leading blocks of ``keys`` that a prefill placed there and not
-        yet finished shares: they are not in its cache yet (no KV event), but a request
-        queued behind that prefill finds them there. (A request placed on the instance
-        first runs after it, FCFS; shortest-first too, since such a request — a later turn
-        of the same conversation, a retried prompt — is rarely the shorter one.)"""
-        out = []
-        for iid in instance_ids:
-            w = self.workers.get(iid)
-            best = 0
-            for other in (w.prefill_keys.values() if w is not None else ()):
-                n = 0
-                for a, b in zip(keys, other, strict=False):
-                    if a != b:
-                        break
-                    n += 1
-                best = max(best, n)
-            out.append(best)
-        return tuple(out)
+        yet finished shares (``policy.prefix_index.shared_prefix_blocks``): they are not in
+        its cache yet (no KV event), but a request queued behind that prefill finds them
+        there. (A request placed on the instance first runs after it, FCFS; shortest-first
+        too, since such a request — a later turn of the same conversation, a retried prompt
+        — is rarely the shorter one.)"""
+        return tuple(shared_prefix_blocks(keys, w.prefill_keys.values() if w is not None
+                                          else ()) for w in map(self.workers.get,
+                                                                instance_ids))
 
     def view(self, now_s: float) -> ClusterView:
         """A fresh ``ClusterView`` of the live workers at ``now_s``."""

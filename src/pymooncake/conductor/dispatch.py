@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator
@@ -28,6 +27,7 @@ from pymooncake.conductor.policy import (
     RequestInfo,
     schedule,
     with_cpp,
+    with_pending,
 )
 from pymooncake.conductor.policy import Rejection as PolicyRejection
 from pymooncake.conductor.replication import HotBlockReplicator
@@ -102,12 +102,8 @@ class RequestDispatch:
         keys = self.block_keys_of(req) if keys is None else keys
         ids = [p.instance_id for p in view.prefill]
         match = self.state.index.match(keys, ids, remote=self.config.use_store)
-        pending = self.state.pending_blocks(keys, ids)
-        held = tuple(match.local_blocks) + (0,) * (len(ids) - len(match.local_blocks))
-        if any(p > h for p, h in zip(pending, held, strict=True)):
-            # a prefix still being computed there counts as held (its request runs first)
-            match = dataclasses.replace(match, local_blocks=tuple(
-                max(p, h) for p, h in zip(pending, held, strict=True)))
+        # a prefix still being computed there counts as held (its request runs first)
+        match = with_pending(match, self.state.pending_blocks(keys, ids))
         info = RequestInfo(req.request_id, len(req.prompt_token_ids), tuple(keys),
                            req.sampling.max_tokens, now_s, next(self._seq),
                            sheddable=req.priority > 0)

@@ -29,6 +29,8 @@ from pymooncake.conductor.policy import (
     PrefixIndex,
     Rejection,
     RequestInfo,
+    shared_prefix_blocks,
+    with_pending,
 )
 from pymooncake.conductor.policy.cpp import cpp_prefill_s
 from pymooncake.obs.slo import tbt_s
@@ -133,6 +135,11 @@ class Simulator:
             n: {} for n in self.engine_nodes}
         """Engine nodes: (dispatch time, predicted prefill) of each request placed there
         until its first token, as the live Conductor keeps them (``cluster_view``)."""
+        self.prefilling: dict[str, dict[int, tuple[int, ...]]] = {
+            n: {} for n in self.prefill_ids}
+        """Per prefill node, the block keys of each request placed there until its prefill
+        ends: a prefix still being computed counts as held there, as the live Conductor
+        counts it (``ClusterState.pending_blocks``, ``policy.with_pending``)."""
         self.access: dict[int, int] = {}
         self.q = ev.EventQueue()
         self.requests = [
@@ -172,6 +179,7 @@ class Simulator:
         first, done = node.finish(now)
         for r in first:
             self.in_flight[node.name].pop(r.index, None)
+            self.prefilling[node.name].pop(r.index, None)
         for x in done:
             x.req.tbt_s = tbt_s(np.diff(x.token_times).tolist())
             self._finished(x.req)
@@ -204,6 +212,8 @@ class Simulator:
         info = RequestInfo(r.request_id, r.input_length, keys, r.output_length, now,
                            sequence_number=r.index)
         match = self.index.match(keys, self.prefill_ids, remote=self.cfg.remote_reuse)
+        match = with_pending(match, tuple(shared_prefix_blocks(keys, self.prefilling[i].values())
+                                          for i in self.prefill_ids))
         view = self._view(now)
         out = self.schedule(info, view, match, self.policy_est, self.pcfg, self.prefill_policy,
                             colocated=self.colocated)
@@ -213,6 +223,7 @@ class Simulator:
             return
         node = self.by_name[out.prefill_instance]
         r.prefill_node = node.name
+        self.prefilling[node.name][r.index] = tuple(keys)
         r.decode_node = node.name if self.colocated else str(out.decode_instance)
         r.predicted_prefill_s = out.predicted_prefill_s + out.predicted_transfer_s
         r.planned_transfer_source = out.transfer_source
@@ -303,6 +314,7 @@ class Simulator:
         assert r is not None, "prefill done on an idle node"
         node.running = None
         r.first_token_s = now
+        self.prefilling[node.name].pop(r.index, None)
         # KV events at prefill end: the blocks this prefill made become reusable now.
         node.cache.touch(r.cache_keys)
         r.cache_keys = ()
@@ -366,6 +378,8 @@ class Simulator:
 
     def _finished(self, r: SimRequest) -> None:
         self._pending -= 1
+        if r.prefill_node in self.prefilling:
+            self.prefilling[r.prefill_node].pop(r.index, None)
 
     def _on_sample(self, now: float, _: object) -> None:
         acc = self.access

@@ -38,7 +38,11 @@ from pymooncake.conductor.policy.prefill_placement import (
     place_prefill_round_robin,
     queue_s,
 )
-from pymooncake.conductor.policy.prefix_index import PrefixIndex
+from pymooncake.conductor.policy.prefix_index import (
+    PrefixIndex,
+    shared_prefix_blocks,
+    with_pending,
+)
 from pymooncake.conductor.policy.types import (
     BlockKeyLike,
     ClusterView,
@@ -91,6 +95,8 @@ __all__ = [
     "queue_s",
     "saturation",
     "schedule",
+    "shared_prefix_blocks",
     "use_cpp",
     "with_cpp",
+    "with_pending",
 ]

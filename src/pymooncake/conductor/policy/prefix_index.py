@@ -107,3 +107,40 @@ class PrefixIndex:
         if best_holder is None:
             return PrefixMatch(local_blocks=local)
         return PrefixMatch(local_blocks=local, best_blocks=best_n, best_holder=best_holder)
+
+
+def shared_prefix_blocks(keys: Sequence[BlockKeyLike],
+                         in_flight: Iterable[Sequence[BlockKeyLike]]) -> int:
+    """The most leading blocks of ``keys`` that one of ``in_flight`` (the block keys of
+    prompts placed on an instance whose prefill has not finished) starts with: blocks the
+    instance will hold once that prefill computes them (no KV event has announced them yet),
+    which a request queued behind it finds there. 0 when ``in_flight`` is empty."""
+    best = 0
+    for other in in_flight:
+        n = 0
+        for a, b in zip(keys, other, strict=False):
+            if a != b:
+                break
+            n += 1
+        best = max(best, n)
+    return best
+
+
+def with_pending(match: PrefixMatch, pending: Sequence[int]) -> PrefixMatch:
+    """``match`` with each instance's ``local_blocks[i]`` raised to ``pending[i]`` (aligned
+    with ``match.local_blocks``; from ``shared_prefix_blocks``): a prefix still being
+    computed on an instance counts as held there, since a request placed there runs after
+    it. ``best_blocks``/``best_holder`` are left as they are (a remote holder must hold the
+    keys now).
+
+    Raises:
+        ValueError: ``pending`` is not aligned with ``match.local_blocks``.
+    """
+    if len(pending) != len(match.local_blocks):
+        raise ValueError(f"pending has {len(pending)} entries for "
+                         f"{len(match.local_blocks)} instances")
+    if all(p <= h for p, h in zip(pending, match.local_blocks, strict=True)):
+        return match
+    return PrefixMatch(local_blocks=tuple(max(p, h) for p, h in
+                                          zip(pending, match.local_blocks, strict=True)),
+                       best_blocks=match.best_blocks, best_holder=match.best_holder)
