@@ -228,3 +228,32 @@ def test_shortest_waiting_order_runs_short_prompts_first_and_ages_long_ones() ->
     assert order == ["head", "old-long", "new-short"]
     with pytest.raises(ValueError, match="waiting_order"):
         make_engine(waiting_order="random")
+
+
+@pytest.mark.parametrize("order", ["fcfs", "shortest", "srpt"])
+def test_a_prompt_waits_for_its_prefix_still_being_computed(order: str) -> None:
+    """B shares A's first 6 blocks (16 tokens each) and arrives after A's first chunk (one
+    16-token block a step, a 40-token budget). Admitting B at once would recompute blocks
+    1-5 beside A; B instead waits until A has computed them (``prefix_in_progress``) and
+    starts with 6 x 16 = 96 tokens cached. Greedy output equals an engine without cache."""
+    a, tail = random_prompts(2, 117, 117, seed=31)          # A: 7 blocks + 5 tokens
+    b = a[:96] + tail[1:21]                                  # B: A's 6 blocks + 20 tokens
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    eng = make_engine(prefill_chunk_tokens=16, max_num_batched_tokens=40, waiting_order=order)
+    assert eng.config.block_size == 16
+    eng.add_request(a, params, "A")
+    assert eng.step() == []                                   # A: tokens 0-15
+    eng.add_request(b, params, "B")
+    waited = 0
+    outs = {}
+    while eng.has_unfinished():
+        waiting = [r.request_id for r in eng.scheduler.waiting]
+        if "B" in waiting:
+            b_req = eng.scheduler.waiting[waiting.index("B")]
+            waited += eng.scheduler.prefix_in_progress(b_req)
+        outs |= {o.request_id: o for o in eng.step()}
+    assert waited == 5                                        # while A computed blocks 1-5
+    assert outs["B"].num_cached_tokens == 96 and outs["A"].num_cached_tokens == 0
+    ref = make_engine(enable_prefix_caching=False).generate([a, b], params)
+    assert [outs["A"].output_token_ids, outs["B"].output_token_ids] == [
+        o.output_token_ids for o in ref]

@@ -183,3 +183,21 @@ def test_srpt_runs_a_short_newcomer_before_a_running_prompt(make_trace) -> None:
     # shortest (admission only): the running A keeps the budget; C starts after A's prefill
     res = simulate(make_trace(rows, block_size=100), _cfg(waiting_order="shortest", **kw), CM)
     assert _by_len(res)[100].first_token_s > _by_len(res)[600].first_token_s
+
+
+@pytest.mark.parametrize("order", ["fcfs", "shortest", "srpt"])
+def test_a_prompt_waits_for_its_prefix_still_being_computed(make_trace, order) -> None:  # noqa: ANN001
+    # A (750 tokens, blocks 1-8) computes 100 tokens a step (chunk 100, budget 250); B (650
+    # tokens, A's blocks 1-6 then its own) arrives during A's first step. As the engine's
+    # Scheduler.prefix_in_progress, B waits while A computes blocks 2-6: A's steps 0.11 s
+    # (with the 10 ms overhead), then 0.1 s each, so A has 600 tokens at 0.61 s. Then B
+    # starts with 600 tokens hit: a step of A's 100 and B's 50 + 10 ms = 0.16 s, B's first
+    # token at 0.77 s (admitted at once, it would have hit 100 tokens, not 600).
+    t = make_trace([(0, 750, 2, tuple(range(1, 9))), (50, 650, 2, (1, 2, 3, 4, 5, 6, 99))],
+                   block_size=100)
+    res = simulate(t, _cfg(step_budget_tokens=250, chunk_size_tokens=100,
+                           waiting_order=order), CM)
+    a, b = res.requests
+    assert (a.hit_tokens, b.hit_tokens) == (0, 600)
+    assert b.prefill_start_s == pytest.approx(0.61)
+    assert b.first_token_s == pytest.approx(0.77)

@@ -5,11 +5,11 @@ prefills in progress), then waiting requests in arrival order (or shortest first
 ``EngineConfig.waiting_order``; ``srpt`` orders running prompts' chunks and waiting prompts
 together, fewest tokens left first), each prefill cut to at most ``prefill_chunk_tokens`` and,
 under ``EngineConfig.decode_step_s``, to what keeps the step's predicted time within it
-while requests decode (``engine.step_time``). A
-waiting request first reuses its cached prefix (local prefix cache, then an external
-``KVLoadSource``); while the source's lookup or load is in flight
-(``get_num_matched_tokens`` answers None) the request stays waiting and the next one is
-admitted instead (vLLM's "waiting for remote KV"). When blocks run out, the most recently
+while requests decode (``engine.step_time``). A waiting request first reuses its cached
+prefix (local prefix cache, then an external ``KVLoadSource``); while the source's lookup
+or load is in flight (``get_num_matched_tokens`` answers None) it stays waiting and the next
+one is admitted instead (vLLM's "waiting for remote KV"); one whose next block a running prompt is
+still computing waits for it (``prefix_in_progress``). When blocks run out, the most recently
 admitted running request not yet in the step is preempted: its blocks are freed and it goes
 back to the head of the queue with ``num_computed_tokens = 0`` (its output so far is kept and
 recomputed as prompt), so no request is lost. No torch; the runner executes the ``SchedulerOutput``.
@@ -205,14 +205,39 @@ class Scheduler:
                 return req
         raise AssertionError("no running request left to preempt")  # the caller is running
 
+    def prefix_in_progress(self, req: Request) -> bool:
+        """True when a running prompt has yet to compute the block after ``req``'s cached
+        prefix, with the same chained key: ``req`` waits for it to be cached rather than
+        compute it twice (vLLM v1 caches a block when it is scheduled; here, once its step
+        has run). False without prefix caching."""
+        if not self.kv.pool.enable_caching or not self.running:
+            return False
+        bs = self.config.block_size
+        keys = req.block_keys
+        m = self.kv.num_cached_prefix_tokens(req) // bs
+        if m >= len(keys):
+            return False
+        key = keys[m]
+        for r in self.running:
+            if r.num_computed_tokens // bs <= m and r.status == RequestStatus.RUNNING:
+                theirs = r.block_keys
+                if len(theirs) > m and theirs[m] == key:
+                    return True
+        return False
+
     def _admit_waiting(self, out: SchedulerOutput, step: _StepPlan) -> None:
         loading: set[str] = set()  # waiting for their external KV: skipped this step
-        while (len(self.waiting) > len(loading) and step.budget > 0 and not out.preempted
+        skip: set[str] = set()     # those and the ones waiting for a prefix in progress
+        while (len(self.waiting) > len(skip) and step.budget > 0 and not out.preempted
                and len(self.running) < self.config.max_num_seqs):
-            req = self._next_waiting(loading)
+            req = self._next_waiting(skip)
+            if self.prefix_in_progress(req):
+                skip.add(req.request_id)
+                continue
             ok = self._admit(req, out, step)
             if ok is None:
                 loading.add(req.request_id)
+                skip.add(req.request_id)
             elif not ok:
                 break
         out.num_waiting_for_kv = len(loading)
@@ -261,7 +286,7 @@ class Scheduler:
                 if not self._schedule_running(out, step, [req]):
                     break
                 continue
-            if len(self.running) >= self.config.max_num_seqs:
+            if len(self.running) >= self.config.max_num_seqs or self.prefix_in_progress(req):
                 continue
             ok = self._admit(req, out, step)
             if ok is None:

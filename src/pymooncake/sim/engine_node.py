@@ -36,7 +36,9 @@ with decode steps between its chunks. ``EngineNode`` instead replays, step by st
   ``d`` 2.45 and 2.41 s; docs/sim.md). A request alone costs exactly the calibrated
   ``prefill_s(n, p)`` and then ``step_s(1, ·)`` per token;
 * the blocks a step completes enter the node's cache at the step's end (the engine caches
-  each full block once computed).
+  each full block once computed); a waiting request whose next uncached block a running
+  prompt is still computing is not admitted until it is cached (the engine's
+  ``Scheduler.prefix_in_progress``).
 Left out: preemption (a running request always gets its KV; admission stops instead) and
 any cost of mixing a chunk into a decode step beyond the sum above.
 """
@@ -179,9 +181,16 @@ class EngineNode:
                 if k > 0:
                     planned.append((x, k))
                     budget -= k
-            while self.waiting and budget > 0 and len(self.running) < pol.max_seqs:
-                k = self._admit(pick_waiting(pol, self.waiting, now_s), now_s, planned,
-                                budget, limit)
+            skip: set[int] = set()
+            while budget > 0 and len(self.running) < pol.max_seqs:
+                cands = [r for r in self.waiting if r.index not in skip]
+                if not cands:
+                    break
+                r = cands[pick_waiting(pol, cands, now_s)]
+                if self._prefix_in_progress(r):
+                    skip.add(r.index)
+                    continue
+                k = self._admit(self.waiting.index(r), now_s, planned, budget, limit)
                 if k <= 0:
                     break
                 budget -= k
@@ -197,6 +206,16 @@ class EngineNode:
         t = self._step_s(planned)
         self.busy_s += t
         return t
+
+    def _prefix_in_progress(self, r: SimRequest) -> bool:
+        """A running prompt has yet to compute the block after ``r``'s cached prefix, with
+        the same key: ``r`` waits for it (``Scheduler.prefix_in_progress``)."""
+        m = prefix_blocks_hit(r.hash_ids, self.cache)
+        if m >= len(r.hash_ids):
+            return False
+        key, bs = r.hash_ids[m], self.block_size
+        return any(x.computed // bs <= m and len(x.req.hash_ids) > m
+                   and x.req.hash_ids[m] == key for x in self.running)
 
     def _hit(self, r: SimRequest) -> int:
         bs = self.block_size
@@ -247,7 +266,7 @@ class EngineNode:
                     planned.append((c, k))
                     budget -= k
                 continue
-            if len(self.running) >= pol.max_seqs:
+            if len(self.running) >= pol.max_seqs or self._prefix_in_progress(c):
                 continue
             k = self._admit(self.waiting.index(c), now_s, planned, budget, limit)
             if k <= 0:
