@@ -42,13 +42,18 @@ class HolderRecords:
         self._revoked = False
         self._keepalive: asyncio.Task[None] | None = None
         self._loop = asyncio.new_event_loop()
+        self._stopped = False
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name=f"p2p-loop-{segment}")
         self._thread.start()
         self._put_lock = asyncio.Lock()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 15.0) -> T:
-        """Run ``coro`` on the records' loop and wait (``TimeoutError`` after ``timeout_s``)."""
+        """Run ``coro`` on the records' loop and wait (``TimeoutError`` after ``timeout_s``;
+        ``RuntimeError`` once :meth:`close` stopped the loop)."""
+        if self._stopped:
+            coro.close()
+            raise RuntimeError(f"p2p holder records of {self.segment} are closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
     def start(self) -> None:
@@ -163,15 +168,26 @@ class HolderRecords:
 
     def close(self) -> None:
         """Close this loop's metadata client, reap its leftover tasks, stop the loop."""
+        self._stopped = True
         stop_loop(self._loop, self._thread, self.metadata)
 
 
 def stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread,
               metadata: MetadataStore) -> None:
     """Close ``metadata``'s client of ``loop`` (etcd: a grpc channel), then cancel and reap
-    every task left on the loop (grpc's call-status tasks among them), stop the loop and
-    close it: no task is left to be "destroyed but pending" at exit."""
-    if loop.is_closed():
+    every task left on the loop (grpc's call-status tasks among them) and stop it: no task
+    is left to be "destroyed but pending" at exit.
+
+    The loop is stopped, not closed. gRPC asyncio runs every completion on the first loop
+    that used it and hands a call made on another loop its completion with
+    ``loop.call_soon_threadsafe``; a completion grpc had already read (a cancelled stream's
+    end, a closed channel's last status) can arrive after this loop stopped. On a closed
+    loop that printed "Event loop is closed" on stderr at process exit (the p2p CLI's
+    ``get`` in CI); on a stopped, open loop it queues a callback that never runs. grpc's
+    pending call keeps the loop alive through its future, and when the last reference goes
+    ``BaseEventLoop.__del__`` closes it (selector and self-pipe).
+    """
+    if loop.is_closed() or not thread.is_alive():
         return
     for coro in (metadata.close, _cancel_pending):
         try:
@@ -180,8 +196,6 @@ def stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread,
             logger.debug("p2p: closing the records loop: %r", e)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)
-    if not thread.is_alive():
-        loop.close()
 
 
 async def _cancel_pending() -> None:

@@ -53,6 +53,7 @@ class SegmentPublisher:
         self._lease: LeaseId | None = None
         self._lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped = False
         self._thread: threading.Thread | None = None
         self._tasks: list[Any] = []
         self._closed = False
@@ -91,13 +92,20 @@ class SegmentPublisher:
         with contextlib.suppress(Exception):  # the watch, grpc's call-status tasks, ...
             self.run(_reap_tasks())
         self._loop.call_soon_threadsafe(self._loop.stop)
+        self._stopped = True
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._loop.close()
+        # Stopped, not closed: a grpc (etcd) completion of this loop's calls that grpc had
+        # already read may still be handed to it with call_soon_threadsafe, which raises
+        # "Event loop is closed" on a closed loop (p2p/records.py ``stop_loop``); the last
+        # reference to the loop closes it (BaseEventLoop.__del__).
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the loop thread and wait for it (``metadata_timeout_s``)."""
         assert self._loop is not None, "engine not started"
+        if self._stopped:
+            coro.close()
+            raise RuntimeError(f"transfer engine {self.name!r} is closed")
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return fut.result(timeout=self.config.metadata_timeout_s)
 
