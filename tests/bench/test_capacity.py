@@ -107,8 +107,9 @@ def test_margins_spread_rule() -> None:
 
 
 def test_ours_1w_variants_by_their_suffixes() -> None:
-    """``ours-1w[-c<N>][-t<MS>][-srpt|-fcfs]``: ours-1w with decode steps of at most N tokens,
-    steps sized to a predicted MS ms, a prompt order; counted as ours in the margins, after
+    """``ours-1w[-c<N>][-t<MS>][-h<MS>][-srpt|-fcfs]``: ours-1w with decode steps of at most
+    N tokens, steps sized to a predicted MS ms, prompts held MS ms while requests decode, a
+    prompt order; counted as ours in the margins, after
     the named systems."""
     from pymooncake.bench.capacity_systems import (
         check_system,
@@ -126,7 +127,12 @@ def test_ours_1w_variants_by_their_suffixes() -> None:
         "--prefill-order", "srpt", "--aging-tokens-per-s", "200"]
     assert ours_1w_flags("ours-1w-a0") == ["--decode-step-tokens", "256",
                                            "--aging-tokens-per-s", "0"]
-    for bad in ("ours-1w-c0", "ours-1w-c", "ours-1w-cx", "ours-1w-c-5", "ours-pd", "ours-1w-t0",
+    assert ours_1w_flags("ours-1w-c128-h4000-srpt") == [
+        "--decode-step-tokens", "128", "--prefill-hold-s", "4", "--prefill-order", "srpt"]
+    assert ours_1w_flags("ours-1w-t200-h2500") == [
+        "--decode-step-tokens", "256", "--decode-step-s", "0.2", "--prefill-hold-s", "2.5"]
+    for bad in ("ours-1w-h0", "ours-1w-h4000-c128", "ours-1w-h-5", "ours-1w-c0", "ours-1w-c",
+                "ours-1w-cx", "ours-1w-c-5", "ours-pd", "ours-1w-t0",
                 "ours-1w-srpt-t500", "ours-1w-lifo", "ours-1w-t05", "ours-1w-a01",
                 "ours-1w-a200-srpt"):
         assert ours_1w_decode_step_tokens(bad) is None and ours_1w_flags(bad) is None

@@ -257,3 +257,63 @@ def test_a_prompt_waits_for_its_prefix_still_being_computed(order: str) -> None:
     ref = make_engine(enable_prefix_caching=False).generate([a, b], params)
     assert [outs["A"].output_token_ids, outs["B"].output_token_ids] == [
         o.output_token_ids for o in ref]
+
+
+@pytest.mark.parametrize("order", ["fcfs", "shortest", "srpt"])
+def test_prefill_hold_keeps_prompts_out_of_decode_steps_until_they_have_waited(
+        order: str) -> None:
+    """``prefill_hold_s=5``: A (40 tokens) decodes; B (60) arrives at t=0 and C (70) at
+    t=3. Until t=5 every step carries A's decode alone (1 token) — B is neither admitted nor
+    given a chunk; at t=5 B has waited 5 s and the steps mix again: B's first chunk (32, the
+    chunk size) rides with A's decode, then B's and C's chunks go on. Once A has finished
+    (no decode), nothing is held. Greedy output equals the engine without the hold's.
+    Clock injected; hand-counted tokens."""
+    now = [0.0]
+    prompts = random_prompts(3, 40, 40, seed=31)
+    a, b, c = prompts[0], (prompts[1] * 2)[:60], (prompts[2] * 2)[:70]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    kw = dict(enable_prefix_caching=False, prefill_chunk_tokens=32, max_num_batched_tokens=64,
+              waiting_order=order)
+    ref = make_engine(**kw).generate([a, b, c], params)
+    eng = make_engine(prefill_hold_s=5.0, **kw)
+    eng.scheduler.clock = lambda: now[0]
+    eng.add_request(a, params, "A")
+    steps: list[dict[str, int]] = []
+    outs: dict[str, list[int]] = {}
+
+    def step() -> None:
+        out = eng.scheduler.schedule()
+        steps.append({s.request.request_id: s.num_new_tokens for s in out.scheduled})
+        logits = eng.runner.execute(out)
+        rows = [s for s in out.scheduled if s.samples]
+        eng.scheduler.update_from_output(out, {
+            s.request.request_id: (int(logits[i].argmax()), 0.0, None)
+            for i, s in enumerate(rows)})
+        for r in list(eng.scheduler.running) + [s.request for s in rows]:
+            outs[r.request_id] = list(r.output_token_ids)
+
+    step()                                  # A's prompt (32 + 8: two chunks)
+    step()
+    assert steps == [{"A": 32}, {"A": 8}]   # A's first token: A decodes from here on
+    eng.add_request(b, params, "B")
+    step()
+    now[0] = 3.0
+    eng.add_request(c, params, "C")
+    step()
+    now[0] = 4.99
+    step()
+    assert steps[2:] == [{"A": 1}] * 3      # held: B and C wait while A decodes
+    now[0] = 5.0                            # B has waited 5 s: mixed steps again
+    while eng.has_unfinished():
+        step()
+    # B's chunk 32, C's the 31 left of the budget; B's last 28, C's next 32 (B samples);
+    # then C (queued at t=3, 2 s ago) is mid-prefill and held while A and B decode: A's
+    # last token at step 12, B's (12 tokens from step 6) at step 17, C's last 7 at step 18
+    assert steps[5:8] == [{"A": 1, "B": 32, "C": 31}, {"A": 1, "B": 28, "C": 32},
+                          {"A": 1, "B": 1}]
+    assert [s for s in steps[8:19] if "C" in s] == [{"C": 7}] and steps[18] == {"C": 7}
+    got = {r: outs[r] for r in ("A", "B", "C")}
+    assert got == {"A": list(ref[0].output_token_ids), "B": list(ref[1].output_token_ids),
+                   "C": list(ref[2].output_token_ids)}
+    with pytest.raises(ValueError, match="prefill_hold_s"):
+        make_engine(prefill_hold_s=0.0)

@@ -76,6 +76,8 @@ COLOCATED = ["decode", "--colocated", "--id", "c", "--conductor", "127.0.0.1:1"]
     ([*COLOCATED, "--decode-step-tokens", "0"], "--decode-step-tokens must be >= 1, got 0"),
     (["serve", "--decode-step-s", "0"], "--decode-step-s must be in (0, 3600) seconds, got 0.0"),
     ([*COLOCATED, "--decode-step-s", "nan"], "--decode-step-s must be in (0, 3600) seconds"),
+    (["serve", "--prefill-hold-s", "-1"], "--prefill-hold-s must be in (0, 3600) seconds"),
+    ([*COLOCATED, "--prefill-hold-s", "inf"], "--prefill-hold-s must be in (0, 3600) seconds"),
     ([*PREFILL, "--aging-tokens-per-s", "-1"], "--aging-tokens-per-s must be in [0, 1e9)"),
     (["serve", "--startup-profile-tokens", "-1"], "--startup-profile-tokens must be >= 0"),
     ([*COLOCATED, "--startup-profile-tokens", "-5"], "--startup-profile-tokens must be >= 0"),

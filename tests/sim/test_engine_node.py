@@ -201,3 +201,27 @@ def test_a_prompt_waits_for_its_prefix_still_being_computed(make_trace, order) -
     assert (a.hit_tokens, b.hit_tokens) == (0, 600)
     assert b.prefill_start_s == pytest.approx(0.61)
     assert b.first_token_s == pytest.approx(0.77)
+
+
+def test_prefill_hold_runs_the_decodes_alone_until_a_prompt_has_waited(make_trace) -> None:  # noqa: ANN001
+    # A (100 tokens, 10 out) at 0, B (300 tokens) at 0.05 s. Step 1: A's prompt, 0.1 + 0.01
+    # = 0.11 s. Without a hold, step 2 mixes A's decode and B's 300 tokens: 0.31 + (0.02 +
+    # 0.001 + 1e-5 x 101) = 0.33201 s, B's first token at 0.44201 s.
+    t = make_trace([(0, 100, 10, (1,)), (50, 300, 2, (7, 8, 9))], block_size=100)
+    a, b = simulate(t, _cfg(decode_step_tokens=None), CM).requests
+    assert b.prefill_start_s == pytest.approx(0.11) and b.first_token_s == pytest.approx(0.44201)
+    # prefill_hold_s 0.15: A decodes alone (0.021 + 1e-5 x context 101, 102, ...) while B
+    # has waited less: steps end at 0.13201, 0.15403, 0.17606, 0.19810, 0.22015; at 0.22015
+    # B has waited 0.17015 >= 0.15, so step 7 mixes again: 0.31 + 0.02206 = 0.33206 s
+    a, b = simulate(t, _cfg(decode_step_tokens=None, prefill_hold_s=0.15), CM).requests
+    assert b.prefill_start_s == pytest.approx(0.22015)
+    assert b.first_token_s == pytest.approx(0.55221)
+    # a hold past A's whole decode: A's 9 decode steps (0.189 + 1e-5 x 945 = 0.19845 s; the
+    # longest, its TBT, 0.021 + 1e-5 x 109) end at 0.30845; with nobody decoding nothing is
+    # held: B alone, first token at 0.61845
+    a, b = simulate(t, _cfg(decode_step_tokens=None, prefill_hold_s=1.0), CM).requests
+    assert a.finish_s == pytest.approx(0.30845) and a.tbt_s == pytest.approx(0.02209)
+    assert b.prefill_start_s == pytest.approx(0.30845)
+    assert b.first_token_s == pytest.approx(0.61845)
+    with pytest.raises(ValueError, match="prefill_hold_s"):
+        _cfg(prefill_hold_s=0.0)

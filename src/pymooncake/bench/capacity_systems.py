@@ -14,7 +14,9 @@ cores and stopped as a whole process group.
   of at most 256 tokens while requests decode (``--decode-step-tokens``); variants by
   suffix, in this order: ``-c<N>`` steps of at most N tokens while requests decode,
   ``-t<MS>`` steps sized to a predicted MS milliseconds while requests decode
-  (``--decode-step-s``; the token cap until the step-time model is fitted), ``-srpt`` /
+  (``--decode-step-s``; the token cap until the step-time model is fitted), ``-h<MS>``
+  steps of the decodes alone while requests decode until a prompt has waited MS
+  milliseconds (``--prefill-hold-s``), ``-srpt`` /
   ``-fcfs`` the prompt order (``--prefill-order``; default ``shortest``), ``-a<R>`` the
   aging of that order in tokens per second waited (``--aging-tokens-per-s``), e.g.
   ``ours-1w-t600-srpt-a200``;
@@ -52,23 +54,27 @@ class SystemError_(RuntimeError):
 
 
 _OURS_1W = re.compile(
-    r"ours-1w(?:-c([1-9]\d*))?(?:-t([1-9]\d*))?(?:-(srpt|fcfs))?(?:-a(0|[1-9]\d*))?")
+    r"ours-1w(?:-c([1-9]\d*))?(?:-t([1-9]\d*))?(?:-h([1-9]\d*))?(?:-(srpt|fcfs))?"
+    r"(?:-a(0|[1-9]\d*))?")
 
 
 @dataclass(frozen=True)
 class Ours1W:
-    """The step policy an ``ours-1w[-c<N>][-t<MS>][-srpt|-fcfs][-a<R>]`` name sets (module
-    docstring); None leaves the worker's default."""
+    """The step policy an ``ours-1w[-c<N>][-t<MS>][-h<MS>][-srpt|-fcfs][-a<R>]`` name sets
+    (module docstring); None leaves the worker's default."""
 
     decode_step_tokens: int
     decode_step_s: float | None = None
     prefill_order: str | None = None
     aging_tokens_per_s: int | None = None
+    prefill_hold_s: float | None = None
 
     def flags(self) -> list[str]:
         out = ["--decode-step-tokens", str(self.decode_step_tokens)]
         if self.decode_step_s is not None:
             out += ["--decode-step-s", f"{self.decode_step_s:g}"]
+        if self.prefill_hold_s is not None:
+            out += ["--prefill-hold-s", f"{self.prefill_hold_s:g}"]
         if self.prefill_order is not None:
             out += ["--prefill-order", self.prefill_order]
         if self.aging_tokens_per_s is not None:
@@ -82,8 +88,8 @@ def ours_1w_options(name: str) -> Ours1W | None:
     if m is None:
         return None
     return Ours1W(int(m[1]) if m[1] else OURS_1W_DECODE_STEP_TOKENS,
-                  int(m[2]) / 1000 if m[2] else None, m[3] or None,
-                  int(m[4]) if m[4] else None)
+                  int(m[2]) / 1000 if m[2] else None, m[4] or None,
+                  int(m[5]) if m[5] else None, int(m[3]) / 1000 if m[3] else None)
 
 
 def ours_1w_flags(name: str) -> list[str] | None:
@@ -115,7 +121,7 @@ def check_system(name: str) -> None:
     if name in SYSTEMS or vllm_options(name) is not None or ours_1w_options(name) is not None:
         return
     raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}, "
-                     f"vllm[-t<N>][-b<M>] or ours-1w[-c<N>][-t<MS>][-srpt|-fcfs][-a<R>]")
+                     f"vllm[-t<N>][-b<M>] or ours-1w[-c<N>][-t<MS>][-h<MS>][-srpt|-fcfs][-a<R>]")
 
 
 @dataclass

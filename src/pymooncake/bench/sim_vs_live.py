@@ -103,6 +103,7 @@ def system_config(system: str, *, cores: int, block_size: int, chunk_tokens: int
         return SimConfig(scenario="colocated", scheduler="local-cache", num_prefill=1,
                          step_budget_tokens=chunk_tokens,
                          decode_step_tokens=o.decode_step_tokens, decode_step_s=o.decode_step_s,
+                         prefill_hold_s=o.prefill_hold_s,
                          waiting_order=o.prefill_order or "shortest",
                          aging_tokens_per_s=float(2000.0 if o.aging_tokens_per_s is None
                                                   else o.aging_tokens_per_s),

@@ -159,8 +159,9 @@ def _register_capacity(bench: argparse._SubParsersAction) -> None:
     p.add_argument("--systems", default=",".join(d.systems),
                    help="comma-separated: vllm[-t<N>][-b<M>] (N threads, M batched tokens "
                         "per step), vllm-2x1, ours-colocated, ours-1w, "
-                        "ours-1w[-c<N>][-t<MS>][-srpt|-fcfs] (decode steps of at most N "
-                        "tokens / a predicted MS ms; the prompt order), ours-pd")
+                        "ours-1w[-c<N>][-t<MS>][-h<MS>][-srpt|-fcfs] (decode steps of at "
+                        "most N tokens / a predicted MS ms; -h: decodes alone until a "
+                        "prompt has waited MS ms; the prompt order), ours-pd")
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in d.rates),
                    help="arrival rates swept, req/s (default %(default)s)")
     p.add_argument("--repeats", type=int, default=d.repeats)

@@ -40,6 +40,8 @@ class ClusterSpec:
         """``--decode-step-tokens`` of every worker (None: not given)."""
         self.decode_step_s: float | None = kw.pop("decode_step_s", None)
         """``--decode-step-s`` of every worker (None: not given)."""
+        self.prefill_hold_s: float | None = kw.pop("prefill_hold_s", None)
+        """``--prefill-hold-s`` of every worker (None: not given)."""
         self.prefill_order: str | None = kw.pop("prefill_order", None)
         """``--prefill-order`` of every worker (None: the workers' default)."""
         self.aging_tokens_per_s: float | None = kw.pop("aging_tokens_per_s", None)
@@ -229,6 +231,8 @@ class LocalCluster:
                 common += ["--decode-step-tokens", str(s.decode_step_tokens)]
             if s.decode_step_s is not None:
                 common += ["--decode-step-s", repr(s.decode_step_s)]
+            if s.prefill_hold_s is not None:
+                common += ["--prefill-hold-s", repr(s.prefill_hold_s)]
             if s.prefill_order is not None:
                 common += ["--prefill-order", s.prefill_order]
             if s.aging_tokens_per_s is not None:

@@ -137,6 +137,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "predicted time (the engine's own fitted step-time model) stays "
                         "within S seconds; set it a little under the TBT objective "
                         "(default: off; --decode-step-tokens applies until the model is fitted)")
+    p.add_argument("--prefill-hold-s", type=float, default=None, metavar="S",
+                   help="while requests decode, steps carry the decodes alone (their TBT is "
+                        "a decode step's) until a prompt has waited S seconds since it "
+                        "arrived; for TBT objectives below what a step with a prefill chunk "
+                        "takes and a TTFT objective with room for the wait (default: off)")
     p.add_argument("--prefill-order", choices=("shortest", "fcfs", "srpt"), default="shortest",
                    help="which prompt is computed next: fewest tokens first (aged, so long "
                         "prompts are not starved), arrival order, or srpt: fewest tokens "
@@ -180,6 +185,9 @@ def check_engine_flags(args: argparse.Namespace, extra: tuple[tuple[str, int], .
     s = args.decode_step_s
     if s is not None and not 0 < s < 3600:
         raise UsageError(f"--decode-step-s must be in (0, 3600) seconds, got {s}")
+    h = args.prefill_hold_s
+    if h is not None and not 0 < h < 3600:
+        raise UsageError(f"--prefill-hold-s must be in (0, 3600) seconds, got {h}")
     a = args.aging_tokens_per_s
     if a is not None and not 0 <= a < 1e9:
         raise UsageError(f"--aging-tokens-per-s must be in [0, 1e9), got {a}")

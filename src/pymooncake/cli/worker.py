@@ -81,6 +81,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             block_size=args.block_size, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads,
             decode_step_tokens=args.decode_step_tokens, decode_step_s=args.decode_step_s,
+            prefill_hold_s=args.prefill_hold_s,
             max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_cache,
             global_segment_size_bytes=getattr(args, "global_segment_size", None),
             recv_buffer_bytes=getattr(args, "recv_buffer_size", None),

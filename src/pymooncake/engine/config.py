@@ -31,6 +31,14 @@ class EngineConfig:
     where contexts are short and short where attention is dear. Until the model has seen
     enough steps, ``decode_step_tokens`` applies. Set it a little under the TBT objective:
     every decode in the step waits the step's whole time for its next token."""
+    prefill_hold_s: float | None = None
+    """While a running request decodes, prompts (waiting, or mid-prefill) get no tokens in
+    the step — it carries the decodes alone, so their TBT is a decode step's — until one of
+    them has waited this many seconds since it arrived; then every cap above applies as
+    usual (None: off). For TBT objectives that no step carrying a prefill chunk meets
+    (about 2x the single-request TBT) and a TTFT objective with room for the wait: a
+    time-shared form of prefill/decode disaggregation on one engine (Mooncake FAST'25
+    §1, DistServe §2: a prefill chunk beside the decodes is what raises their TBT)."""
     max_num_seqs: int = 64
     """Running requests at most."""
     enable_chunked_prefill: bool = True
@@ -88,6 +96,10 @@ class EngineConfig:
                 isinstance(self.decode_step_s, (int, float)) and 0 < self.decode_step_s < 3600):
             raise ValueError(f"EngineConfig.decode_step_s must be a number of seconds in "
                              f"(0, 3600) or None, got {self.decode_step_s!r}")
+        if self.prefill_hold_s is not None and not (
+                isinstance(self.prefill_hold_s, (int, float)) and 0 < self.prefill_hold_s < 3600):
+            raise ValueError(f"EngineConfig.prefill_hold_s must be a number of seconds in "
+                             f"(0, 3600) or None, got {self.prefill_hold_s!r}")
         if self.num_threads < 0:
             raise ValueError(f"EngineConfig.num_threads must be >= 0, got {self.num_threads}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:

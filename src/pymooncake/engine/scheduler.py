@@ -5,7 +5,8 @@ prefills in progress), then waiting requests in arrival order (or shortest first
 ``EngineConfig.waiting_order``; ``srpt`` orders running prompts' chunks and waiting prompts
 together, fewest tokens left first), each prefill cut to at most ``prefill_chunk_tokens`` and,
 under ``EngineConfig.decode_step_s``, to what keeps the step's predicted time within it
-while requests decode (``engine.step_time``). A waiting request first reuses its cached
+while requests decode (``engine.step_time``); under ``EngineConfig.prefill_hold_s`` a step
+carries the decodes alone until a prompt has waited that long. A waiting request reuses its cached
 prefix (local prefix cache, then an external ``KVLoadSource``); while the source's lookup
 or load is in flight (``get_num_matched_tokens`` answers None) it stays waiting and the next
 one is admitted instead (vLLM's "waiting for remote KV"); one whose next block a running prompt is
@@ -27,12 +28,7 @@ from pymooncake.engine.config import EngineConfig
 from pymooncake.engine.hooks import KVLoad, KVLoadSource
 from pymooncake.engine.kv.kv_cache_manager import KVCacheManager
 from pymooncake.engine.request import FinishReason, Request, RequestStatus, check_stop
-from pymooncake.engine.step_time import StepTimeModel, attention_pairs
-
-MIN_TIMED_CHUNK = 64
-"""Under ``decode_step_s``, the first prefill chunk of a step gets at least this many tokens
-even when the decodes alone fill the limit, so prompts keep moving (their TBT objective is
-then missed by the decode batch itself, not by the prefill)."""
+from pymooncake.engine.step_time import StepPlan, StepTimeModel, attention_pairs
 
 
 @dataclass(slots=True)
@@ -61,36 +57,6 @@ class SchedulerOutput:
         return sum(s.num_new_tokens for s in self.scheduled)
 
 
-class _StepPlan:
-    """A step being planned: tokens left in its budget and, under ``decode_step_s`` with a
-    fitted model, the tokens and attention pairs already in it (for the time limit)."""
-
-    __slots__ = ("budget", "model", "limit_s", "tokens", "pairs", "chunks")
-
-    def __init__(self, budget: int, sched: Scheduler, timed: bool) -> None:
-        self.budget = budget
-        self.model = sched.step_time if timed else None
-        self.limit_s = sched.config.decode_step_s or 0.0
-        self.tokens = 0
-        self.pairs = 0.0
-        self.chunks = 0
-
-    def room(self, left: int, num_computed: int) -> int:
-        """Tokens a request with ``left`` to compute after ``num_computed`` may take now."""
-        if self.model is None or left <= 1:
-            return self.budget
-        n = self.model.max_new_tokens(self.limit_s, self.tokens, self.pairs, num_computed) or 0
-        if self.chunks == 0:
-            n = max(n, MIN_TIMED_CHUNK)
-        return min(self.budget, n)
-
-    def add(self, num_computed: int, n: int) -> None:
-        self.budget -= n
-        self.tokens += n
-        self.pairs += attention_pairs(num_computed, n)
-        self.chunks += n > 1
-
-
 class Scheduler:
     """Owns the waiting queue and running list over a ``KVCacheManager``."""
 
@@ -115,7 +81,7 @@ class Scheduler:
 
     def add_request(self, req: Request) -> None:
         self.waiting.append(req)
-        if self.config.waiting_order != "fcfs":
+        if self.config.waiting_order != "fcfs" or self.config.prefill_hold_s is not None:
             self._enqueued_s[req.request_id] = self.clock()
 
     def _next_waiting(self, skip: AbstractSet[str] = frozenset()) -> Request:
@@ -137,6 +103,18 @@ class Scheduler:
             self.step_time.observe(out.num_batched_tokens, sum(
                 attention_pairs(s.request.num_computed_tokens, s.num_new_tokens)
                 for s in out.scheduled), seconds)
+
+    def _hold_prompts(self) -> bool:
+        """``prefill_hold_s``: True while no prompt (waiting, or running with more than one
+        token to compute) has waited that long since ``add_request``."""
+        hold = self.config.prefill_hold_s
+        if hold is None:
+            return False
+        since = self.clock() - hold
+        enq = self._enqueued_s
+        return all(enq.get(r.request_id, since) > since for r in self.waiting) and all(
+            enq.get(r.request_id, since) > since for r in self.running
+            if r.num_tokens - r.num_computed_tokens > 1)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -165,15 +143,19 @@ class Scheduler:
         timed = self.step_time is not None and decoding and self.step_time.ready
         if timed:   # the step-time limit replaces the token cap once the model is fitted
             budget = self.config.max_num_batched_tokens
-        step = _StepPlan(budget, self, timed)
-        if self.config.waiting_order == "srpt":
+        step = StepPlan(budget, self.step_time if timed else None,
+                        self.config.decode_step_s or 0.0)
+        if decoding and self._hold_prompts():    # the decodes alone (prefill_hold_s)
+            self._schedule_running(out, step, [
+                r for r in self.running if r.num_tokens - r.num_computed_tokens == 1])
+        elif self.config.waiting_order == "srpt":
             self._schedule_srpt(out, step)
         else:
             self._schedule_running(out, step, list(self.running))
             self._admit_waiting(out, step)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, step: _StepPlan,
+    def _schedule_running(self, out: SchedulerOutput, step: StepPlan,
                           reqs: list[Request]) -> bool:
         """Schedule ``reqs`` (running requests) into ``out`` while budget lasts; out of
         blocks, preempt the most recently admitted running request not yet in this step.
@@ -225,7 +207,7 @@ class Scheduler:
                     return True
         return False
 
-    def _admit_waiting(self, out: SchedulerOutput, step: _StepPlan) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, step: StepPlan) -> None:
         loading: set[str] = set()  # waiting for their external KV: skipped this step
         skip: set[str] = set()     # those and the ones waiting for a prefix in progress
         while (len(self.waiting) > len(skip) and step.budget > 0 and not out.preempted
@@ -242,7 +224,7 @@ class Scheduler:
                 break
         out.num_waiting_for_kv = len(loading)
 
-    def _admit(self, req: Request, out: SchedulerOutput, step: _StepPlan) -> bool | None:
+    def _admit(self, req: Request, out: SchedulerOutput, step: StepPlan) -> bool | None:
         """``_schedule_waiting`` and, when admitted, move ``req`` to the running list."""
         note_batch = getattr(self.kv_source, "set_running_batch", None)
         if note_batch is not None:
@@ -257,7 +239,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
         return ok
 
-    def _schedule_srpt(self, out: SchedulerOutput, step: _StepPlan) -> None:
+    def _schedule_srpt(self, out: SchedulerOutput, step: StepPlan) -> None:
         """``srpt``: decodes first, then every prompt with tokens left to compute — running
         ones (their next chunk) and waiting ones (admission) — fewest tokens left first,
         aged by ``aging_tokens_per_s``. A running prompt that loses the budget to a shorter
@@ -295,7 +277,7 @@ class Scheduler:
                 break
         out.num_waiting_for_kv = loading
 
-    def _schedule_waiting(self, req: Request, step: _StepPlan, out: SchedulerOutput
+    def _schedule_waiting(self, req: Request, step: StepPlan, out: SchedulerOutput
                           ) -> bool | None:
         """Admit ``req`` into ``out``: True, False (no room: stop admitting), or None (its
         external KV is still loading: skip it, admit the next)."""

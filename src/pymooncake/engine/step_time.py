@@ -113,3 +113,40 @@ class StepTimeModel:
         if c <= 0:
             return int(room / lin)
         return int((-lin + math.sqrt(lin * lin + 2.0 * c * room)) / c)
+
+
+MIN_TIMED_CHUNK = 64
+"""Under ``decode_step_s``, the first prefill chunk of a step gets at least this many tokens
+even when the decodes alone fill the limit, so prompts keep moving (their TBT objective is
+then missed by the decode batch itself, not by the prefill)."""
+
+
+class StepPlan:
+    """A step being planned (``engine.scheduler``): tokens left in its ``budget`` and, with
+    a fitted ``model`` (``decode_step_s``), the tokens and attention pairs already in it, to
+    keep its predicted time within ``limit_s``. ``model`` None: the budget alone."""
+
+    __slots__ = ("budget", "model", "limit_s", "tokens", "pairs", "chunks")
+
+    def __init__(self, budget: int, model: StepTimeModel | None, limit_s: float) -> None:
+        self.budget = budget
+        self.model = model
+        self.limit_s = limit_s
+        self.tokens = 0
+        self.pairs = 0.0
+        self.chunks = 0
+
+    def room(self, left: int, num_computed: int) -> int:
+        """Tokens a request with ``left`` to compute after ``num_computed`` may take now."""
+        if self.model is None or left <= 1:
+            return self.budget
+        n = self.model.max_new_tokens(self.limit_s, self.tokens, self.pairs, num_computed) or 0
+        if self.chunks == 0:
+            n = max(n, MIN_TIMED_CHUNK)
+        return min(self.budget, n)
+
+    def add(self, num_computed: int, n: int) -> None:
+        self.budget -= n
+        self.tokens += n
+        self.pairs += attention_pairs(num_computed, n)
+        self.chunks += n > 1

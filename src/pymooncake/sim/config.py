@@ -88,6 +88,10 @@ class SimConfig:
     decode_step_s: float | None = None
     """With ``step_budget_tokens``: while any request decodes, each step's prefill chunks
     keep its time within this (``EngineConfig.decode_step_s``; None: off)."""
+    prefill_hold_s: float | None = None
+    """With ``step_budget_tokens``: while any request decodes, steps carry the decodes alone
+    until a prompt has waited this long since it arrived (``EngineConfig.prefill_hold_s``;
+    None: off)."""
     aging_tokens_per_s: float = 2000.0
     policy_prefill: tuple[float, float, float] | None = None
     """The Conductor's prefill predictor ``(quadratic_s, linear_s, overhead_s)`` when it is
@@ -156,6 +160,9 @@ class SimConfig:
         if self.decode_step_s is not None and (self.step_budget_tokens is None
                                                or not self.decode_step_s > 0):
             raise ValueError("decode_step_s must be > 0 and needs step_budget_tokens")
+        if self.prefill_hold_s is not None and (self.step_budget_tokens is None
+                                                or not self.prefill_hold_s > 0):
+            raise ValueError("prefill_hold_s must be > 0 and needs step_budget_tokens")
         _finite("aging_tokens_per_s", self.aging_tokens_per_s, 0, strict=False)
         if self.policy_prefill is not None and (len(self.policy_prefill) != 3 or any(
                 not (math.isfinite(v) and v >= 0) for v in self.policy_prefill)):

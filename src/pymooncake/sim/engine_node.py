@@ -18,7 +18,9 @@ with decode steps between its chunks. ``EngineNode`` instead replays, step by st
 * with ``decode_step_s``, while a request decodes, each prefill chunk is the longest that
   keeps the step's time (below) within it, the first chunk of a step at least
   ``MIN_TIMED_CHUNK`` tokens (the engine predicts with its fitted model; here the
-  calibrated cost is both the truth and the prediction); an admitted request
+  calibrated cost is both the truth and the prediction); with ``prefill_hold_s``, while a
+  request decodes, a step carries the decodes alone until a prompt (waiting, or running
+  with more than one token left) has waited that long since it arrived; an admitted request
   first reuses the whole blocks of its prefix held in the node's cache (at least its last
   prompt token is computed); admission stops while its prompt does not fit in the KV space
   the running requests leave (the engine would admit and preempt later);
@@ -54,7 +56,7 @@ from pymooncake.workload.stats import prefix_blocks_hit
 
 WAITING_ORDERS = ("fcfs", "shortest", "srpt")
 MIN_TIMED_CHUNK = 64
-"""``engine.scheduler.MIN_TIMED_CHUNK`` (not imported: the simulator stands apart)."""
+"""``engine.step_time.MIN_TIMED_CHUNK`` (not imported: the simulator stands apart)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class StepPolicy:
     waiting_order: str = "fcfs"
     aging_tokens_per_s: float = 2000.0
     decode_step_s: float | None = None
+    prefill_hold_s: float | None = None
 
     def __post_init__(self) -> None:
         if min(self.step_budget_tokens, self.chunk_tokens, self.max_seqs) < 1:
@@ -77,6 +80,8 @@ class StepPolicy:
                              f"{self.decode_step_tokens}")
         if self.decode_step_s is not None and not self.decode_step_s > 0:
             raise ValueError(f"decode_step_s must be > 0 or None, got {self.decode_step_s}")
+        if self.prefill_hold_s is not None and not self.prefill_hold_s > 0:
+            raise ValueError(f"prefill_hold_s must be > 0 or None, got {self.prefill_hold_s}")
         if self.waiting_order not in WAITING_ORDERS:
             raise ValueError(f"waiting order must be one of {WAITING_ORDERS}, got "
                              f"{self.waiting_order!r}")
@@ -170,7 +175,9 @@ class EngineNode:
             budget, limit = pol.step_budget_tokens, pol.decode_step_s
         planned: list[tuple[Running, int]] = []
         self._kv_free = self.kv_capacity_tokens - self._kv_used()
-        if pol.waiting_order == "srpt":
+        if self._hold_prompts(now_s):    # the decodes alone (``prefill_hold_s``)
+            planned = [(x, 1) for x in self.running if x.num_tokens - x.computed == 1]
+        elif pol.waiting_order == "srpt":
             self._plan_srpt(now_s, planned, budget, limit)
         else:
             for x in self.running:
@@ -206,6 +213,16 @@ class EngineNode:
         t = self._step_s(planned)
         self.busy_s += t
         return t
+
+    def _hold_prompts(self, now_s: float) -> bool:
+        """``Scheduler._hold_prompts``: a request decodes and no prompt (waiting, or running
+        with more than one token left) has waited ``prefill_hold_s`` since it arrived."""
+        hold = self.policy.prefill_hold_s
+        if hold is None or not any(x.num_tokens - x.computed == 1 for x in self.running):
+            return False
+        since = now_s - hold
+        return all(r.arrival_s > since for r in self.waiting) and all(
+            x.req.arrival_s > since for x in self.running if x.num_tokens - x.computed > 1)
 
     def _prefix_in_progress(self, r: SimRequest) -> bool:
         """A running prompt has yet to compute the block after ``r``'s cached prefix, with

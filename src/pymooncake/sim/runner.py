@@ -127,7 +127,7 @@ class Simulator:
         if self.colocated and cfg.step_budget_tokens is not None:
             pol = StepPolicy(cfg.step_budget_tokens, cfg.decode_step_tokens,
                              cfg.chunk_size_tokens, cfg.max_batch_size, cfg.waiting_order,
-                             cfg.aging_tokens_per_s, cfg.decode_step_s)
+                             cfg.aging_tokens_per_s, cfg.decode_step_s, cfg.prefill_hold_s)
             self.engine_nodes = {p.name: EngineNode(p.name, p.cache, pol, self.est.prefill,
                                                     self.est.decode, hbm_kv, cfg.block_size)
                                  for p in self.prefill_nodes}

@@ -102,7 +102,7 @@ class EngineWorker:
                            max_num_seqs=max_seqs, max_model_len=c.max_model_len,
                            waiting_order=c.prefill_order if role != "decode" else "fcfs",
                            decode_step_tokens=c.decode_step_tokens,
-                           decode_step_s=c.decode_step_s,
+                           decode_step_s=c.decode_step_s, prefill_hold_s=c.prefill_hold_s,
                            **({} if c.aging_tokens_per_s is None
                               else {"aging_tokens_per_s": c.aging_tokens_per_s}),
                            enable_prefix_caching=c.enable_prefix_caching, role=role,

@@ -50,6 +50,9 @@ class WorkerConfig:
     decode_step_s: float | None = None
     """``EngineConfig.decode_step_s``: a colocated worker's predicted step time at most while
     requests decode (None: off)."""
+    prefill_hold_s: float | None = None
+    """``EngineConfig.prefill_hold_s``: while requests decode, a colocated worker's steps
+    carry the decodes alone until a prompt has waited this long (None: off)."""
     num_threads: int = 1
     """torch intra-op threads of the engine (``EngineConfig.num_threads``): 1 = one core per
     worker; a worker alone on several cores uses one per core."""
