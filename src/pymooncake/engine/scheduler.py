@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from itertools import chain
 
 from pymooncake.engine.config import EngineConfig
 from pymooncake.engine.hooks import KVLoad, KVLoadSource
@@ -111,10 +112,9 @@ class Scheduler:
         if hold is None:
             return False
         since = self.clock() - hold
-        enq = self._enqueued_s
-        return all(enq.get(r.request_id, since) > since for r in self.waiting) and all(
-            enq.get(r.request_id, since) > since for r in self.running
-            if r.num_tokens - r.num_computed_tokens > 1)
+        prompts = chain(self.waiting, (r for r in self.running
+                                       if r.num_tokens - r.num_computed_tokens > 1))
+        return all(self._enqueued_s.get(r.request_id, since) > since for r in prompts)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)

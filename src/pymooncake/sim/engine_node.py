@@ -48,6 +48,7 @@ any cost of mixing a chunk into a decode step beyond the sum above.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 from pymooncake.conductor.policy import DecodeEstimator, PrefillEstimator
 from pymooncake.sim.cache_model import LruBlockCache
@@ -221,8 +222,9 @@ class EngineNode:
         if hold is None or not any(x.num_tokens - x.computed == 1 for x in self.running):
             return False
         since = now_s - hold
-        return all(r.arrival_s > since for r in self.waiting) and all(
-            x.req.arrival_s > since for x in self.running if x.num_tokens - x.computed > 1)
+        prompts = chain(self.waiting, (x.req for x in self.running
+                                       if x.num_tokens - x.computed > 1))
+        return all(r.arrival_s > since for r in prompts)
 
     def _prefix_in_progress(self, r: SimRequest) -> bool:
         """A running prompt has yet to compute the block after ``r``'s cached prefix, with
