@@ -80,6 +80,30 @@ def test_cli_vs_live_and_scale_out(capsys, tmp_path, cal_file) -> None:  # noqa:
     assert set(out["capacity"]["tiny"][0]["capacity"]) == {"mooncake-2P2D", "vllm-like-4x1"}
 
 
+def test_cli_vs_live_prints_a_rate_the_live_run_skipped(capsys, tmp_path, cal_file
+                                                        ) -> None:  # noqa: ANN001
+    """A rate `bench capacity` skipped after two saturated ones has no live p90: the table
+    prints '-' for it (the printer raised TypeError on None, 2026-12-04) and the point is
+    not counted below saturation."""
+    live = json.loads(LIVE.read_text())
+    system, top = live["config"]["systems"][0], max(live["config"]["rates"])
+    for p in live["points"]:
+        if p["system"] == system and p["rate"] == top:
+            p["records"] = []
+            p["summary"] = cap.summarize_point([]) | {
+                "num_requests": 12, "bad_fraction": 1.0, "skipped": "saturated at lower rates"}
+    f = tmp_path / "live.json"
+    f.write_text(json.dumps(live))
+    rc = main(["sim", "vs-live", "--calibration", str(cal_file), "--live", str(f),
+               "--trace", f"tiny={TRACE}"])
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines()
+               if ln.startswith("tiny") and ln.split()[1] == system
+               and float(ln.split()[2]) == top)
+    assert rc == 0 and row.split()[3:6] == ["-", row.split()[4], "-"]
+    assert row.split()[-1] == "False"
+
+
 def test_cli_vs_live_bad_input(capsys, tmp_path, cal_file) -> None:  # noqa: ANN001
     bad = tmp_path / "live.json"
     bad.write_text(json.dumps({"kind": "other"}))

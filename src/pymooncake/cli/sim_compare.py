@@ -92,8 +92,8 @@ def _cmd_vs_live(args: argparse.Namespace) -> int:
         for r in d["rows"]:
             lv, sv, e = r["live_ttft_p90_s"], r["sim_ttft_p90_s"], r["rel_error"]
             lines.append(f"{r['trace']:<13}{r['system']:<16}{r['rate']:>6g}"
-                         f"{lv if lv is None else f'{lv:.3f}':>10}"
-                         f"{sv if sv is None else f'{sv:.3f}':>10}"
+                         f"{'-' if lv is None else f'{lv:.3f}':>10}"
+                         f"{'-' if sv is None else f'{sv:.3f}':>10}"
                          f"{'-' if e is None else f'{e:+.0%}':>8}  {r['below_saturation']}")
         lines += [f"not simulated: {s} ({why})" for s, why in d["not_simulated"].items()]
         lines.append(f"below saturation: {d['below_saturation_within_tolerance']}/"
