@@ -193,3 +193,52 @@ def test_request_waiting_for_its_external_kv_is_skipped_while_others_run() -> No
     assert engine.kv_manager.num_queried_blocks == queried + len(prompt) // 16
     assert outs["loading"].output_token_ids == single[0].output_token_ids
     assert outs["other"].output_token_ids == single[1].output_token_ids
+
+
+class _FixedSource(NullHooks):
+    """An external source that claims ``n`` tokens after the local prefix (no loading:
+    the tests below only schedule)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def get_num_matched_tokens(self, req, num_local_computed_tokens: int) -> int:
+        return self.n
+
+
+@pytest.mark.parametrize("num_tokens, matched, loaded", [
+    (301, 300, 300),    # every prompt token, the partial last block included (P→D)
+    (301, 256, 256),    # whole blocks: the 44-token tail is computed with the last token
+    (301, 384, 256),    # whole blocks past the end: the full-hit rule keeps whole blocks
+    (384, 383, 383),    # the last token fills the partial block: it has a key, not loaded
+])
+def test_external_match_ends_inside_a_block_only_at_the_last_token(
+        num_tokens: int, matched: int, loaded: int) -> None:
+    """Prompt + first token = ``num_tokens`` at block size 128 on a decode engine: a match
+    of all the prompt's tokens computes 1 token and loads 3 blocks, the partial one
+    without a key (only full blocks are keyed, and the token that fills it is not
+    loaded); whole-block matches keep their rules (BUG-09). Once the step ran, the full
+    blocks are cached."""
+    engine = make_engine(role="decode", block_size=128, num_kv_blocks=16)
+    engine.scheduler.kv_source = _FixedSource(matched)
+    engine.add_request([i % 256 for i in range(num_tokens)], SamplingParams(max_tokens=4),
+                       "r")
+    out = engine.scheduler.schedule()
+    (s,) = out.scheduled
+    req = s.request
+    assert s.num_new_tokens == num_tokens - loaded and req.num_computed_tokens == loaded
+    (ld,) = out.loads
+    assert (ld.first_token, ld.num_tokens) == (0, loaded)
+    assert len(ld.block_ids) == -(-loaded // 128) and len(ld.block_keys) == loaded // 128
+    assert list(ld.block_keys) == req.block_keys[:loaded // 128]
+    assert len(engine.kv_manager.get_blocks(req)) == 3
+    engine.scheduler.update_from_output(out, {})     # the step ran (nothing sampled)
+    assert engine.pool.num_cached_blocks == num_tokens // 128
+
+
+def test_external_match_inside_a_block_short_of_the_last_token_is_refused() -> None:
+    engine = make_engine(role="decode", block_size=128, num_kv_blocks=16)
+    engine.scheduler.kv_source = _FixedSource(200)
+    engine.add_request([i % 256 for i in range(301)], SamplingParams(max_tokens=4), "r")
+    with pytest.raises(AssertionError, match="whole blocks or reach the last token"):
+        engine.scheduler.schedule()

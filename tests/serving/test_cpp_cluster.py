@@ -151,6 +151,26 @@ def test_long_prompt_to_group_short_to_single_worker_same_greedy(cluster):
     assert _cpp_pipeline_runs(url) == runs0 + 1
 
 
+def test_prompt_ending_inside_a_block_ships_its_partial_block_too(cluster):
+    """A 405-token prompt (25 full blocks + 5 tokens) through the group: the instance
+    computes the 5-token tail and ships the prompt's blocks in one batch (layer-wise
+    writes are off on a CPP instance) — with the target already there, the partial last
+    block too, from the step that just ended — and the decode worker's tokens equal one
+    colocated engine's greedy tokens."""
+    from pymooncake.engine import Engine, EngineConfig, SamplingParams
+    url = cluster.url
+    prompt = _ids(6, LONG + 5)
+    max_tokens = 8
+    (ref,) = Engine.from_model_name("tiny", EngineConfig(max_model_len=CONTEXT)).generate(
+        [prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    placed0, loads0 = _placed(url), _stage_count(url, "decode_load")
+    got, _, errors = stream_token_ids(url, prompt, max_tokens, ignore_eos=True)
+    assert not errors
+    assert got == list(ref.output_token_ids)
+    assert _placed(url).get("prefill-cpp", 0) - placed0.get("prefill-cpp", 0) == 1
+    assert _stage_count(url, "decode_load") == loads0 + 1
+
+
 def test_group_blocks_reach_the_store(cluster):
     """The blocks the group computed were put into the Store (reusable by any worker)."""
     url = cluster.url

@@ -1,6 +1,9 @@
 """The P→D KV path in one process (Transfer Engine ``local`` transport): the layer-wise
 sender writes exactly the prefill engine's blocks into the receive buffer, and layer ``i``'s
-write is submitted before layer ``i+1``'s compute starts (Mooncake FAST'25 §3.1 step 3)."""
+write is submitted before layer ``i+1``'s compute starts (Mooncake FAST'25 §3.1 step 3).
+The prompt's partial last block moves too (layer-wise, or in the one batch after the
+prefill), so the decode engine's first step computes only the first token; a parked
+prefill ships full blocks only and the decode engine computes the tail."""
 
 from __future__ import annotations
 
@@ -129,3 +132,176 @@ def test_stage_clock_shows_p2d_writes_overlapping_the_prefill():
         assert clock.pop("r1") == ()                          # popped once
     finally:
         te.close()
+
+
+# -- the prompt's partial last block (issue: the decode side recomputed the prompt's tail) --
+
+BS = 128
+PROMPT_LEN = 300                      # 2 full blocks of 128 + a partial one of 44 tokens
+
+
+def _record_steps(engine) -> list[tuple[list[int], list[tuple[int, int, int, int]]]]:
+    """Per step of ``engine``: tokens computed per request, and per load (first token,
+    tokens, block ids, block keys)."""
+    steps: list[tuple[list[int], list[tuple[int, int, int, int]]]] = []
+    execute = engine.runner.execute
+
+    def record(out):
+        steps.append(([s.num_new_tokens for s in out.scheduled],
+                      [(ld.first_token, ld.num_tokens, len(ld.block_ids), len(ld.block_keys))
+                       for ld in out.loads]))
+        return execute(out)
+
+    engine.runner.execute = record  # type: ignore[method-assign]
+    return steps
+
+
+def _decode_after_pd(dec, receiver, rid: str, prompt: list[int], first: int,
+                     num_sent_blocks: int, max_tokens: int):
+    """The decode worker's part (``DecodeWorker._start``): the prompt's KV is marked ready
+    in ``receiver`` and prompt + first token run on ``dec``; (all tokens, the first one
+    included; ``dec``'s steps as ``_record_steps`` gives them; its output)."""
+    from pymooncake.engine import SamplingParams
+    steps = _record_steps(dec)
+    receiver.mark_ready(rid, num_sent_blocks, len(prompt))
+    dec.add_request(prompt + [first], SamplingParams(max_tokens=max_tokens - 1,
+                                                     ignore_eos=True), rid)
+    outs = []
+    try:
+        while dec.has_unfinished():
+            outs += dec.step()
+    finally:
+        del dec.runner.execute      # the class's method again
+    (out,) = outs
+    return [first, *out.output_token_ids], steps, out
+
+
+def _reference(prompt: list[int], max_tokens: int) -> list[int]:
+    from pymooncake.engine import Engine, EngineConfig, SamplingParams
+    (ref,) = Engine.from_model_name("tiny", EngineConfig(block_size=BS, num_kv_blocks=16)
+                                    ).generate([prompt], SamplingParams(max_tokens=max_tokens,
+                                                                        ignore_eos=True))
+    return list(ref.output_token_ids)
+
+
+def test_whole_prompt_kv_moves_with_its_partial_block_and_decode_computes_one_token():
+    """A 300-token prompt at block size 128: the layer-wise sender ships 3 blocks (the
+    last one partial) into a receive buffer of ceil(300 / 128) = 3; the decode engine
+    loads all 300 prompt tokens and its first step computes only the first token (1 token,
+    a plain decode step), with the greedy tokens of one colocated engine. The partial
+    block has no key and is not cached (decoding does not fill it here)."""
+    from pymooncake.engine import Engine, EngineConfig, SamplingParams
+    from pymooncake.engine.kv_receiver import KVReceiver
+    from pymooncake.engine.kv_sender import KVSender, LayerwiseKVSender
+    from pymooncake.transfer import TransferEngine
+
+    prompt = [random.Random(7).randrange(256) for _ in range(PROMPT_LEN)]
+    max_tokens = 8
+    ref = _reference(prompt, max_tokens)
+    pre = Engine.from_model_name("tiny", EngineConfig(role="prefill", block_size=BS,
+                                                      num_kv_blocks=16))
+    dec = Engine.from_model_name("tiny", EngineConfig(role="decode", block_size=BS,
+                                                      num_kv_blocks=16))
+    te = TransferEngine("kvtail", "embedded://").start()
+    try:
+        receiver = KVReceiver(te, dec.kv, 8 * dec.kv.block_nbytes)
+        dec.scheduler.kv_source = receiver
+        dec.runner.hooks.append(receiver)
+        hook = LayerwiseKVSender(KVSender(te, pre.kv))
+        pre.runner.hooks.append(hook)
+        target = receiver.reserve("r", -(-PROMPT_LEN // BS))
+        assert target is not None and target.num_blocks == 3
+        hook.add("r", target, PROMPT_LEN)
+        pre.add_request(prompt, SamplingParams(max_tokens=1), "r")
+        outs = []
+        while pre.has_unfinished():
+            outs += pre.step()
+        first = outs[0].output_token_ids[0]
+        sent, err, _ = hook.pop("r")
+        assert (sent, err) == (3, None)
+        toks, steps, out = _decode_after_pd(dec, receiver, "r", prompt, first, sent,
+                                            max_tokens)
+        assert steps[0] == ([1], [(0, PROMPT_LEN, 3, 2)])    # one token; 300 loaded
+        assert all(n == [1] for n, _ in steps)                # every step a decode step
+        assert out.num_cached_tokens == PROMPT_LEN
+        assert toks == ref
+        assert receiver.num_loaded_blocks == 3
+        assert receiver.free_bytes == receiver.capacity_bytes
+        assert dec.pool.num_cached_blocks == 2                # full blocks only (307 tokens)
+        dec.kv_manager.check_integrity()
+    finally:
+        te.close()
+
+
+def test_one_batch_ship_sends_the_partial_block_and_a_parked_prefill_full_blocks_only():
+    """``PrefillWorker`` with layer-wise writes off (as a CPP instance runs): a prefill
+    whose ``KVTarget`` is set when it ends ships all 3 blocks right after it (the partial
+    one from the step that just ended) and the decode side computes 1 token; a
+    ``target_follows`` prefill that ended before its ``SetTarget`` (parked) ships from the
+    prefix cache, so the 2 full blocks only, and the decode side computes the 44-token
+    tail with the first token (45). Both give one colocated engine's greedy tokens."""
+    import asyncio
+    import threading
+
+    from pymooncake.engine import Engine, EngineConfig
+    from pymooncake.engine.kv_receiver import KVReceiver
+    from pymooncake.engine.worker.base import WorkerConfig
+    from pymooncake.engine.worker.prefill import PrefillWorker
+    from pymooncake.rpc.messages import PrefillTask, SamplingOptions, SetTarget
+
+    prompts = {rid: [random.Random(seed).randrange(256) for _ in range(PROMPT_LEN)]
+               for rid, seed in (("set", 11), ("parked", 12))}
+    max_tokens = 6
+    refs = {rid: _reference(p, max_tokens) for rid, p in prompts.items()}
+    greedy = SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    w = PrefillWorker(WorkerConfig(
+        "ptail", "prefill", "127.0.0.1:1", metadata_url="embedded://ptail",
+        num_kv_blocks=16, block_size=BS, layerwise_kv=False, startup_profile_tokens=0))
+    dec = Engine.from_model_name("tiny", EngineConfig(role="decode", block_size=BS,
+                                                      num_kv_blocks=16))
+
+    async def main() -> dict[str, tuple]:
+        w.loop = asyncio.get_running_loop()
+        started: asyncio.Future[None] = w.loop.create_future()
+        go = threading.Event()
+        t = threading.Thread(target=w._engine_thread, args=(started, go), daemon=True)
+        t.start()
+        await started            # start_resources ran on the engine thread
+        go.set()
+        try:
+            assert w.layerwise is None
+            receiver = KVReceiver(w.transfer, dec.kv, 8 * dec.kv.block_nbytes)
+            dec.scheduler.kv_source = receiver
+            dec.runner.hooks.append(receiver)
+            targets = {rid: receiver.reserve(rid, 3) for rid in prompts}
+            res = {}
+            res["set"] = await asyncio.wait_for(w._prefill(PrefillTask(
+                "set", tuple(prompts["set"]), greedy, targets["set"], use_store=False)), 30)
+            call = asyncio.ensure_future(w._prefill(PrefillTask(
+                "parked", tuple(prompts["parked"]), greedy, None, use_store=False,
+                target_follows=True)))
+            for _ in range(3000):
+                if "parked" in w._parked:
+                    break
+                await asyncio.sleep(0.01)
+            assert "parked" in w._parked and not call.done()
+            assert await w._set_target(SetTarget("parked", targets["parked"]))
+            res["parked"] = await asyncio.wait_for(call, 30)
+            return {rid: (r, _decode_after_pd(dec, receiver, rid, prompts[rid],
+                                              r.first_token_id, r.num_sent_blocks,
+                                              max_tokens))
+                    for rid, r in res.items()}
+        finally:
+            w._stop.set()
+            await asyncio.to_thread(t.join, 5.0)
+            w.close_resources()
+
+    got = asyncio.run(main())
+    r, (toks, steps, _) = got["set"]
+    assert r.num_sent_blocks == 3
+    assert steps[0] == ([1], [(0, PROMPT_LEN, 3, 2)])
+    assert toks == refs["set"]
+    r, (toks, steps, _) = got["parked"]
+    assert r.num_sent_blocks == 2
+    assert steps[0] == ([PROMPT_LEN - 2 * BS + 1], [(0, 2 * BS, 2, 2)])
+    assert toks == refs["parked"]

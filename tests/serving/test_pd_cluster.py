@@ -66,9 +66,12 @@ def _settled(url: str, before: dict[str, int], extra: int) -> dict[str, int]:
 
 
 def test_pd_output_equals_colocated_engine_greedy(cluster):
-    """KV moved correctly: P/D greedy output == one colocated engine's greedy output."""
+    """KV moved correctly: P/D greedy output == one colocated engine's greedy output. The
+    prompts end inside a block (40, 101, 159: the partial last block moves too, and 159's
+    is filled by the first token on the decode side), on a block boundary (48) and before
+    the first block ends (7: a one-block receive buffer holding only a partial block)."""
     from pymooncake.engine import Engine, EngineConfig, SamplingParams
-    prompts = [_ids(1, 40), _ids(2, 48), _ids(3, 101), _ids(4, 7)]
+    prompts = [_ids(1, 40), _ids(2, 48), _ids(3, 101), _ids(4, 7), _ids(5, B * 9 + B - 1)]
     max_tokens = 12
     ref = Engine.from_model_name("tiny", EngineConfig(max_model_len=CONTEXT)).generate(
         prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
@@ -288,8 +291,10 @@ def test_burst_overlaps_decode_admission_and_output_stays_exact(cluster):
 
 def test_prefill_done_before_its_late_target_ships_its_kv_from_the_cache(cluster):
     """A ``target_follows`` prefill that ends before its ``SetTarget`` waits for it, then
-    writes every full block from the prefix cache: the decode worker gets all of them
-    (nothing to recompute) and the greedy output equals one colocated engine's.
+    writes every full block from the prefix cache: the decode worker gets all 9 of the 10
+    it reserved (the partial last block is not in the cache: the decode worker computes
+    its 5 tokens with the first token) and the greedy output equals one colocated
+    engine's.
 
     The test drives the workers itself, so it plays the Conductor for a decode worker of
     its own (a real process on the cluster's metadata service): the tokens that worker
@@ -314,7 +319,7 @@ def test_prefill_done_before_its_late_target_ships_its_kv_from_the_cache(cluster
         TokenFrames,
         WorkerInfo,
     )
-    prompt = _ids(77, 16 * 9 + 5)        # 9 full blocks
+    prompt = _ids(77, 16 * 9 + 5)        # 9 full blocks and a partial one
     max_tokens = 6
     (ref,) = Engine.from_model_name("tiny", EngineConfig(max_model_len=CONTEXT)).generate(
         [prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
@@ -357,7 +362,8 @@ def test_prefill_done_before_its_late_target_ships_its_kv_from_the_cache(cluster
             await asyncio.sleep(1.0)       # the prefill (~20 ms) is over: parked
             assert not call.done(), "a target_follows prefill returned before its target"
             target = from_wire(KVTarget, await dc.call("prepare_decode", DecodeTask(
-                "late-target", tuple(prompt), sampling, 9)))
+                "late-target", tuple(prompt), sampling, 10)))
+            assert target.num_blocks == 10
             assert await pc.call("set_target", SetTarget("late-target", target))
             res = from_wire(PrefillResult, await asyncio.wait_for(call, 20))
             await dc.call("start_decode", StartDecode("late-target", res.first_token_id,

@@ -45,7 +45,8 @@ class ConductorConfig:
     """Decode admission overlaps the prefill (its queue and compute) when the predicted
     queue time is at least this (s); below it admission goes first and the prefill waits
     for it. 0 = always overlap: a prefill that ends before its ``KVTarget`` arrives waits
-    for it and ships its blocks from the prefix cache in one batch."""
+    for it and ships its full blocks from the prefix cache in one batch (the decode worker
+    then computes the prompt's partial last block)."""
     online_profile: bool = True
     """Refit the prefill estimate from the compute windows prefill workers report (their
     ``prefill`` stage with its prompt and reused lengths), every ``online_profile_every``

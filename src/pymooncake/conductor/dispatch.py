@@ -203,7 +203,9 @@ class RequestDispatch:
         assert dw is not None and self.namespace is not None
         bs = self.namespace.block_size
         max_tokens = req.sampling.max_tokens
-        num_blocks = len(req.prompt_token_ids) // bs if max_tokens > 1 else 0
+        # every prompt token's KV moves, the partial last block's too: the decode worker's
+        # first step then computes only the prefill's first token (a plain decode step)
+        num_blocks = -(-len(req.prompt_token_ids) // bs) if max_tokens > 1 else 0
         finished = False
         prepared = False
         stage = "prefill"
@@ -214,8 +216,8 @@ class RequestDispatch:
             # queues or computes; its KVTarget follows in a SetTarget (PrefillTask docs: a
             # prefill done before then waits for it and ships its blocks from the cache).
             # Only a predicted queue below overlap_admission_min_queue_s puts admission
-            # first. With no full block to ship there is no target to wait for.
-            overlap = (max_tokens > 1 and num_blocks > 0
+            # first. A one-token request has no decode side and no target to wait for.
+            overlap = (max_tokens > 1
                        and p.predicted_queue_s >= self.config.overlap_admission_min_queue_s)
             t1 = time.monotonic()
             hint = self._store_hint(keys) if self.config.use_store else -1

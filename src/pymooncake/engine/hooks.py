@@ -32,8 +32,11 @@ class KVLoadError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class KVLoad:
-    """Load blocks ``block_keys`` (tokens ``[first_token, first_token + num_tokens)``) of a
-    request into its fresh blocks ``block_ids``."""
+    """Load tokens ``[first_token, first_token + num_tokens)`` of a request into its fresh
+    blocks ``block_ids`` (``first_token`` is a block boundary). ``block_keys`` are the keys
+    of the whole blocks among them; a last block the tokens fill only in part (P→D: the
+    prompt's tail, ``num_tokens % block_size`` tokens) has none, since only full blocks
+    get keys (DESIGN.md §3), so it is the one block id without a key."""
 
     request_id: str
     block_ids: tuple[int, ...]
@@ -75,9 +78,11 @@ class KVLoadSource(LayerHooks, Protocol):
 
     def get_num_matched_tokens(self, req: Request, num_local_computed_tokens: int
                                ) -> int | None:
-        """Tokens after ``num_local_computed_tokens`` it can load, a multiple of the block
-        size (whole blocks only: partial tails are recomputed); None while its lookup or
-        load is still in flight (the request then waits and is asked again next step)."""
+        """Tokens after ``num_local_computed_tokens`` it can load: a multiple of the block
+        size, or every token of the request but its last (a source that holds the
+        partial last block too: the P→D receive buffer); None while its lookup or load is
+        still in flight (the request then waits and is asked again next step). The
+        scheduler keeps at least one token to compute (BUG-09)."""
         ...
 
 

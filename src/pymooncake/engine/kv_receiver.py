@@ -3,12 +3,17 @@ the ``KVLoadSource`` that moves arrived blocks into the decode engine's paged ca
 
 The arena is one shared-memory buffer registered with the Transfer Engine (same-host
 prefill workers write it with one ``memmove`` over ``shm``; others over ``tcp``). A request
-admitted by the Conductor gets ``num_blocks × block_nbytes`` bytes of it (``reserve``); the
-prefill worker writes its prompt blocks there; ``mark_ready`` says they have all arrived.
-When the request is scheduled, the engine asks ``get_num_matched_tokens`` and loads the
-blocks into fresh paged blocks in ``before_layer`` (CASES BUG-39: a layer's KV is in place
-before its attention runs; a request not ready is never loaded — the load would raise
-``KVLoadError``). Mooncake FAST'25 §3.1 step 4.
+admitted by the Conductor gets ``num_blocks × block_nbytes`` bytes of it (``reserve``;
+the Conductor asks for ``ceil(prompt / block_size)`` blocks); the prefill worker writes
+the prompt's blocks there, the last one partial when the prompt is not a whole number of
+blocks (only its first ``prompt % block_size`` token slots are meaningful); ``mark_ready``
+says how many blocks arrived and so how many prompt tokens' KV is here (a prefill that
+ships from its prefix cache sends full blocks only: the decode engine computes the rest).
+When the request is scheduled, the engine asks ``get_num_matched_tokens`` (every prompt token that
+arrived: the first step then computes only the token the prefill sampled, a plain decode
+step) and loads the blocks into fresh paged blocks in ``before_layer`` (CASES BUG-39: a
+layer's KV is in place before its attention runs; a request not ready is never loaded —
+the load would raise ``KVLoadError``). Mooncake FAST'25 §3.1 step 4.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ class _Slot:
     """Blocks the buffer was laid out for (``KVTarget.num_blocks``)."""
     num_blocks: int
     """Leading blocks that arrived (set by ``mark_ready``)."""
+    num_tokens: int = 0
+    """Prompt tokens whose KV arrived: ``num_blocks`` blocks, the last one possibly
+    partial (set by ``mark_ready``)."""
     ready: bool = False
 
 
@@ -87,12 +95,18 @@ class KVReceiver(NullHooks):
         return KVTarget(self.engine.segment_name, self._shm.addr + off, num_blocks,
                         self.block_nbytes)
 
-    def mark_ready(self, request_id: str, num_blocks: int) -> None:
-        """The first ``num_blocks`` blocks are in the request's buffer (the prefill may
-        send fewer than reserved; the rest is recomputed). Raises ``KeyError`` if unknown."""
+    def mark_ready(self, request_id: str, num_blocks: int,
+                   num_prompt_tokens: int | None = None) -> None:
+        """The first ``num_blocks`` blocks of a ``num_prompt_tokens``-token prompt are in
+        the request's buffer, the last one partial when they reach past the prompt's end
+        (``None``: whole blocks). The prefill may send fewer than reserved; the rest is
+        recomputed. Raises ``KeyError`` if unknown."""
         with self._lock:
             slot = self._slots[request_id]
-            slot.num_blocks = max(0, min(slot.num_blocks, num_blocks))
+            slot.num_blocks = max(0, min(slot.num_reserved, num_blocks))
+            arrived = slot.num_blocks * self.kv.block_size
+            slot.num_tokens = (arrived if num_prompt_tokens is None
+                               else max(0, min(arrived, num_prompt_tokens)))
             slot.ready = True
 
     def release(self, request_id: str) -> None:
@@ -109,8 +123,9 @@ class KVReceiver(NullHooks):
         slot = self._slots.get(req.request_id)
         if slot is None or not slot.ready:
             return 0
-        bs = self.kv.block_size
-        return max(0, slot.num_blocks * bs - num_local_computed_tokens)
+        # the whole prompt when its partial last block came too (not a multiple of the
+        # block size then: the scheduler takes it as all the prompt tokens it is)
+        return max(0, slot.num_tokens - num_local_computed_tokens)
 
     def blocks_of(self, request_id: str) -> torch.Tensor:
         """The request's receive buffer as ``[layer, K/V, kv_head, N, block_size, head_dim]``

@@ -10,7 +10,9 @@ decode side imports one layer as one slice.
 
 Mooncake FAST'25 §3.1 step 3 ships each layer as it finishes: ``LayerwiseKVSender`` is
 the prefill engine's per-layer hook doing that; ``KVSender.send`` moves whole blocks at
-once (all layers).
+once (all layers). The prompt's partial last block goes too, whole (its slots past the
+prompt's end are not meaningful; the decode side knows the prompt's length): the decode
+worker then has every prompt token's KV and computes only the first token.
 """
 
 from __future__ import annotations
@@ -115,8 +117,9 @@ class KVSender:
 
 class LayerwiseKVSender(NullHooks):
     """Per-layer hook of a prefill engine: right after layer ``i`` of a step, WRITE layer
-    ``i`` of every prompt block that is full after this step and not sent yet, to the
-    request's ``KVTarget`` — so layer ``i``'s transfer overlaps layer ``i+1``'s compute
+    ``i`` of every prompt block that is full after this step and not sent yet — and, in
+    the step that computes the prompt's last token, its partial last block — to the
+    request's ``KVTarget``, so layer ``i``'s transfer overlaps layer ``i+1``'s compute
     (Mooncake FAST'25 §3.1 step 3). Blocks reused from the local cache or loaded from the
     Store in this step are sent too (their layer ``i`` is in place by ``after_layer(i)``).
 
@@ -143,6 +146,8 @@ class LayerwiseKVSender(NullHooks):
         self.sender = sender
         self.timeout_s = timeout_s
         self._targets: dict[str, KVTarget] = {}
+        self._num_tokens: dict[str, int] = {}
+        """Request id → its prompt's length (``add``), when the partial block is shipped."""
         self.sent_blocks: dict[str, int] = {}
         """Request id → leading blocks whose every layer has been written."""
         self.errors: dict[str, str] = {}
@@ -166,13 +171,19 @@ class LayerwiseKVSender(NullHooks):
         """Writes of the request were deferred and their outcome is not known yet."""
         return self._outstanding.get(request_id, 0) > 0
 
-    def add(self, request_id: str, target: KVTarget) -> None:
+    def add(self, request_id: str, target: KVTarget, num_tokens: int | None = None) -> None:
+        """Ship the request's prompt KV to ``target`` from now on. With the prompt's length
+        ``num_tokens``, the step that computes its last token also sends its partial last
+        block (when the target has room for it); ``None``: full blocks only."""
         self._targets[request_id] = target
         self.sent_blocks[request_id] = 0
+        if num_tokens is not None:
+            self._num_tokens[request_id] = num_tokens
 
     def pop(self, request_id: str) -> tuple[int, str | None, float]:
         """Forget the request; returns (blocks sent, error or None, busy seconds)."""
         self._targets.pop(request_id, None)
+        self._num_tokens.pop(request_id, None)
         self._outstanding.pop(request_id, None)
         self.sender.writes.forget(request_id)
         return (self.sent_blocks.pop(request_id, 0), self.errors.pop(request_id, None),
@@ -192,10 +203,13 @@ class LayerwiseKVSender(NullHooks):
             if (target is None or s.request_id in self.errors
                     or self.sender.writes.cancelled(s.request_id)):
                 continue
-            full = min((s.num_computed_tokens + s.num_new_tokens) // bs, target.num_blocks)
+            end = s.num_computed_tokens + s.num_new_tokens
+            # the partial last block once the prompt's last token is in it
+            last = end >= self._num_tokens.get(s.request_id, end + 1)
+            upto = min(-(-end // bs) if last else end // bs, target.num_blocks)
             first = self.sent_blocks[s.request_id]
-            if full > first:
-                self._step[s.request_id] = (s.block_ids, first, full)
+            if upto > first:
+                self._step[s.request_id] = (s.block_ids, first, upto)
 
     def after_layer(self, layer: int, ctx: StepContext, kv: KVTensors) -> None:
         if not self._step:

@@ -125,7 +125,8 @@ class RequestOutput:
     finish_reason: FinishReason
     num_cached_tokens: int
     """Prompt tokens whose KV was reused (local prefix cache or imported) at first
-    scheduling; never the whole prompt (BUG-09: at least one block is recomputed)."""
+    scheduling; never the whole prompt (BUG-09: at least one token is computed — the
+    whole last block when it comes from a cache of full blocks)."""
     logprobs: tuple[float, ...] = ()
     logits: tuple = ()
     """Float32 ``[vocab]`` tensors per sampling step, when ``return_logits`` was set."""

@@ -291,10 +291,14 @@ class Scheduler:
                 self.kv.num_queried_blocks, self.kv.num_hit_blocks = queried, hit
                 return None
             num_ext = ext
-            assert num_ext % bs == 0, "external matches must be whole blocks"
-            # at least one token is computed (the full-hit rule, BUG-09): whole blocks only
-            max_ext = ((req.num_tokens - 1) // bs) * bs - num_local
-            num_ext = max(0, min(num_ext, max_ext))
+            end = num_local + num_ext
+            # whole blocks, or every token but the last (P→D: the prompt with its partial
+            # last block; the token after it, which the prefill sampled, is computed)
+            assert end % bs == 0 or end == req.num_tokens - 1, (
+                "external matches must be whole blocks or reach the last token")
+            if end >= req.num_tokens:   # the full-hit rule (BUG-09): a token is computed
+                num_ext = ((req.num_tokens - 1) // bs) * bs - num_local
+            num_ext = max(0, num_ext)
         left = req.num_tokens - num_local - num_ext
         n = self._chunk(left, step.room(left, num_local + num_ext))
         if n <= 0:
@@ -308,10 +312,10 @@ class Scheduler:
             req.num_cached_tokens = num_local + num_ext
         if num_ext:
             first = num_local // bs
-            targets = new_blocks[:num_ext // bs]
+            targets = new_blocks[:-(-num_ext // bs)]
             for b in targets:  # BUG-10: a load never writes into a computed or shared block
                 assert b.ref_cnt == 1 and not b.is_computed, f"load target {b.block_id} in use"
-            keys = req.block_keys[first:first + len(targets)]
+            keys = req.block_keys[first:first + num_ext // bs]   # a partial block has none
             out.loads.append(KVLoad(req.request_id, tuple(b.block_id for b in targets),
                                     tuple(keys), num_local, num_ext))
         out.scheduled.append(ScheduledRequest(req, n))

@@ -157,9 +157,10 @@ class KVEvents:
 @dataclass(frozen=True, slots=True)
 class KVTarget:
     """Where a prefill worker writes a request's prompt KV: a decode worker's receive
-    buffer (Transfer Engine segment ``segment`` at ``addr``) of ``num_blocks`` full blocks
-    of ``block_nbytes`` bytes each, laid out ``[layer, K/V, kv_head, num_blocks,
-    block_size, head_dim]`` (the engine's head-major paged layout)."""
+    buffer (Transfer Engine segment ``segment`` at ``addr``) of ``num_blocks`` blocks of
+    ``block_nbytes`` bytes each — one per started ``block_size`` prompt tokens, the last
+    one partial when the prompt does not fill it — laid out ``[layer, K/V, kv_head,
+    num_blocks, block_size, head_dim]`` (the engine's head-major paged layout)."""
 
     segment: str
     addr: int
@@ -170,8 +171,9 @@ class KVTarget:
 @dataclass(frozen=True, slots=True)
 class DecodeTask:
     """Ask a decode worker to admit a request: it reserves and registers a receive buffer
-    for ``num_kv_blocks`` full prompt blocks (``prepare_decode``), then decodes after the
-    prefill (``start_decode``). ``num_kv_blocks = 0`` is a colocated request (no KV moves)."""
+    for ``num_kv_blocks`` prompt blocks (``prepare_decode``: ``ceil(prompt / block_size)``,
+    the partial last block included), then decodes after the prefill (``start_decode``).
+    ``num_kv_blocks = 0`` is a colocated request (no KV moves)."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -190,7 +192,9 @@ class StartDecode:
     request_id: str
     first_token_id: int | None = None
     num_ready_blocks: int = 0
-    """Full prompt blocks written into the receive buffer (<= the reserved count)."""
+    """Leading prompt blocks written into the receive buffer (<= the reserved count); the
+    last one may be the prompt's partial last block. The decode worker computes the
+    prompt tokens they do not cover."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +214,8 @@ class PrefillTask:
     off the TTFT path). Layers computed before it arrives are sent with the next layer
     written; a prefill that ends before it arrives waits for it (at most 30 s, then fails
     ``KV_TARGET_MISSING``) and then writes its blocks from the prefix cache in one batch —
-    blocks evicted meanwhile are not sent, and the decode worker recomputes them."""
+    full blocks only (the partial last block is not cached), and blocks evicted meanwhile
+    are not sent either: the decode worker recomputes what was not sent."""
     store_hint_blocks: int = -1
     """Leading prompt blocks the Conductor's index says the Store holds (-1 = unknown).
     0 lets the worker skip the Store lookup (a metadata round trip on its engine thread);
@@ -234,6 +239,8 @@ class PrefillResult:
     cached_tokens: int
     """Prompt tokens reused from the local cache or the Store (CASES BUG-56)."""
     num_sent_blocks: int = 0
+    """Leading prompt blocks written to the ``KVTarget`` (the last one may be partial):
+    the ``StartDecode.num_ready_blocks`` of the decode worker."""
     prefill_s: float = 0.0
     transfer_s: float = 0.0
     finish_reason: str | None = None

@@ -90,7 +90,9 @@ class KVCacheManager:
 
         Returns the newly allocated blocks (fresh, ``ref_cnt == 1``, not computed; an
         external load may write only into these), or ``None`` when too few blocks are free
-        (nothing is changed then).
+        (nothing is changed then). The external tokens may end inside a block (P→D: the
+        prompt's partial last block); this step's tokens then continue in that block, and
+        ``cache_blocks`` registers it once it is full.
 
         ::
 

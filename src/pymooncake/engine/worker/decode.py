@@ -2,13 +2,16 @@
 
 ``prepare_decode(DecodeTask)`` re-checks admission locally (free KV blocks, batch size) and
 reserves a receive buffer registered with the Transfer Engine; the prefill worker writes the
-prompt's full blocks there; ``start_decode(StartDecode)`` (the KV-ready notice) adds the
-request — prompt plus the prefill's first token — whose arrived blocks the engine loads into
-its paged cache layer by layer (``kv_receiver.KVReceiver``) before joining the continuous
-batch. After each engine step the new tokens are pushed to the Conductor: one one-way
-``tokens`` notice (``TokenFrames``) per step, one numbered ``TokenFrame`` per request in it,
-sent in order on the worker's one connection to the Conductor. Colocated role: no receive
-buffer, the engine computes the prompt itself. Mooncake FAST'25 §3.1 step 4.
+prompt's blocks there, the partial last one included (a prefill that ships from its prefix
+cache sends the full blocks only); ``start_decode(StartDecode)`` (the KV-ready notice) adds
+the request — prompt plus the prefill's first token — whose arrived blocks the engine loads
+into its paged cache layer by layer (``kv_receiver.KVReceiver``) before joining the
+continuous batch. With the whole prompt's KV here, its first step computes only the first
+token (a plain decode step); prompt tokens that did not arrive are computed with it. After
+each engine step the new tokens are pushed to the Conductor: one one-way ``tokens`` notice
+(``TokenFrames``) per step, one numbered ``TokenFrame`` per request in it, sent in order on
+the worker's one connection to the Conductor. Colocated role: no receive buffer, the
+engine computes the prompt itself. Mooncake FAST'25 §3.1 step 4.
 """
 
 from __future__ import annotations
@@ -248,7 +251,8 @@ class DecodeWorker(EngineWorker):
         def add() -> None:
             if (self.receiver is not None and msg.first_token_id is not None
                     and msg.num_ready_blocks > 0):
-                self.receiver.mark_ready(msg.request_id, msg.num_ready_blocks)
+                self.receiver.mark_ready(msg.request_id, msg.num_ready_blocks,
+                                         len(task.prompt_token_ids))
             self.engine.add_request(prompt, params, msg.request_id)
             self._sent[msg.request_id] = 0
 

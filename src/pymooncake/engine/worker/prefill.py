@@ -2,15 +2,18 @@
 
 For a ``PrefillTask``: reuse the prompt's prefix blocks (the engine's local prefix cache
 first, then the global Store through ``kv_loader.StoreKVLoader``), compute the rest in
-chunks, sample the first token, write the prompt's full blocks into the decode worker's
-receive buffer (``kv_sender.KVSender``, Transfer Engine WRITEs straight from the paged KV
-memory) and put the new full blocks into the Store. Mooncake FAST'25 §3.1, DESIGN.md §1.
+chunks, sample the first token, write the prompt's blocks — its partial last block
+included — into the decode worker's receive buffer (``kv_sender.KVSender``, Transfer
+Engine WRITEs straight from the paged KV memory) and put the new full blocks into the
+Store. Mooncake FAST'25 §3.1, DESIGN.md §1.
 
 The P→D write is layer-wise by default (``kv_sender.LayerwiseKVSender``: layer ``i`` of
-the step's new full blocks is submitted right after layer ``i``'s compute, the step waits
-for its writes at its end); ``WorkerConfig.layerwise_kv=False`` ships all layers in one
-batch after the prefill instead, as does a ``target_follows`` prefill that ended before
-its ``KVTarget`` came. Either way a write not done within ``LayerwiseKVSender.DEFER_S``
+the step's new full blocks, and of the partial last block in the prompt's last step, is
+submitted right after layer ``i``'s compute, the step waits for its writes at its end);
+``WorkerConfig.layerwise_kv=False`` ships all layers in one batch right after the prefill
+instead, as does a ``target_follows`` prefill that ended before its ``KVTarget`` came —
+that one from the prefix cache, so full blocks only (the decode worker computes the
+partial last block). Either way a write not done within ``LayerwiseKVSender.DEFER_S``
 leaves the engine thread (issue 17): the request is answered once it settles, and a
 decode host that stops answering never holds up the other requests of this worker.
 """
@@ -22,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pymooncake.engine.hooks import NullHooks, StepContext
 from pymooncake.engine.kv_loader import StoreKVLoader
 from pymooncake.engine.kv_sender import KVSender, LayerwiseKVSender
 from pymooncake.engine.worker.base import (
@@ -44,6 +48,22 @@ Stages = tuple[tuple[str, float, float], ...]
 PARKED_MAX_S = 30.0
 """Longest a finished ``target_follows`` prefill waits for its ``SetTarget`` before it
 fails (the Conductor sends one or aborts the request; this bounds a lost message)."""
+
+
+class BlockTables(NullHooks):
+    """Engine hook (one-batch shipping): each request's block ids as of its latest step, so
+    the prompt's partial last block — never in the prefix cache, which keys full blocks
+    only — can be shipped right after the step that ended the request."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, tuple[int, ...]] = {}
+
+    def start_step(self, ctx: StepContext, kv: Any) -> None:
+        for s in ctx.seqs:
+            self.tables[s.request_id] = s.block_ids
+
+    def pop(self, request_id: str) -> tuple[int, ...]:
+        return self.tables.pop(request_id, ())
 
 
 @dataclass(slots=True)
@@ -78,6 +98,8 @@ class PrefillWorker(EngineWorker):
         windows); answered by ``_settle_writes``."""
         self._puts: StorePuts | None = None
         self.clock = StageClock("prefill", "queue")
+        self._tables = BlockTables()
+        """Block ids of the running requests (a hook only with ``layerwise_kv`` off)."""
 
     def start_resources(self) -> None:
         from pymooncake.transfer import TransferConfig, TransferEngine
@@ -111,6 +133,8 @@ class PrefillWorker(EngineWorker):
         if c.layerwise_kv:
             self.layerwise = self.shipper
             self.engine.runner.hooks.append(self.layerwise)
+        else:   # _ship needs the id of the prompt's partial last block
+            self.engine.runner.hooks.append(self._tables)
 
     def close_resources(self) -> None:
         if self.sender is not None:
@@ -144,7 +168,7 @@ class PrefillWorker(EngineWorker):
             elif self.loader is not None:   # a hint of 0 blocks skips the lookup as well
                 self.loader.hint(task.request_id, task.store_hint_blocks)
             if self.layerwise is not None and task.target is not None:
-                self.layerwise.add(task.request_id, task.target)
+                self.layerwise.add(task.request_id, task.target, len(task.prompt_token_ids))
             try:
                 self.engine.add_request(task.prompt_token_ids, params, task.request_id)
             except ValueError as e:
@@ -178,12 +202,13 @@ class PrefillWorker(EngineWorker):
                 return False
             p.target = msg.target
             if self.layerwise is not None:
-                self.layerwise.add(msg.request_id, msg.target)
+                self.layerwise.add(msg.request_id, msg.target, len(p.task.prompt_token_ids))
             return True
         return await self.on_engine(apply)
 
     def _forget(self, request_id: str) -> tuple[int, str | None, float]:
         self.clock.forget(request_id)
+        self._tables.pop(request_id)
         if self.sender is not None:
             self.sender.writes.forget(request_id)
         if self.loader is not None:
@@ -242,6 +267,7 @@ class PrefillWorker(EngineWorker):
                 continue
             p = self._pending.pop(out.request_id, None)
             stages = self.clock.pop(out.request_id)
+            table = self._tables.pop(out.request_id)
             layerwise = self._forget(out.request_id)
             if p is None:
                 continue
@@ -251,22 +277,32 @@ class PrefillWorker(EngineWorker):
                 self._parked[out.request_id] = (time.monotonic(), p, out, stages)
                 continue
             if p.target is not None and self.layerwise is None:
-                self._ship(p, out, stages)      # layer-wise writes off: one batch now
+                self._ship(p, out, stages, table)   # layer-wise writes off: one batch now
                 continue
             self._resolve(p, out, layerwise, stages)
         if self._parked:
             self._expire_parked()
 
-    def _ship(self, p: _Pending, out: Any, stages: Stages) -> None:
+    def _ship(self, p: _Pending, out: Any, stages: Stages,
+              table: tuple[int, ...] = ()) -> None:
         """Engine thread: write the finished prompt's blocks from the prefix cache to
         ``p.target`` in one batch (``LayerwiseKVSender.send_blocks``); the prefill RPC is
         answered at once when the write is done within ``DEFER_S``, else once it settles
-        (``_settle_writes``) — never by waiting here for a decode host (issue 17)."""
+        (``_settle_writes``) — never by waiting here for a decode host (issue 17).
+        ``table``: the request's block ids in the step that just ended it, whose partial
+        last block goes too; empty for a parked prefill (that block may be reused by now:
+        full blocks only, the decode worker computes the rest)."""
         assert self.shipper is not None and p.target is not None
         rid = p.task.request_id
         self._pending[rid] = p          # (aborts find it here meanwhile)
         self.shipper.add(rid, p.target)
-        block_ids = self._cached_blocks(list(p.task.prompt_token_ids))
+        prompt = list(p.task.prompt_token_ids)
+        block_ids = self._cached_blocks(prompt)
+        full = len(prompt) // self.engine.config.block_size
+        if len(block_ids) == full < len(table):
+            # freed by that step, uncached, but not reused: nothing allocates before the
+            # next step, and send_blocks pins the blocks of a write it leaves to the watcher
+            block_ids.append(table[full])
         self.shipper.send_blocks(rid, block_ids[:p.target.num_blocks])
         if self.shipper.writing(rid):
             self._writing[rid] = (out, stages)
