@@ -157,3 +157,44 @@ def test_paged_decode_on_two_threads_equals_one_thread_bit_for_bit():
     s = torch.einsum("hd,hkd->hk", q[3].double(), kv[0].repeat_interleave(3, 0)) * 0.125
     ref = torch.einsum("hk,hkd->hd", s.softmax(-1), kv[1].repeat_interleave(3, 0))
     torch.testing.assert_close(res[1][3].double(), ref, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize(("nvec", "kv_heads", "threads", "want"), [
+    (192, 3, 2, 48),     # a 64-token chunk, 9 heads / 3 KV heads: 4 groups a head, 12 items
+    (144, 3, 2, 36),     # 48 tokens: ceil(144 / 4) = 36, a multiple of 6 already
+    (1536, 3, 2, 192),   # 512 tokens: the full 192-vector groups (8 a head, 24 items)
+    (30, 3, 2, 24),      # ceil(30 / 4) = 8 -> 12 -> raised to the 24-vector floor
+    (200, 3, 2, 54),     # ceil(200 / 4) = 50 -> rounded up to a multiple of 6
+    (192, 3, 1, 192),    # one thread: no reason to cut
+    (192, 1, 4, 24),     # 1 KV head, 4 threads: 24 groups wanted, ceil(192/24) = 8 -> 24
+])
+def test_flash_group_size_gives_every_thread_work(nvec, kv_heads, threads, want):
+    """The blocked kernel's query vectors per (KV head, group) item, by hand: at most 192,
+    else ceil(nvec / ceil(6 * threads / kv_heads)) rounded up to a multiple of 6, at least
+    24."""
+    lib = kernels.library()
+    if not hasattr(lib, "pmk_flash_group_vecs"):
+        pytest.skip("no AVX-512 blocked kernel in this build")
+    assert lib.pmk_flash_group_vecs(nvec, kv_heads, threads) == want
+
+
+@pytest.mark.parametrize(("ctx_len", "n"), [(2400, 64), (1200, 48), (600, 64), (300, 7)])
+def test_short_chunks_on_two_threads_equal_one_thread_bit_for_bit(ctx_len, n):
+    """Short chunks after a long prefix now run on the kernel's threads in smaller groups
+    (``OMP_SPLIT_MIN_WORK``, ``pmk_flash_group_vecs``): same bits as one thread."""
+    torch.manual_seed(n)
+    heads, kv_heads, d, bs = 9, 3, 64, 128
+    num_blocks = -(-ctx_len // bs) + 2
+    cache = torch.randn(2, kv_heads, num_blocks, bs, d)
+    blocks = torch.randperm(num_blocks)[:-(-ctx_len // bs)].to(torch.int64).contiguous()
+    q = torch.randn(n, heads, d)
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            outs.append(torch.empty_like(q))
+            kernels.prefill_attention(q, cache, blocks, ctx_len, 0.125, outs[-1])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0], outs[1])

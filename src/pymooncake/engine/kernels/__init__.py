@@ -31,6 +31,12 @@ from pymooncake.obs.logging import init_logger
 
 log = init_logger(__name__)
 
+OMP_SPLIT_MIN_WORK = 16 * 1024
+"""Query×key pairs of a prefill chunk from which the kernel's own OpenMP threads share its
+attention (``pmk_prefill_threads_inside``): an OpenMP team costs microseconds, far less than
+the Python threads of ``kernels.parallel`` (``SPLIT_MIN_WORK``), so a 64-token chunk after
+a few hundred tokens already gains from the second thread."""
+
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -48,6 +54,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn = lib.pmk_prefill_threads_inside
     fn.restype = ctypes.c_int
     fn.argtypes = [i64]
+    if hasattr(lib, "pmk_flash_group_vecs"):     # AVX-512 builds only
+        fn = lib.pmk_flash_group_vecs
+        fn.restype = i64
+        fn.argtypes = [i64, i64, i64]
     fn = lib.pmk_gemv_f32
     fn.restype = None
     fn.argtypes = [ptr, ptr, i64, i64, ptr, ptr, ptr]
@@ -236,7 +246,7 @@ def prefill_attention(q: torch.Tensor, layer_cache: torch.Tensor, blocks: torch.
                                         threads)
 
     if _threads_inside(lib, d):
-        threads = torch.get_num_threads() if n * ctx_len >= SPLIT_MIN_WORK else 1
+        threads = torch.get_num_threads() if n * ctx_len >= OMP_SPLIT_MIN_WORK else 1
         rc = rows(0, n, threads)
     else:
         rc = run_rows(rows, n, ctx_len)

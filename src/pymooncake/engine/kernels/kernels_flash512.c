@@ -187,6 +187,24 @@ static void flash_group(const float *q, int64_t q_stride, int64_t n, const float
     }
 }
 
+/* Query vectors per group for nvec vectors, kv_heads KV heads, `threads` threads: PF_QVECS,
+ * or, where that leaves fewer than PF_ITEMS_PER_THREAD items (KV head x group) per thread,
+ * smaller groups (a multiple of PF_VECS, at least PF_MIN_QVECS) so every thread gets about
+ * equal work. A 64-token chunk of a 9-head / 3-KV-head model is 192 vectors: one group per
+ * KV head gave 3 items on 2 threads, one thread idle a third of the time. Each group
+ * transposes the K blocks it reads once more; from PF_MIN_QVECS vectors on that is a few
+ * percent of its QK^T. The group size never changes a vector's arithmetic (see the top). */
+#define PF_ITEMS_PER_THREAD 6
+#define PF_MIN_QVECS 24
+int64_t pmk_flash_group_vecs(int64_t nvec, int64_t kv_heads, int64_t threads) {
+    if (threads <= 1 || nvec <= 0 || kv_heads <= 0) return PF_QVECS;
+    const int64_t per_head = (PF_ITEMS_PER_THREAD * threads + kv_heads - 1) / kv_heads;
+    int64_t g = (nvec + per_head - 1) / per_head;
+    g = (g + PF_VECS - 1) / PF_VECS * PF_VECS;
+    if (g < PF_MIN_QVECS) g = PF_MIN_QVECS;
+    return g < PF_QVECS ? g : PF_QVECS;
+}
+
 /* pmk_prefill_attn_f32's d == 64 path (same arguments; g_count checked by the caller). The
  * (KV head, group) items run on up to `threads` OpenMP threads (the OpenMP runtime torch
  * loaded: the same threads as its GEMMs), the costliest groups (the last rows) first. */
@@ -196,7 +214,8 @@ static int prefill_attn64_flash(const float *q, int64_t q_stride, int64_t n, con
                                 float *out, int64_t out_stride, int64_t threads) {
     const int64_t d = 64, plane = kv_heads * num_blocks * bs * d;
     const int64_t head_stride = num_blocks * bs * d, nvec = n * g_count;
-    const int64_t ngroups = (nvec + PF_QVECS - 1) / PF_QVECS, items = kv_heads * ngroups;
+    const int64_t gq = pmk_flash_group_vecs(nvec, kv_heads, threads);
+    const int64_t ngroups = (nvec + gq - 1) / gq, items = kv_heads * ngroups;
     int rc = 0;
     (void)threads;
 #ifdef _OPENMP
@@ -211,7 +230,7 @@ static int prefill_attn64_flash(const float *q, int64_t q_stride, int64_t n, con
 #endif
         for (int64_t it = 0; it < items; it++) {
             const int64_t gi = ngroups - 1 - it / kv_heads, kh = it % kv_heads;
-            const int64_t g0 = gi * PF_QVECS, gn = nvec - g0 < PF_QVECS ? nvec - g0 : PF_QVECS;
+            const int64_t g0 = gi * gq, gn = nvec - g0 < gq ? nvec - g0 : gq;
             if (ok)
                 flash_group(q, q_stride, n, cache + kh * head_stride,
                             cache + plane + kh * head_stride, bs, table, ctx, kh, g_count, g0,
