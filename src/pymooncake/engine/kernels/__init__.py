@@ -26,7 +26,7 @@ import threading
 import torch
 
 from pymooncake.engine.kernels.build import OPENMP_FLAGS, build, compiler
-from pymooncake.engine.kernels.parallel import SPLIT_MIN_WORK, run_rows
+from pymooncake.engine.kernels.parallel import run_rows
 from pymooncake.obs.logging import init_logger
 
 log = init_logger(__name__)
@@ -221,11 +221,11 @@ def prefill_attention(q: torch.Tensor, layer_cache: torch.Tensor, blocks: torch.
     already in the cache; ``blocks`` ``[>= ceil(ctx_len / block_size)]`` int64 block ids of
     the sequence; writes ``[n, heads, head_dim]`` into ``out`` (same layout rules as ``q``).
     Raises ``ValueError`` on a layout it cannot read, ``RuntimeError`` if the kernel fails.
-    With ``torch.get_num_threads() > 1`` a long chunk (``SPLIT_MIN_WORK`` query x key pairs
-    or more) runs on that many threads: on torch's OpenMP threads inside the kernel where the
-    library has them (AVX-512, head_dim 64: the blocked kernel of ``kernels_flash512.c``),
-    else as runs of rows of equal work on Python threads (``kernels.parallel``). Bit-identical
-    either way.
+    With ``torch.get_num_threads() > 1`` a long chunk runs on that many threads: on torch's
+    OpenMP threads inside the kernel where the library has them (AVX-512, head_dim 64: the
+    blocked kernel of ``kernels_flash512.c``; from ``OMP_SPLIT_MIN_WORK`` query x key pairs),
+    else as runs of rows of equal work on Python threads (``kernels.parallel``, from its
+    ``SPLIT_MIN_WORK``). Bit-identical either way.
     """
     lib = _need()
     n, heads, d = q.shape
