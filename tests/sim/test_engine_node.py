@@ -158,9 +158,9 @@ def test_decode_step_s_sizes_the_chunk_to_the_time_limit(make_trace) -> None:  #
     assert c.tbt_s == pytest.approx(0.14902) and b.finish_s == pytest.approx(0.69102)
     # step 3: A's last 600 - 212 - 124 = 264 tokens -> the same first token as with the cap
     assert a.first_token_s == pytest.approx(0.95502)
-    # a limit below the decode rows alone: A still gets 64 tokens (0.064 + 0.02502 s)
+    # a limit below the decode rows alone: A still gets 16 tokens (0.016 + 0.02502 s)
     c2 = _by_len(simulate(make_trace(ROWS, block_size=100), _cfg(decode_step_s=0.004), CM))[100]
-    assert c2.tbt_s == pytest.approx(0.08902)
+    assert c2.tbt_s == pytest.approx(0.04102)
     with pytest.raises(ValueError, match="decode_step_s"):
         SimConfig(scenario="colocated", decode_step_s=0.1)
 

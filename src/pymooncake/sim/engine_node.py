@@ -56,7 +56,7 @@ from pymooncake.sim.cluster import SimRequest
 from pymooncake.workload.stats import prefix_blocks_hit
 
 WAITING_ORDERS = ("fcfs", "shortest", "srpt")
-MIN_TIMED_CHUNK = 64
+MIN_TIMED_CHUNK = 16
 """``engine.step_time.MIN_TIMED_CHUNK`` (not imported: the simulator stands apart)."""
 
 
