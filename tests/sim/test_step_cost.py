@@ -15,6 +15,7 @@ import pytest
 from pymooncake.conductor.policy import DecodeEstimator, PrefillEstimator, TransferEstimator
 from pymooncake.sim.cache_model import LruBlockCache
 from pymooncake.sim.calibration import (
+    DEFAULT_STEP_TERMS,
     CalibratedCostModel,
     CalibratedModel,
     Calibration,
@@ -65,13 +66,15 @@ def test_attention_pairs_is_the_engines_formula() -> None:
     for p, n in ((0, 1), (1499, 1), (0, 64), (2048, 64), (5120, 512), (7, 0)):
         assert attention_pairs(p, n) == engine_pairs(p, n)
     assert attention_pairs(2048, 64) == 64 * (2048 + 32.5)
-    assert step_features(3, 4503, 64, 2400) == (67, 4503 + 64 * 2432.5, 4)
-    assert step_features(3, 4503, 0, 0) == (3, 4503, 3)
+    assert step_features(3, 4503, 64, 2400) == (67, 4503 + 64 * 2432.5, 4, 4503, 2400)
+    assert step_features(3, 4503, 0, 0) == (3, 4503, 3, 4503, 0)
+    assert step_features(0, 0, 512, 1024) == (512, 512 * (1024 + 256.5), 1, 0, 1024)
 
 
 @pytest.mark.parametrize("true, terms", [
     (StepCost(0.015, 4e-4, 2.5e-7), ("tokens", "pairs")),
     (StepCost(0.012, 3e-4, 1.5e-7, 2e-3), ("tokens", "pairs", "sequences")),
+    (StepCost(0.016, 5.5e-4, 1.6e-7, 0.0, 1.2e-6, 5.3e-6), DEFAULT_STEP_TERMS),
 ])
 def test_step_fit_recovers_known_coefficients(true: StepCost, terms: tuple[str, ...]) -> None:
     got = fit_step_cost(_samples(true), terms)
@@ -82,6 +85,10 @@ def test_step_fit_recovers_known_coefficients(true: StepCost, terms: tuple[str, 
     assert got.overhead_s == pytest.approx(true.overhead_s, rel=0.15)
     assert got.per_token_s == pytest.approx(true.per_token_s, rel=0.1)
     assert got.per_pair_s == pytest.approx(true.per_pair_s, rel=0.1)
+    assert got.per_decode_context_token_s == pytest.approx(true.per_decode_context_token_s,
+                                                           rel=0.25, abs=1e-12)
+    assert got.per_prefix_token_s == pytest.approx(true.per_prefix_token_s, rel=0.25,
+                                                   abs=1e-12)
     assert max(abs(e) for e in step_rel_errors(got, noisy)) < 0.06
 
 
@@ -90,17 +97,19 @@ def test_step_fit_keeps_coefficients_nonnegative_and_refuses_bad_input() -> None
     # unconstrained fit gives a negative per-pair cost; this one gives 0
     samples = [[*s, 0.01 + 5e-4 * step_features(*s)[0] - 1e-12 * step_features(*s)[1]]
                for s in _grid()]
-    got = fit_step_cost(samples)
+    got = fit_step_cost(samples, ("tokens", "pairs"))
     assert got.per_pair_s == 0.0 and got.per_token_s > 0 and got.overhead_s > 0
     assert got.per_token_s == pytest.approx(5e-4, rel=0.05)
     with pytest.raises(ValueError, match="step terms"):
         fit_step_cost(samples, ("tokens", "flops"))
+    with pytest.raises(ValueError, match="including 'tokens'"):
+        fit_step_cost(samples, ("pairs",))
     with pytest.raises(ValueError, match="bad step sample"):
         fit_step_cost([*samples, [1, 2, 3, 4, 0.0]])
     with pytest.raises(ValueError, match="bad step sample"):
         fit_step_cost([*samples, [1, 2, 3, 0.5]])
     with pytest.raises(ValueError, match="at least 3"):
-        fit_step_cost(samples[:2])
+        fit_step_cost(samples[:2], ("tokens", "pairs"))
 
 
 def test_an_old_file_without_step_loads_and_gives_the_numbers_of_before() -> None:
@@ -136,7 +145,10 @@ def test_step_section_round_trips_and_is_checked() -> None:
     doc = json.loads(OLD_FILE.read_text())
     doc["step"] = {"overhead_s": 0.015, "per_token_s": 4e-4, "per_pair_s": 2.5e-7}
     cal = parse_calibration(doc)
-    assert cal.step == StepCost(0.015, 4e-4, 2.5e-7, 0.0)
+    assert cal.step == StepCost(0.015, 4e-4, 2.5e-7, 0.0, 0.0, 0.0)
+    doc["step"] |= {"per_decode_context_token_s": 1e-6, "per_prefix_token_s": 5e-6}
+    cal = parse_calibration(doc)
+    assert cal.step == StepCost(0.015, 4e-4, 2.5e-7, 0.0, 1e-6, 5e-6)
     assert parse_calibration(cal.to_json()) == cal
     doc["step"]["per_token_s"] = 0
     with pytest.raises(CalibrationError, match=r"step\.per_token_s: must be > 0"):
@@ -149,7 +161,7 @@ def test_step_section_round_trips_and_is_checked() -> None:
         parse_calibration(doc, "f.json")
 
 
-STEP = StepCost(0.01, 2e-4, 3e-7, 1e-3)
+STEP = StepCost(0.01, 2e-4, 3e-7, 1e-3, 2e-6, 4e-6)
 
 
 def _node(policy: StepPolicy, step: StepCost | None = STEP) -> EngineNode:
@@ -172,14 +184,19 @@ def test_engine_node_step_time_is_the_formula_by_hand() -> None:
                     Running(c, 2400, computed=2048)]
     t = node.plan(0.0)
     assert [k for _, k in node.planned] == [1, 1, 62]
+    # tokens 64, pairs 1000 + 1500 + 62 x (2048 + 31.5) = 131,429, 3 sequences, decode
+    # context 2,500, chunk prefix 2,048
     pairs = 1000 + 1500 + 62 * (2048 + 63 / 2)
-    assert t == pytest.approx(0.01 + 2e-4 * 64 + 3e-7 * pairs + 1e-3 * 3, rel=1e-12)
-    assert t == pytest.approx(0.01 + 0.0128 + 3e-7 * 131_429 + 0.003, rel=1e-12)
-    assert c.prefill_gpu_s == pytest.approx(2e-4 * 62 + 3e-7 * 62 * 2079.5 + 1e-3)
-    # the decodes alone: 0.01 + 2 x 2e-4 + 3e-7 x 2,500 + 2 x 1e-3
+    assert t == pytest.approx(0.01 + 2e-4 * 64 + 3e-7 * pairs + 1e-3 * 3 + 2e-6 * 2500
+                              + 4e-6 * 2048, rel=1e-12)
+    assert t == pytest.approx(0.01 + 0.0128 + 0.0394287 + 0.003 + 0.005 + 0.008192,
+                              rel=1e-12)
+    assert c.prefill_gpu_s == pytest.approx(2e-4 * 62 + 3e-7 * 62 * 2079.5 + 1e-3
+                                            + 4e-6 * 2048)
+    # the decodes alone (contexts 1001, 1501)
     node.finish(t)
     node.running = node.running[:2]
-    assert node.plan(t) == pytest.approx(0.01 + 4e-4 + 3e-7 * (1001 + 1501) + 2e-3)
+    assert node.plan(t) == pytest.approx(0.01 + 4e-4 + 3e-7 * 2502 + 2e-3 + 2e-6 * 2502)
     # the same composition without a step cost: the rule of before (chunk + mixed decodes)
     old = _node(StepPolicy(512, 64, waiting_order="fcfs"), step=None)
     old.running = [Running(_req(0, 999), 1000, computed=999, outputs=1),
@@ -211,5 +228,5 @@ def test_a_request_alone_costs_its_steps(make_trace) -> None:  # noqa: ANN001
                  CalibratedCostModel(cal, chunk_size_tokens=512)).requests[0]
     first = 0.01 + 2e-4 * 300 + 3e-7 * 300 * 301 / 2 + 1e-3
     assert r.first_token_s == pytest.approx(first)
-    steps = [0.01 + 2e-4 + 3e-7 * (300 + j + 1) + 1e-3 for j in range(2)]
+    steps = [0.01 + 2e-4 + (3e-7 + 2e-6) * (300 + j + 1) + 1e-3 for j in range(2)]
     assert r.finish_s == pytest.approx(first + sum(steps))

@@ -137,6 +137,10 @@ def measure_decode(model: str, dtype: str, batches: Sequence[int], contexts: Seq
     return out
 
 
+WARM_DECODE_STEPS = 4
+"""Untimed all-decode steps after a decode set's prefill (its allocations)."""
+
+
 def _timed_step(eng: Any, dec: Sequence[Any], k: int) -> list[float]:
     """``[B, D, k, 0, seconds]`` of one ``eng.step()`` with decodes ``dec`` (the chunk's
     offset is filled in by the caller once the engine has said what it had cached)."""
@@ -160,7 +164,9 @@ def measure_mixed(model: str, dtype: str, decodes: Sequence[int], contexts: Sequ
     repeat and offset ``p`` (a whole number of blocks, rounded down), a decode-only step and,
     per ``k`` in ``chunks``, a prompt of ``p`` tokens cached just before plus ``k`` fresh ones
     is added and the step that computes those ``k`` tokens (its only chunk) is timed. Each
-    step is timed alone, not reduced: the fit sees every sample.
+    step is timed alone, not reduced: the fit sees every sample. Untimed first: every
+    (offset, chunk) once alone (the first step at a long context costs up to seconds more),
+    and ``WARM_DECODE_STEPS`` decode steps per decode set.
 
     Raises:
         ValueError: an empty list, a size below its minimum (``B``, ``p`` >= 0; ``L``, ``k``,
@@ -172,7 +178,7 @@ def measure_mixed(model: str, dtype: str, decodes: Sequence[int], contexts: Sequ
         raise ValueError("mixed steps: need decodes >= 0, contexts >= 1, chunks >= 1, "
                          "offsets >= 0, repeats >= 1, block size >= 1, none empty")
     offsets = sorted({p // block_size * block_size for p in offsets})
-    steps = repeats * len(offsets) * (len(chunks) + 1) + 8     # timed steps per decode set
+    steps = repeats * len(offsets) * (len(chunks) + 1) + WARM_DECODE_STEPS + 8
     b_max, ctx_max = max(decodes), max(contexts) if max(decodes) else 0
     prompt_max = max(offsets) + max(chunks)
     max_len = max(ctx_max + steps, prompt_max) + block_size
@@ -191,6 +197,10 @@ def measure_mixed(model: str, dtype: str, decodes: Sequence[int], contexts: Sequ
     one = SamplingParams(max_tokens=1)
     eng.generate([toks(64)], one)   # warm-up
     prefixes = {p: toks(p) for p in offsets}
+    eng.generate([prefixes[p] for p in offsets if p], one)
+    for p in offsets:      # untimed: every shape once (first long contexts cost seconds)
+        for k in chunks:
+            eng.generate([prefixes[p] + toks(k)], one)
     out: list[list[float]] = []
     sets = [(0, 0)] + [(b, L) for b in sorted(set(decodes)) if b for L in contexts]
     for b, L in sets:
@@ -200,8 +210,8 @@ def measure_mixed(model: str, dtype: str, decodes: Sequence[int], contexts: Sequ
         dec = [eng.requests[eng.add_request(toks(L), params)] for _ in range(b)]
         while any(not r.output_token_ids for r in dec):
             eng.step()
-        if dec:
-            eng.step()      # the first all-decode step (allocations)
+        for _ in range(WARM_DECODE_STEPS if dec else 0):
+            eng.step()      # the first all-decode steps (allocations)
 
         for _ in range(repeats):
             for p in offsets:
@@ -311,14 +321,14 @@ def calibrate(model: str = "smollm2", *, dtype: str = "float32", core: int = 0,
               mixed_contexts: Sequence[int] = (256, 2048),
               mixed_offsets: Sequence[int] = (0, 1024, 2048, 3584, 5120),
               mixed_repeats: int = 2, mixed_block_size: int = 128,
-              step_terms: Sequence[str] = ("tokens", "pairs"),
+              step_terms: Sequence[str] | None = None,
               label: str = "", command: str = "", say: Say | None = None) -> dict[str, Any]:
     """Measure, fit and return the calibration document (``Calibration.to_json``): pinned to
     ``cores`` (default ``[core]``) with ``threads`` torch threads per engine. With
     ``mixed_chunks`` (prefill chunk sizes, tokens), also whole engine steps of decodes plus
     one chunk (``measure_mixed`` with the ``mixed_*`` sizes) and the file's ``step`` cost
-    fitted to them (``sim.calibration.fit_step_cost`` with ``step_terms``); without, the
-    file has no ``step`` (as before)."""
+    fitted to them (``sim.calibration.fit_step_cost`` with ``step_terms``, default
+    ``DEFAULT_STEP_TERMS``); without, the file has no ``step`` (as before)."""
     cores = list(cores) if cores else [core]
     pin_to_cores(cores, threads)
     from pymooncake.conductor.policy import (
@@ -328,6 +338,7 @@ def calibrate(model: str = "smollm2", *, dtype: str = "float32", core: int = 0,
     )
     from pymooncake.engine.config import DEFAULT_KV_CAPACITY_TOKENS
     from pymooncake.sim.calibration import (
+        DEFAULT_STEP_TERMS,
         CalibratedModel,
         Calibration,
         fit_step_cost,
@@ -367,10 +378,17 @@ def calibrate(model: str = "smollm2", *, dtype: str = "float32", core: int = 0,
         h["total_error"] = h["sim_total_s"] / h["total_s"] - 1
     step, step_fit = None, {}
     if mixed:
-        step = fit_step_cost(mixed, step_terms)
-        errs = step_rel_errors(step, mixed)
-        step_fit = {"step_rel_rms": (sum(e * e for e in errs) / len(errs)) ** 0.5,
-                    "step_terms": list(step_terms), "step_block_size": mixed_block_size}
+        terms = tuple(step_terms or DEFAULT_STEP_TERMS)
+        step = fit_step_cost(mixed, terms)
+        engine_form = fit_step_cost(mixed, ("tokens", "pairs"))
+
+        def rms(cost: Any) -> float:
+            errs = step_rel_errors(cost, mixed)
+            return (sum(e * e for e in errs) / len(errs)) ** 0.5
+        step_fit = {"step_rel_rms": rms(step), "step_terms": list(terms),
+                    "step_block_size": mixed_block_size,
+                    "step_engine_form": {**engine_form.to_json(),
+                                         "rel_rms": rms(engine_form)}}
     prov = provenance(cores[0], model, dtype, cores)
     prov["engine_paths"]["fused_step"] = fused
     prov["load_average"] = {"start": list(load0), "end": list(os.getloadavg())}

@@ -80,7 +80,8 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
         if args.mixed_repeats < 1 or args.mixed_block_size < 1:
             raise UsageError("--mixed-repeats and --mixed-block-size must be >= 1")
         from pymooncake.sim.calibration import STEP_TERMS
-        if not set(mixed["step_terms"]) <= set(STEP_TERMS):
+        if not set(mixed["step_terms"]) <= set(STEP_TERMS) or \
+                "tokens" not in mixed["step_terms"]:
             raise UsageError(f"--step-terms: names of {', '.join(STEP_TERMS)}, got "
                              f"{args.step_terms!r}")
     require_extras("torch")
@@ -120,8 +121,12 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
             *([] if "step" not in d else [
                 f"engine step = {d['step']['overhead_s']:.3e} + {d['step']['per_token_s']:.3e}"
                 f"·tokens + {d['step']['per_pair_s']:.3e}·pairs + "
-                f"{d['step']['per_sequence_s']:.3e}·sequences s   (rel. RMS "
-                f"{d['fit']['step_rel_rms']:.1%}, {len(d['samples']['step'])} steps)"]),
+                f"{d['step']['per_sequence_s']:.3e}·sequences + "
+                f"{d['step']['per_decode_context_token_s']:.3e}·decode context + "
+                f"{d['step']['per_prefix_token_s']:.3e}·chunk prefix s   (rel. RMS "
+                f"{d['fit']['step_rel_rms']:.1%}, {len(d['samples']['step'])} steps; the "
+                f"engine's form a + b·tokens + c·pairs: "
+                f"{d['fit']['step_engine_form']['rel_rms']:.1%})"]),
             f"transfer {t['kv_bytes_per_token']} B/token at {t['bandwidth_bytes_per_s'] / 1e9:.2f}"
             f" GB/s ({t['bandwidth_source']}) + {t['overhead_s'] * 1000:.1f} ms", *[
                 f"held out: {h['prompt_tokens']} tokens + {h['output_tokens']} out: first "
@@ -191,9 +196,10 @@ def register(sim: argparse._SubParsersAction) -> None:
     p.add_argument("--mixed-block-size", type=int, default=128,
                    help="KV block size of the engine timed for mixed steps (default "
                         "%(default)s: the live runs')")
-    p.add_argument("--step-terms", default="tokens,pairs",
+    p.add_argument("--step-terms", default="tokens,pairs,decode_context,chunk_prefix",
                    help="variable terms of the step fit besides its fixed part, of "
-                        "tokens,pairs,sequences (default %(default)s)")
+                        "tokens,pairs,sequences,decode_context,chunk_prefix ('tokens' "
+                        "required; default %(default)s)")
     p.add_argument("--label", default="", help="free text stored in the file (e.g. 'quiet')")
     p.add_argument("--out", default="calibration.json", help="file to write")
     add_json_flag(p)

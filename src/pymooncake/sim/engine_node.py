@@ -27,8 +27,9 @@ with decode steps between its chunks. ``EngineNode`` instead replays, step by st
 * a request samples a token when a step reaches its last token: its first token at the end
   of its last prefill chunk, then one per step; it finishes with its ``output_length``-th;
 * a step's time, with a calibration's ``step`` cost (``calibrate-cpu --mixed-chunks``):
-  ``a + b·tokens + c·pairs + e·sequences`` of the step's whole composition (its decodes,
-  ``(context − 1, 1)`` each, and its chunks, ``(c, k)``; ``sim.calibration.StepCost``),
+  ``a + b·tokens + c·pairs + e·sequences + g·decode context + h·chunk prefix`` of the
+  step's whole composition (``sim.calibration.StepCost.composition_s``: its decodes, each
+  attending its computed tokens + 1, and its chunks, ``k`` tokens after ``c`` computed),
   fitted from timed engine steps of that kind; without one (older files), per prefill
   chunk of ``k`` tokens after ``c`` computed
   ``q·((c+k)² − c²) + l·k``, plus the prefill overhead ``o`` in a request's first chunk;
@@ -56,7 +57,7 @@ from itertools import chain
 
 from pymooncake.conductor.policy import DecodeEstimator, PrefillEstimator
 from pymooncake.sim.cache_model import LruBlockCache
-from pymooncake.sim.calibration import StepCost, attention_pairs
+from pymooncake.sim.calibration import StepCost
 from pymooncake.sim.cluster import SimRequest
 from pymooncake.workload.stats import prefix_blocks_hit
 
@@ -320,16 +321,16 @@ class EngineNode:
     def _chunk_cost_s(self, x: Running, k: int) -> float:
         """A prefill chunk's share of its step (the request's ``prefill_gpu_s``): with a
         step cost, what the chunk adds to the step (its tokens, pairs and sequence)."""
-        st = self.step
-        if st is None:
+        if self.step is None:
             return chunk_s(self.pre, x.computed, k, x.computed == x.req.hit_tokens)
-        return (st.per_token_s * k + st.per_pair_s * attention_pairs(x.computed, k)
-                + st.per_sequence_s)
+        return self.step.chunk_s(x.computed, k)
 
     def _step_s(self, planned: list[tuple[Running, int]]) -> float:
         """A planned step's time (module docstring; ``StepCost`` when the node has one)."""
         if self.step is not None:
-            return self.step.composition_s([(x.computed, k) for x, k in planned])
+            return self.step.composition_s(
+                [x.computed + 1 for x, _ in planned if x.decoding],
+                [(x.computed, k) for x, k in planned if not x.decoding])
         t = sum(chunk_s(self.pre, x.computed, k, x.computed == x.req.hit_tokens)
                 for x, k in planned if not x.decoding)
         dec = [x for x, _ in planned if x.decoding]
