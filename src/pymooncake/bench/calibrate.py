@@ -170,7 +170,9 @@ def measure_mixed(model: str, dtype: str, decodes: Sequence[int], contexts: Sequ
 
     Raises:
         ValueError: an empty list, a size below its minimum (``B``, ``p`` >= 0; ``L``, ``k``,
-            ``repeats``, ``block_size`` >= 1)."""
+            ``repeats``, ``block_size`` >= 1).
+        RuntimeError: a chunk that the engine did not compute in one step (it would not be
+            the composition recorded)."""
     from pymooncake.engine import SamplingParams
     if not (decodes and contexts and chunks and offsets) or min(decodes) < 0 or \
             min(contexts) < 1 or min(chunks) < 1 or min(offsets) < 0 or repeats < 1 or \

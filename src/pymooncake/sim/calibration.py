@@ -129,11 +129,13 @@ class StepCost:
                            sum(p for p, _ in chunks))
 
     def chunk_s(self, computed: int, k: int) -> float:
-        """What a prefill chunk of ``k`` tokens after ``computed`` adds to a step."""
+        """Seconds a prefill chunk of ``k`` tokens after ``computed`` adds to a step (its
+        tokens, pairs, sequence and prefix terms)."""
         return (self.per_token_s * k + self.per_pair_s * attention_pairs(computed, k)
                 + self.per_sequence_s + self.per_prefix_token_s * computed)
 
     def to_json(self) -> dict[str, float]:
+        """The file's ``step`` section (seconds, seconds per token / pair / sequence)."""
         return {"overhead_s": self.overhead_s, "per_token_s": self.per_token_s,
                 "per_pair_s": self.per_pair_s, "per_sequence_s": self.per_sequence_s,
                 "per_decode_context_token_s": self.per_decode_context_token_s,
