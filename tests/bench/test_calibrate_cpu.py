@@ -91,3 +91,38 @@ def test_calibrate_cpu_refuses_missing_cpus_and_an_unwritable_out_before_measuri
     assert "--core: distinct CPUs" in capsys.readouterr().err
     assert main(["sim", "calibrate-cpu", "--out", "/nonexistent-dir/x.json"]) == 2
     assert "--out /nonexistent-dir/x.json: directory" in capsys.readouterr().err
+
+
+def test_calibrate_cpu_mixed_steps(capsys, tmp_path, keep_affinity) -> None:  # noqa: ANN001
+    """--mixed-chunks: whole engine steps of decodes beside one chunk are timed, one sample
+    per step with the composition the engine ran, and the file's ``step`` is fitted."""
+    out = tmp_path / "cal.json"
+    rc = main(["sim", "calibrate-cpu", "--model", "tiny", "--core", str(keep_affinity),
+               "--lengths", "32,128,256", "--prefix-fractions", "0,0.5", "--repeats", "1",
+               "--batches", "1,2", "--contexts", "16,32", "--decode-steps", "2", "--holdout",
+               "--transfer-bandwidth-gbps", "80", "--mixed-chunks", "8,64",
+               "--mixed-decodes", "0,2", "--mixed-contexts", "40", "--mixed-offsets", "0,40",
+               "--mixed-repeats", "1", "--mixed-block-size", "16", "--out", str(out),
+               "--json"])
+    assert rc == 0, capsys.readouterr().err
+    doc = json.loads(capsys.readouterr().out)
+    rows = doc["samples"]["step"]
+    # B = 0: 2 offsets x 2 chunks; B = 2 (contexts of 40): 2 offsets x (1 decode-only + 2)
+    assert len(rows) == 4 + 6
+    assert [r[:4] for r in rows[:4]] == [[0, 0, 8, 0], [0, 0, 64, 0], [0, 0, 8, 32],
+                                         [0, 0, 64, 32]]     # 40 -> 32: whole blocks
+    mixed = rows[4:]
+    assert [(r[0], r[2], r[3]) for r in mixed] == [(2, 0, 0), (2, 8, 0), (2, 64, 0),
+                                                   (2, 0, 0), (2, 8, 32), (2, 64, 32)]
+    # each decode attends its context: 40 prompt tokens + the tokens sampled so far
+    assert all(r[1] >= 2 * 41 for r in mixed)
+    assert [r[1] for r in mixed] == sorted(r[1] for r in mixed)    # contexts grow
+    assert all(r[4] > 0 for r in rows)
+    cal = load_calibration(out)
+    assert cal.step is not None and cal.step.per_token_s > 0
+    assert doc["fit"]["step_terms"] == ["tokens", "pairs", "decode_context", "chunk_prefix"]
+    assert doc["fit"]["step_rel_rms"] >= 0 and doc["fit"]["step_engine_form"]["rel_rms"] >= 0
+    assert main(["sim", "calibrate-cpu", "--mixed-chunks", "0,8"]) == 2
+    assert "--mixed-chunks" in capsys.readouterr().err
+    assert main(["sim", "calibrate-cpu", "--mixed-chunks", "8", "--step-terms", "flops"]) == 2
+    assert "--step-terms" in capsys.readouterr().err

@@ -18,7 +18,8 @@ How the live systems map onto the simulator (one node = one pinned core):
   engine's calibrated costs (the calibration measures our engine, not vLLM);
 - ``ours-1w``: ``colocated``, ONE node for all the cores with the costs of a calibration
   timed with that many threads (``calibrate-cpu --threads``), stepped like the engine
-  (``sim.engine_node``): 512-token steps, 256 while any request decodes, shortest-first
+  (``sim.engine_node``; each step costs the calibration's ``step`` when it has one,
+  ``calibrate-cpu --mixed-chunks``): 512-token steps, 256 while any request decodes, shortest-first
   admission (its variants ``ours-1w-c<N>-t<MS>-srpt`` with their cap, step time and
   order: ``capacity_systems.ours_1w_options``), the prefix cache in the whole paged KV
   (every engine's KV together), early rejection at the live objectives with the live

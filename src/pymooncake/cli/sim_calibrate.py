@@ -65,6 +65,25 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
         if not args.transfer_bandwidth_gbps > 0:
             raise UsageError("--transfer-bandwidth-gbps must be > 0")
         bw = args.transfer_bandwidth_gbps * 1e9 / 8
+    mixed = {}
+    if args.mixed_chunks:
+        mixed = dict(mixed_chunks=_csv(int, args.mixed_chunks, "--mixed-chunks"),
+                     mixed_decodes=_csv(int, args.mixed_decodes, "--mixed-decodes"),
+                     mixed_contexts=_csv(int, args.mixed_contexts, "--mixed-contexts"),
+                     mixed_offsets=_csv(int, args.mixed_offsets, "--mixed-offsets"),
+                     mixed_repeats=args.mixed_repeats, mixed_block_size=args.mixed_block_size,
+                     step_terms=_csv(str, args.step_terms, "--step-terms"))
+        if min(mixed["mixed_chunks"]) < 1 or min(mixed["mixed_decodes"]) < 0 or \
+                min(mixed["mixed_contexts"]) < 1 or min(mixed["mixed_offsets"]) < 0:
+            raise UsageError("--mixed-chunks, --mixed-contexts >= 1; --mixed-decodes, "
+                             "--mixed-offsets >= 0")
+        if args.mixed_repeats < 1 or args.mixed_block_size < 1:
+            raise UsageError("--mixed-repeats and --mixed-block-size must be >= 1")
+        from pymooncake.sim.calibration import STEP_TERMS
+        if not set(mixed["step_terms"]) <= set(STEP_TERMS) or \
+                "tokens" not in mixed["step_terms"]:
+            raise UsageError(f"--step-terms: names of {', '.join(STEP_TERMS)}, got "
+                             f"{args.step_terms!r}")
     require_extras("torch")
     from pymooncake.bench.calibrate import calibrate
     say = None if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
@@ -76,7 +95,7 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
                         transfer_bandwidth_bytes_per_s=bw,
                         transfer_overhead_s=args.transfer_overhead_ms / 1000,
                         kv_capacity_tokens=args.kv_capacity_tokens, label=args.label,
-                        statistic=args.statistic, holdout=args.holdout,
+                        statistic=args.statistic, holdout=args.holdout, **mixed,
                         command=shlex.join(["pymooncake", *sys.argv[1:]]), say=say)
     except (OSError, ValueError) as e:
         doc = getattr(e, "document", None)
@@ -99,6 +118,15 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
             f"decode step = {dc['overhead_s']:.3e} + max({dc['per_sequence_s']:.3e}·B, "
             f"{dc['weight_s']:.3e}) + {dc['attention_per_context_token_s']:.3e}·C s   "
             f"(rel. RMS {d['fit']['decode_rel_rms']:.1%})",
+            *([] if "step" not in d else [
+                f"engine step = {d['step']['overhead_s']:.3e} + {d['step']['per_token_s']:.3e}"
+                f"·tokens + {d['step']['per_pair_s']:.3e}·pairs + "
+                f"{d['step']['per_sequence_s']:.3e}·sequences + "
+                f"{d['step']['per_decode_context_token_s']:.3e}·decode context + "
+                f"{d['step']['per_prefix_token_s']:.3e}·chunk prefix s   (rel. RMS "
+                f"{d['fit']['step_rel_rms']:.1%}, {len(d['samples']['step'])} steps; the "
+                f"engine's form a + b·tokens + c·pairs: "
+                f"{d['fit']['step_engine_form']['rel_rms']:.1%})"]),
             f"transfer {t['kv_bytes_per_token']} B/token at {t['bandwidth_bytes_per_s'] / 1e9:.2f}"
             f" GB/s ({t['bandwidth_source']}) + {t['overhead_s'] * 1000:.1f} ms", *[
                 f"held out: {h['prompt_tokens']} tokens + {h['output_tokens']} out: first "
@@ -150,6 +178,28 @@ def register(sim: argparse._SubParsersAction) -> None:
     p.add_argument("--holdout", type=_pair, nargs="*", default=[(768, 32), (1536, 32)],
                    metavar="N:K", help="whole requests (N prompt, K output tokens) timed "
                    "for the simulated-vs-measured check, not fitted (default 768:32 1536:32)")
+    p.add_argument("--mixed-chunks", default="", metavar="LIST",
+                   help="also time whole engine steps of decodes plus one prefill chunk of "
+                        "these sizes, tokens (e.g. 16,32,64,128,256,512), and fit the file's "
+                        "'step' cost (the simulator's ours-1w node then uses it); default: "
+                        "not measured, no 'step' in the file")
+    p.add_argument("--mixed-decodes", default="0,1,4,12",
+                   help="running decodes beside the chunk (0: prefill alone; default "
+                        "%(default)s)")
+    p.add_argument("--mixed-contexts", default="256,2048",
+                   help="prompt tokens of each decoding request (default %(default)s)")
+    p.add_argument("--mixed-offsets", default="0,1024,2048,3584,5120",
+                   help="cached tokens before the chunk (rounded down to whole blocks; "
+                        "default %(default)s)")
+    p.add_argument("--mixed-repeats", type=int, default=2,
+                   help="rounds over offsets and chunks per decode set (default %(default)s)")
+    p.add_argument("--mixed-block-size", type=int, default=128,
+                   help="KV block size of the engine timed for mixed steps (default "
+                        "%(default)s: the live runs')")
+    p.add_argument("--step-terms", default="tokens,pairs,decode_context,chunk_prefix",
+                   help="variable terms of the step fit besides its fixed part, of "
+                        "tokens,pairs,sequences,decode_context,chunk_prefix ('tokens' "
+                        "required; default %(default)s)")
     p.add_argument("--label", default="", help="free text stored in the file (e.g. 'quiet')")
     p.add_argument("--out", default="calibration.json", help="file to write")
     add_json_flag(p)

@@ -26,7 +26,12 @@ with decode steps between its chunks. ``EngineNode`` instead replays, step by st
   the running requests leave (the engine would admit and preempt later);
 * a request samples a token when a step reaches its last token: its first token at the end
   of its last prefill chunk, then one per step; it finishes with its ``output_length``-th;
-* a step's time: per prefill chunk of ``k`` tokens after ``c`` computed
+* a step's time, with a calibration's ``step`` cost (``calibrate-cpu --mixed-chunks``):
+  ``a + b·tokens + c·pairs + e·sequences + g·decode context + h·chunk prefix`` of the
+  step's whole composition (``sim.calibration.StepCost.composition_s``: its decodes, each
+  attending its computed tokens + 1, and its chunks, ``k`` tokens after ``c`` computed),
+  fitted from timed engine steps of that kind; without one (older files), per prefill
+  chunk of ``k`` tokens after ``c`` computed
   ``q·((c+k)² − c²) + l·k``, plus the prefill overhead ``o`` in a request's first chunk;
   its ``B`` decodes (``C``: their context tokens) add ``decode.step_s(B, C)`` to a step
   without a chunk, and ``d + l·B + a·C`` to a step with one (one forward pass over all the
@@ -35,14 +40,14 @@ with decode steps between its chunks. ``EngineNode`` instead replays, step by st
   per step: the work a step with decodes has whatever its size. Measured on the engine,
   ``bench mixed-step``: a 2,400-token prompt beside 3 decodes 2.73 s in 256-token steps
   and 2.44 s in 512-token ones on 2 threads; this rule gives 2.77 and 2.57 s, without
-  ``d`` 2.45 and 2.41 s; docs/sim.md). A request alone costs exactly the calibrated
-  ``prefill_s(n, p)`` and then ``step_s(1, ·)`` per token;
+  ``d`` 2.45 and 2.41 s; docs/sim.md). Without a step cost, a request alone costs exactly
+  the calibrated ``prefill_s(n, p)`` and then ``step_s(1, ·)`` per token;
 * the blocks a step completes enter the node's cache at the step's end (the engine caches
   each full block once computed); a waiting request whose next uncached block a running
   prompt is still computing is not admitted until it is cached (the engine's
   ``Scheduler.prefix_in_progress``).
-Left out: preemption (a running request always gets its KV; admission stops instead) and
-any cost of mixing a chunk into a decode step beyond the sum above.
+Left out: preemption (a running request always gets its KV; admission stops instead) and,
+without a step cost, any cost of mixing a chunk into a decode step beyond the sum above.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from itertools import chain
 
 from pymooncake.conductor.policy import DecodeEstimator, PrefillEstimator
 from pymooncake.sim.cache_model import LruBlockCache
+from pymooncake.sim.calibration import StepCost
 from pymooncake.sim.cluster import SimRequest
 from pymooncake.workload.stats import prefix_blocks_hit
 
@@ -145,8 +151,12 @@ class EngineNode:
 
     def __init__(self, name: str, cache: LruBlockCache, policy: StepPolicy,
                  prefill: PrefillEstimator, decode: DecodeEstimator, kv_capacity_tokens: int,
-                 block_size: int) -> None:
+                 block_size: int, step: StepCost | None = None) -> None:
+        """``step``: a calibration's fitted cost of a whole engine step; given, every step
+        (decode-only, mixed, prefill alone) costs ``step.composition_s`` of what it
+        computes, else the rule of the module docstring (``prefill`` and ``decode``)."""
         self.name = name
+        self.step = step
         self.cache = cache
         self.policy = policy
         self.pre = prefill
@@ -209,8 +219,7 @@ class EngineNode:
         self.busy = True
         for x, k in planned:
             if not x.decoding:
-                x.req.prefill_gpu_s += chunk_s(self.pre, x.computed, k,
-                                               x.computed == x.req.hit_tokens)
+                x.req.prefill_gpu_s += self._chunk_cost_s(x, k)
         t = self._step_s(planned)
         self.busy_s += t
         return t
@@ -309,8 +318,19 @@ class EngineNode:
             lo = max(lo, min(k_max, MIN_TIMED_CHUNK))
         return lo
 
+    def _chunk_cost_s(self, x: Running, k: int) -> float:
+        """A prefill chunk's share of its step (the request's ``prefill_gpu_s``): with a
+        step cost, what the chunk adds to the step (its tokens, pairs and sequence)."""
+        if self.step is None:
+            return chunk_s(self.pre, x.computed, k, x.computed == x.req.hit_tokens)
+        return self.step.chunk_s(x.computed, k)
+
     def _step_s(self, planned: list[tuple[Running, int]]) -> float:
-        """A planned step's time (module docstring)."""
+        """A planned step's time (module docstring; ``StepCost`` when the node has one)."""
+        if self.step is not None:
+            return self.step.composition_s(
+                [x.computed + 1 for x, _ in planned if x.decoding],
+                [(x.computed, k) for x, k in planned if not x.decoding])
         t = sum(chunk_s(self.pre, x.computed, k, x.computed == x.req.hit_tokens)
                 for x, k in planned if not x.decoding)
         dec = [x for x, _ in planned if x.decoding]

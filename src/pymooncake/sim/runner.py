@@ -128,8 +128,11 @@ class Simulator:
             pol = StepPolicy(cfg.step_budget_tokens, cfg.decode_step_tokens,
                              cfg.chunk_size_tokens, cfg.max_batch_size, cfg.waiting_order,
                              cfg.aging_tokens_per_s, cfg.decode_step_s, cfg.prefill_hold_s)
+            step = (self.cm.calibration.step if isinstance(self.cm, CalibratedCostModel)
+                    else None)
             self.engine_nodes = {p.name: EngineNode(p.name, p.cache, pol, self.est.prefill,
-                                                    self.est.decode, hbm_kv, cfg.block_size)
+                                                    self.est.decode, hbm_kv, cfg.block_size,
+                                                    step)
                                  for p in self.prefill_nodes}
         self.in_flight: dict[str, dict[int, tuple[float, float]]] = {
             n: {} for n in self.engine_nodes}
