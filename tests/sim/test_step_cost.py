@@ -35,7 +35,7 @@ from pymooncake.sim.runner import simulate
 
 DATA = Path(__file__).parent / "data"
 OLD_FILE = DATA / "calibration_2t_before_step.json"
-"""docs/sim-calibration-smollm2-2t.json as it was at 7bacfaf (AMD machine, 2026-12-04
+"""docs/sim-calibration-smollm2-2t.json as it was at commit 7bacfaf (AMD machine, 2026-12-04
 18:14 UTC): the format before ``step``."""
 
 PRE = PrefillEstimator(0.0, 0.001, 0.01)
