@@ -1,4 +1,4 @@
-"""The calibrated cost of a whole engine step (``sim.calibration.StepCost``, the file's
+"""The calibrated cost of a whole engine step (``sim.step_cost.StepCost``, the file's
 optional ``step``; ``calibrate-cpu --mixed-chunks``) and the engine-stepped node that uses it:
 the fit recovers coefficients chosen here, a file without ``step`` still loads and gives the
 numbers the simulator gave before the step cost existed (computed at commit 7bacfaf), and a

@@ -28,7 +28,7 @@ with decode steps between its chunks. ``EngineNode`` instead replays, step by st
   of its last prefill chunk, then one per step; it finishes with its ``output_length``-th;
 * a step's time, with a calibration's ``step`` cost (``calibrate-cpu --mixed-chunks``):
   ``a + b·tokens + c·pairs + e·sequences + g·decode context + h·chunk prefix`` of the
-  step's whole composition (``sim.calibration.StepCost.composition_s``: its decodes, each
+  step's whole composition (``sim.step_cost.StepCost.composition_s``: its decodes, each
   attending its computed tokens + 1, and its chunks, ``k`` tokens after ``c`` computed),
   fitted from timed engine steps of that kind; without one (older files), per prefill
   chunk of ``k`` tokens after ``c`` computed
@@ -57,7 +57,7 @@ from itertools import chain
 
 from pymooncake.conductor.policy import DecodeEstimator, PrefillEstimator
 from pymooncake.sim.cache_model import LruBlockCache
-from pymooncake.sim.calibration import StepCost
+from pymooncake.sim.step_cost import StepCost
 from pymooncake.sim.cluster import SimRequest
 from pymooncake.workload.stats import prefix_blocks_hit
 
