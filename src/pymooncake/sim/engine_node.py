@@ -57,8 +57,8 @@ from itertools import chain
 
 from pymooncake.conductor.policy import DecodeEstimator, PrefillEstimator
 from pymooncake.sim.cache_model import LruBlockCache
-from pymooncake.sim.step_cost import StepCost
 from pymooncake.sim.cluster import SimRequest
+from pymooncake.sim.step_cost import StepCost
 from pymooncake.workload.stats import prefix_blocks_hit
 
 WAITING_ORDERS = ("fcfs", "shortest", "srpt")
