@@ -25,10 +25,15 @@ def test_runs_have_equal_work_by_brute_force(n, ctx_len, parts):
     assert max(abs(w - sum(cost) / parts) for w in work) <= max(cost)
 
 
-@pytest.mark.parametrize(("ctx_len", "n"), [(3000, 512), (700, 700), (1500, 300), (90, 40)])
-def test_split_attention_equals_one_call_bit_for_bit(ctx_len, n):
-    torch.manual_seed(ctx_len)
-    heads, kv_heads, d, bs = 9, 3, 64, 16
+@pytest.mark.parametrize(("ctx_len", "n", "bs"), [
+    (3000, 512, 16), (700, 700, 16), (1500, 300, 16), (90, 40, 16),
+    # short chunks after a long prefix: the kernel's threads in smaller groups
+    # (``OMP_SPLIT_MIN_WORK``, ``pmk_flash_group_vecs``)
+    (2400, 64, 128), (1200, 48, 128), (600, 64, 128), (300, 7, 128),
+])
+def test_split_attention_equals_one_call_bit_for_bit(ctx_len, n, bs):
+    torch.manual_seed(ctx_len + n)
+    heads, kv_heads, d = 9, 3, 64
     num_blocks = -(-ctx_len // bs) + 4
     cache = torch.randn(2, kv_heads, num_blocks, bs, d)
     blocks = torch.randperm(num_blocks)[:-(-ctx_len // bs)].to(torch.int64).contiguous()
@@ -176,25 +181,3 @@ def test_flash_group_size_gives_every_thread_work(nvec, kv_heads, threads, want)
     if not hasattr(lib, "pmk_flash_group_vecs"):
         pytest.skip("no AVX-512 blocked kernel in this build")
     assert lib.pmk_flash_group_vecs(nvec, kv_heads, threads) == want
-
-
-@pytest.mark.parametrize(("ctx_len", "n"), [(2400, 64), (1200, 48), (600, 64), (300, 7)])
-def test_short_chunks_on_two_threads_equal_one_thread_bit_for_bit(ctx_len, n):
-    """Short chunks after a long prefix now run on the kernel's threads in smaller groups
-    (``OMP_SPLIT_MIN_WORK``, ``pmk_flash_group_vecs``): same bits as one thread."""
-    torch.manual_seed(n)
-    heads, kv_heads, d, bs = 9, 3, 64, 128
-    num_blocks = -(-ctx_len // bs) + 2
-    cache = torch.randn(2, kv_heads, num_blocks, bs, d)
-    blocks = torch.randperm(num_blocks)[:-(-ctx_len // bs)].to(torch.int64).contiguous()
-    q = torch.randn(n, heads, d)
-    threads = torch.get_num_threads()
-    outs = []
-    try:
-        for t in (1, 2):
-            torch.set_num_threads(t)
-            outs.append(torch.empty_like(q))
-            kernels.prefill_attention(q, cache, blocks, ctx_len, 0.125, outs[-1])
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(outs[0], outs[1])
