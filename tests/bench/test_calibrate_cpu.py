@@ -126,3 +126,6 @@ def test_calibrate_cpu_mixed_steps(capsys, tmp_path, keep_affinity) -> None:  # 
     assert "--mixed-chunks" in capsys.readouterr().err
     assert main(["sim", "calibrate-cpu", "--mixed-chunks", "8", "--step-terms", "flops"]) == 2
     assert "--step-terms" in capsys.readouterr().err
+    # without --mixed-chunks too (it was ignored and the calibration measured anyway)
+    assert main(["sim", "calibrate-cpu", "--step-terms", "flops"]) == 2
+    assert "--step-terms" in capsys.readouterr().err

@@ -303,3 +303,54 @@ def test_cli_from_document_without_solo_fails_cleanly(tmp_path: Path,
     bad.write_text(json.dumps(doc))
     assert main(["bench", "capacity", "--from", str(bad), "--plot-dir", ""]) == 1
     assert "no single-request base" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d["points"][0]["summary"].__setitem__("ttft_p90_s", "abc"),
+     "points[0].summary.ttft_p90_s: expected seconds >= 0 or null, got 'abc'"),
+    (lambda d: d["points"][1]["summary"].__setitem__("bad_fraction", 2),
+     "points[1].summary.bad_fraction: expected a number in [0, 1], got 2"),
+    (lambda d: d["points"][0].__setitem__("rate", -1),
+     "points[0].rate: expected a number > 0, got -1"),
+    (lambda d: d["points"].__setitem__(0, [1, 2]),
+     "points[0]: not an object with a 'summary' object"),
+])
+def test_cli_from_a_bad_value_names_the_file_and_field(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], edit, message) -> None:  # noqa: ANN001
+    """A malformed value inside a recorded document: exit 1 and one line naming the file
+    and the field (it raised a TypeError from the analysis before)."""
+    from pymooncake.cli.main import main
+    doc = json.loads(SAMPLE.read_text())
+    edit(doc)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    assert main(["bench", "capacity", "--from", str(bad), "--plot-dir", ""]) == 1
+    assert f"{bad}: {message}" in capsys.readouterr().err
+
+
+def test_cli_from_unreadable_or_not_json_exits_1(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from pymooncake.cli.main import main
+    text = tmp_path / "notes.txt"
+    text.write_text("not json")
+    assert main(["bench", "capacity", "--from", str(text), "--plot-dir", ""]) == 1
+    assert f"{text}: not JSON" in capsys.readouterr().err
+    missing = tmp_path / "missing.json"
+    assert main(["bench", "capacity", "--from", str(missing), "--plot-dir", ""]) == 1
+    assert f"{missing}: cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--rates", "0.1,abc"], "--rates: 'abc' is not a number"),
+    (["--multiples", "2,x"], "--multiples: 'x' is not a number"),
+    (["--cores", "0,a"], "--cores: give comma-separated integers, got '0,a'"),
+    (["--rates", "inf"], "--rates: give finite rates > 0 req/s"),
+    (["--systems", "ours-1w-t3600000"], "-t<MS> must be below 3600000 ms"),
+    (["--systems", "ours-1w-h99999999"], "-h<MS> must be below 3600000 ms"),
+])
+def test_cli_bad_flags_name_the_flag(argv: list[str], message: str,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before anything starts (exit 2), the message naming the flag or system."""
+    from pymooncake.cli.main import main
+    assert main(["bench", "capacity", *argv, "--plot-dir", ""]) == 2
+    assert message in capsys.readouterr().err

@@ -216,7 +216,45 @@ def check_doc(doc: Any) -> dict[str, Any]:
     for key in ("config", "solo", "points", "provenance"):
         if key not in doc:
             raise ValueError(f"capacity document without {key!r}")
+    if not isinstance(doc["points"], list) or not isinstance(doc["solo"], dict):
+        raise ValueError("capacity document: 'points' must be a list and 'solo' an object")
+    for i, p in enumerate(doc["points"]):
+        where = f"points[{i}]"
+        if not isinstance(p, dict) or not isinstance(p.get("summary"), dict):
+            raise ValueError(f"{where}: not an object with a 'summary' object")
+        for key in ("trace", "system"):
+            if not isinstance(p.get(key), str):
+                raise ValueError(f"{where}.{key}: expected a string, got {p.get(key)!r}")
+        if not _number(p.get("rate")) or p["rate"] <= 0:
+            raise ValueError(f"{where}.rate: expected a number > 0, got {p.get('rate')!r}")
+        _check_summary(p["summary"], f"{where}.summary")
+    for trace, systems in doc["solo"].items():
+        if not isinstance(systems, dict):
+            raise ValueError(f"solo.{trace}: expected an object of systems")
+        for name, summ in systems.items():
+            if not isinstance(summ, dict):
+                raise ValueError(f"solo.{trace}.{name}: expected an object")
+            _check_summary(summ, f"solo.{trace}.{name}", counts=False)
     return doc
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_summary(summ: dict[str, Any], where: str, counts: bool = True) -> None:
+    """The summary fields the analysis reads: p90 seconds (a number >= 0 or null) and, for a
+    swept point that ran (not ``skipped``), its request count and bad fraction."""
+    for key in ("ttft_p90_s", "tbt_p90_s"):
+        v = summ.get(key)
+        if v is not None and (not _number(v) or v < 0):
+            raise ValueError(f"{where}.{key}: expected seconds >= 0 or null, got {v!r}")
+    if counts and not summ.get("skipped"):
+        n, bad = summ.get("num_requests"), summ.get("bad_fraction")
+        if not (isinstance(n, int) and not isinstance(n, bool) and n >= 0):
+            raise ValueError(f"{where}.num_requests: expected an integer >= 0, got {n!r}")
+        if n and not (_number(bad) and 0 <= bad <= 1):
+            raise ValueError(f"{where}.bad_fraction: expected a number in [0, 1], got {bad!r}")
 
 
 def _f(v: Any, unit: str = "") -> str:

@@ -18,6 +18,7 @@ keeps what it measured. Per point it stores every request's status, TTFT and TBT
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -69,8 +70,8 @@ def check_options(o: RunOptions) -> None:
         systems.check_system(name)
     if not o.systems or len(set(o.systems)) != len(o.systems):
         raise ValueError("--systems: give each system once")
-    if not o.rates or any(not r > 0 for r in o.rates):
-        raise ValueError("--rates: give rates > 0 req/s")
+    if not o.rates or any(not (r > 0 and math.isfinite(r)) for r in o.rates):
+        raise ValueError("--rates: give finite rates > 0 req/s")
     if o.repeats < 1 or o.requests < 1 or o.solo_requests < 1 or o.stop_after < 1:
         raise ValueError("--repeats, --requests, --solo-requests, --stop-after must be >= 1")
     if not o.multiples or any(not m > 0 for m in o.multiples) or not o.admission_multiple > 0:

@@ -118,7 +118,16 @@ def vllm_options(name: str) -> tuple[int | None, int | None] | None:
 
 
 def check_system(name: str) -> None:
-    if name in SYSTEMS or vllm_options(name) is not None or ours_1w_options(name) is not None:
+    """``ValueError`` naming ``name`` unless it is a system this harness runs (an
+    ``ours-1w`` step time ``-t`` and hold ``-h`` below an hour, as ``serve`` takes them)."""
+    opts = ours_1w_options(name)
+    if opts is not None:
+        for flag, v in (("-t", opts.decode_step_s), ("-h", opts.prefill_hold_s)):
+            if v is not None and not v < 3600:
+                raise ValueError(f"system {name!r}: {flag}<MS> must be below 3600000 ms "
+                                 f"(one hour)")
+        return
+    if name in SYSTEMS or vllm_options(name) is not None:
         return
     raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}, "
                      f"vllm[-t<N>][-b<M>] or ours-1w[-c<N>][-t<MS>][-h<MS>][-srpt|-fcfs][-a<R>]")

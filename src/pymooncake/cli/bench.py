@@ -129,8 +129,25 @@ def _cmd_peer(args: argparse.Namespace) -> int:
     return 0
 
 
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.replace(" ", "").split(",") if x]
+def _floats(text: str, flag: str = "") -> list[float]:
+    """Comma-separated numbers; ``ValueError`` naming ``flag`` and the bad item otherwise."""
+    out = []
+    for x in text.replace(" ", "").split(","):
+        if not x:
+            continue
+        try:
+            out.append(float(x))
+        except ValueError:
+            raise ValueError(f"{flag or 'list'}: {x!r} is not a number") from None
+    return out
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    """Comma-separated integers; ``ValueError`` naming ``flag`` and the bad item otherwise."""
+    try:
+        return [int(c) for c in text.replace(" ", "").split(",") if c]
+    except ValueError:
+        raise ValueError(f"{flag}: give comma-separated integers, got {text!r}") from None
 
 
 def _register_capacity(bench: argparse._SubParsersAction) -> None:
@@ -147,7 +164,7 @@ def _register_capacity(bench: argparse._SubParsersAction) -> None:
                     "p90/p99 TTFT and TBT and rejections per point; effective capacity = the "
                     "highest rate whose p90 TTFT and TBT are within a threshold pair "
                     "(multiples of the single-request p90s measured in the same run) with "
-                    "<= 10%% rejected or failed. Writes --out (JSON), a table and PNGs. "
+                    "<= 10% rejected or failed. Writes --out (JSON), a table and PNGs. "
                     "--from FILE only analyses and plots a recorded run.")
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="analyse and plot this recorded JSON instead of running")
@@ -198,10 +215,30 @@ def _register_capacity(bench: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_cmd_capacity)
 
 
-def _cmd_capacity(args: argparse.Namespace) -> int:
+def _read_capacity_doc(path: str) -> dict:
+    """``--from FILE``: the capacity document, or ``CommandError`` (exit 1) naming the file
+    and what is wrong with it."""
     import json
-    import sys
     from pathlib import Path
+
+    from pymooncake.bench import capacity as cap
+    from pymooncake.cli.main import CommandError
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CommandError(f"{path}: cannot read ({e})") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise CommandError(f"{path}: not JSON ({e})") from None
+    try:
+        return cap.check_doc(doc)
+    except ValueError as e:
+        raise CommandError(f"{path}: {e}") from None
+
+
+def _cmd_capacity(args: argparse.Namespace) -> int:
+    import sys
 
     from pymooncake.bench import capacity as cap
     from pymooncake.bench.capacity_run import RunOptions, run_capacity
@@ -211,17 +248,18 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     from pymooncake.cli.main import CommandError, UsageError
     try:
         if args.from_file:
-            doc = cap.check_doc(json.loads(Path(args.from_file).read_text()))
+            doc = _read_capacity_doc(args.from_file)
         else:
             o = RunOptions(
                 model=args.model, traces=[t for t in args.traces.split(",") if t],
                 traces_dir=args.traces_dir, systems=[s for s in args.systems.split(",") if s],
-                rates=sorted(_floats(args.rates)), repeats=args.repeats,
+                rates=sorted(_floats(args.rates, "--rates")), repeats=args.repeats,
                 requests=args.requests, solo_requests=args.solo_requests,
-                multiples=_floats(args.multiples), admission_multiple=args.admission_multiple,
+                multiples=_floats(args.multiples, "--multiples"),
+                admission_multiple=args.admission_multiple,
                 length_scale=args.length_scale, block_size=args.block_size,
                 max_model_len=args.max_model_len, kv_gib=args.kv_gib,
-                cores=[int(c) for c in args.cores.split(",") if c],
+                cores=_ints(args.cores, "--cores"),
                 vllm_python=args.vllm_python, vllm_threads=args.vllm_threads,
                 request_timeout_s=args.request_timeout, settle_s=args.settle,
                 stop_after=args.stop_after, seed=args.seed, out=args.out,

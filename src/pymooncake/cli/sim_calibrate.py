@@ -65,6 +65,11 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
         if not args.transfer_bandwidth_gbps > 0:
             raise UsageError("--transfer-bandwidth-gbps must be > 0")
         bw = args.transfer_bandwidth_gbps * 1e9 / 8
+    from pymooncake.sim.step_cost import STEP_TERMS
+    terms = _csv(str, args.step_terms, "--step-terms")
+    if not set(terms) <= set(STEP_TERMS) or "tokens" not in terms:   # checked with or
+        raise UsageError(f"--step-terms: names of {', '.join(STEP_TERMS)} including "
+                         f"'tokens', got {args.step_terms!r}")      # without --mixed-chunks
     mixed = {}
     if args.mixed_chunks:
         mixed = dict(mixed_chunks=_csv(int, args.mixed_chunks, "--mixed-chunks"),
@@ -79,11 +84,6 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
                              "--mixed-offsets >= 0")
         if args.mixed_repeats < 1 or args.mixed_block_size < 1:
             raise UsageError("--mixed-repeats and --mixed-block-size must be >= 1")
-        from pymooncake.sim.calibration import STEP_TERMS
-        if not set(mixed["step_terms"]) <= set(STEP_TERMS) or \
-                "tokens" not in mixed["step_terms"]:
-            raise UsageError(f"--step-terms: names of {', '.join(STEP_TERMS)}, got "
-                             f"{args.step_terms!r}")
     require_extras("torch")
     from pymooncake.bench.calibrate import calibrate
     say = None if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
