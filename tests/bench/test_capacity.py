@@ -347,6 +347,7 @@ def test_cli_from_unreadable_or_not_json_exits_1(tmp_path: Path,
     (["--rates", "inf"], "--rates: give finite rates > 0 req/s"),
     (["--systems", "ours-1w-t3600000"], "-t<MS> must be below 3600000 ms"),
     (["--systems", "ours-1w-h99999999"], "-h<MS> must be below 3600000 ms"),
+    (["--traces", "nosuch"], "--traces: no trace file"),
 ])
 def test_cli_bad_flags_name_the_flag(argv: list[str], message: str,
                                      capsys: pytest.CaptureFixture[str]) -> None:

@@ -85,6 +85,12 @@ def check_options(o: RunOptions) -> None:
                          f"VLLM_CPU_KVCACHE_SPACE takes whole GiB), got {o.kv_gib}")
     if not o.cores:
         raise ValueError("--cores: no core")
+    if not o.traces:
+        raise ValueError("--traces: no trace")
+    for name in o.traces:   # before the model is exported and any server starts
+        if not trace_path(name, o.traces_dir).is_file():
+            raise ValueError(f"--traces: no trace file {trace_path(name, o.traces_dir)} "
+                             f"for {name!r}")
     if any(s.startswith("vllm") for s in o.systems) and not Path(o.vllm_python).exists():
         raise ValueError(f"no vLLM interpreter at {o.vllm_python}: run `make peer-vllm` or "
                          "pass --vllm-python")
