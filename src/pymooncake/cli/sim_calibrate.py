@@ -66,10 +66,10 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
             raise UsageError("--transfer-bandwidth-gbps must be > 0")
         bw = args.transfer_bandwidth_gbps * 1e9 / 8
     from pymooncake.sim.step_cost import STEP_TERMS
-    terms = _csv(str, args.step_terms, "--step-terms")
-    if not set(terms) <= set(STEP_TERMS) or "tokens" not in terms:   # checked with or
+    terms = _csv(str, args.step_terms, "--step-terms")   # checked even without mixed chunks
+    if not set(terms) <= set(STEP_TERMS) or "tokens" not in terms:
         raise UsageError(f"--step-terms: names of {', '.join(STEP_TERMS)} including "
-                         f"'tokens', got {args.step_terms!r}")      # without --mixed-chunks
+                         f"'tokens', got {args.step_terms!r}")
     mixed = {}
     if args.mixed_chunks:
         mixed = dict(mixed_chunks=_csv(int, args.mixed_chunks, "--mixed-chunks"),
@@ -77,7 +77,7 @@ def _cmd_calibrate_cpu(args: argparse.Namespace) -> int:
                      mixed_contexts=_csv(int, args.mixed_contexts, "--mixed-contexts"),
                      mixed_offsets=_csv(int, args.mixed_offsets, "--mixed-offsets"),
                      mixed_repeats=args.mixed_repeats, mixed_block_size=args.mixed_block_size,
-                     step_terms=_csv(str, args.step_terms, "--step-terms"))
+                     step_terms=terms)
         if min(mixed["mixed_chunks"]) < 1 or min(mixed["mixed_decodes"]) < 0 or \
                 min(mixed["mixed_contexts"]) < 1 or min(mixed["mixed_offsets"]) < 0:
             raise UsageError("--mixed-chunks, --mixed-contexts >= 1; --mixed-decodes, "

@@ -217,7 +217,6 @@ static int prefill_attn64_flash(const float *q, int64_t q_stride, int64_t n, con
     const int64_t gq = pmk_flash_group_vecs(nvec, kv_heads, threads);
     const int64_t ngroups = (nvec + gq - 1) / gq, items = kv_heads * ngroups;
     int rc = 0;
-    (void)threads;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads > 1 && items > 1 ? (int)threads : 1) reduction(| : rc)
 #endif
