@@ -57,7 +57,10 @@ class MasterOps(ClientBase):
     @staticmethod
     def _batch_item(item: Any) -> Any:
         """One key's answer of a batch call: a map (``{"r": result}`` or ``{"e": [code,
-        message]}``) or a typed answer (``ReadAnswer``, ``WriteAnswer``)."""
+        message]}``), a typed answer (``ReadAnswer``, ``WriteAnswer``) or, from
+        ``batch_exist``, a bare bool."""
+        if type(item) is bool:
+            return item
         if type(item) is dict:
             if "e" in item:
                 code, msg = item["e"]
