@@ -61,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "replicas a failure took (default 256 MiB, a pass every 0.5 s)")
     m.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus /metrics on this port")
+    m.add_argument("--rpc-poll", type=float, default=0.0, metavar="S",
+                   help="after a request, poll this long for the next one before sleeping "
+                   "(s in [0, 0.01], default 0 = never poll)")
     m.add_argument("--enable-http-metadata-server", action="store_true",
                    help="also serve a Mooncake-style HTTP metadata server (as Mooncake's)")
     m.add_argument("--http-metadata-server-port", type=int, default=8080)
@@ -139,7 +142,7 @@ def _run_master(args: argparse.Namespace) -> int:
             put_start_discard_timeout_s=args.put_start_discard_timeout,
             put_start_release_timeout_s=args.put_start_release_timeout,
             metrics_port=args.metrics_port,
-            rereplicate_budget_bytes=args.rereplicate_budget)
+            rereplicate_budget_bytes=args.rereplicate_budget, rpc_poll_s=args.rpc_poll)
     except ValueError as e:
         raise UsageError(flag_message(str(e))) from None
     ha = _ha_config(args)
