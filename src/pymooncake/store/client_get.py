@@ -23,6 +23,7 @@ from pymooncake.store.client_base import (
     NEEDS_LOAD,
 )
 from pymooncake.store.client_memory import check_lists
+from pymooncake.store.client_overlap import Location, overlapped_get, remember
 from pymooncake.store.datapath import Move
 from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.protocol import (
@@ -146,6 +147,9 @@ class GetOps(BadReplicaOps):
         p.replicas = reps
         if not reps:
             p.error = StoreError(ErrorCode.OBJECT_NOT_FOUND, f"{p.key!r}: no reachable replica")
+        elif reps[0].segment != self.segment_name:  # read overlapped next time
+            remember(self._locations, p.key, Location(reps[0].segment, reps[0].addr,
+                                                      rl.size_bytes, rl.generation))
 
     def _plan_one(self, key: str) -> _ReadPlan:
         """``_plan([key], True, load=False)`` in one ``get_replica_list`` call (no batch
@@ -260,7 +264,17 @@ class GetOps(BadReplicaOps):
         """The value of ``key``. Raises ``StoreError`` (``OBJECT_NOT_FOUND``,
         ``REPLICA_IS_NOT_READY``, ``LEASE_EXPIRED``, ...)."""
         t0 = time.perf_counter()
-        p = self._plan_one(key)
+        loc = self._locations.get(key) if type(key) is str else None
+        got = overlapped_get(self, key, loc, _ReadPlan) if loc is not None else None
+        if got is None:
+            p = self._plan_one(key)
+        elif isinstance(got, _ReadPlan):
+            p = got  # the master's answer in hand: the usual read with it
+        else:  # read while the master answered, and confirmed by its answer
+            GET_LATENCY.observe(time.perf_counter() - t0)
+            if isinstance(got, StoreError):
+                raise got
+            return got
         if p.error is NEEDS_LOAD:  # held only on SSD: the batch path loads it back
             (v,) = self.batch_get([key])
         else:

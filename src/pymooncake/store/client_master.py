@@ -128,9 +128,11 @@ class MasterOps(ClientBase):
 
     def remove(self, key: str, force: bool = False) -> None:
         self._check_key(key)
+        self._locations.pop(key, None)
         self._master("remove", RemoveRequest(self.client_id, key, force))
 
     def remove_all(self, force: bool = False) -> int:
+        self._locations.clear()
         return int(self._master("remove_all", RemoveAllRequest(self.client_id, force)))
 
     def release_leases(self, keys: Sequence[str]) -> int:

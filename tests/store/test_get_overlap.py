@@ -1,0 +1,119 @@
+"""A get of a key whose remote place the client knows reads the bytes while the master
+answers (``store.client_overlap``, issue 16), and keeps them only when the answer confirms
+them: real master and store-server processes, real Transfer Engine reads over tcp."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pymooncake.store.client_overlap import LOCATIONS_MAX, Location, remember
+from pymooncake.store.errors import ErrorCode, StoreError
+from pymooncake.transfer import TransferConfig
+
+from .procs import MiB
+
+TCP = TransferConfig(transports=("local", "tcp"), max_retries=1, path_retry_interval_s=0.05,
+                     connect_timeout_s=1.0, slice_timeout_s=2.0)
+
+
+class _Calls:
+    """Counts the master calls of one client by the way they were made."""
+
+    def __init__(self, client) -> None:
+        rpc = client._rpc
+        self.begun: list[str] = []
+        self.called: list[str] = []
+        begin, call = rpc.begin, rpc.call
+
+        def counted_begin(method, params=None):
+            self.begun.append(method)
+            return begin(method, params)
+
+        def counted_call(method, params=None, *a, **kw):
+            self.called.append(method)
+            return call(method, params, *a, **kw)
+
+        rpc.begin, rpc.call = counted_begin, counted_call
+
+
+def test_get_of_a_key_it_wrote_reads_while_the_master_answers(cluster_factory) -> None:
+    cl = cluster_factory()
+    cl.store_server(32 * MiB, transports="local,tcp")
+    a = cl.client(transfer_config=TCP)
+    vals = {f"k{i}": os.urandom(64 * 1024 + i) for i in range(8)}
+    for k, v in vals.items():
+        a.put(k, v)
+    assert set(a._locations) == set(vals)
+    loc = a._locations["k3"]
+    assert loc.segment != a.segment_name and loc.size == len(vals["k3"])
+    calls = _Calls(a)
+    for k, v in vals.items():
+        assert a.get(k) == v
+    # every get_replica_list was sent before the read and taken after it: none the usual way
+    assert calls.begun == ["get_replica_list"] * len(vals)
+    assert calls.called == []
+    # a key never written or read by this client: the usual way (and remembered after)
+    b = cl.client(transfer_config=TCP)
+    b.put("other", b"x" * 4096)
+    calls = _Calls(a)
+    assert a.get("other") == b"x" * 4096
+    assert calls.begun == [] and calls.called == ["get_replica_list"]
+    assert "other" in a._locations
+
+
+def test_a_stale_place_is_never_served(cluster_factory) -> None:
+    """Another client removes the key and writes it again (another generation, another
+    place or the same one with new bytes): the remembered read is not confirmed and the
+    value comes from the master's answer; a key removed meanwhile is not found."""
+    cl = cluster_factory()
+    cl.store_server(32 * MiB, transports="local,tcp")
+    a = cl.client(transfer_config=TCP)
+    b = cl.client(transfer_config=TCP)
+    old, new = b"o" * 65536, b"n" * 65536
+    for round_ in range(6):
+        key = f"stale-{round_}"
+        a.put(key, old)
+        before = a._locations[key]
+        b.remove(key)
+        if round_ % 2:  # a filler first: the new value lands elsewhere
+            b.put(f"filler-{round_}", b"f" * 65536)
+        b.put(key, new)
+        calls = _Calls(a)
+        assert a.get(key) == new
+        assert calls.begun == ["get_replica_list"] and calls.called == []
+        after = a._locations[key]  # the master's answer replaced the stale place
+        assert after.generation != before.generation
+    a.put("gone", old)
+    b.remove("gone")
+    with pytest.raises(StoreError) as e:
+        a.get("gone")
+    assert e.value.code == ErrorCode.OBJECT_NOT_FOUND
+    assert "gone" not in a._locations
+
+
+def test_corrupt_or_wrong_place_falls_back_to_the_usual_read(cluster_factory) -> None:
+    """A remembered place that holds other bytes (here: another key's, same size and
+    generation claimed) fails the answer's checks; the usual read serves the right value."""
+    cl = cluster_factory()
+    cl.store_server(32 * MiB, transports="local,tcp")
+    a = cl.client(transfer_config=TCP)
+    a.put("x", b"X" * 65536)
+    a.put("y", b"Y" * 65536)
+    lx, ly = a._locations["x"], a._locations["y"]
+    a._locations["x"] = Location(ly.segment, ly.addr, lx.size, lx.generation)  # wrong place
+    assert a.get("x") == b"X" * 65536
+    assert a._locations["x"] == lx  # corrected from the answer
+    a._locations["y"] = Location(ly.segment, ly.addr, ly.size, ly.generation + 99)
+    assert a.get("y") == b"Y" * 65536
+
+
+def test_locations_are_bounded() -> None:
+    locs: dict[str, Location] = {}
+    for i in range(LOCATIONS_MAX + 10):
+        remember(locs, f"k{i}", Location("s", i, 1, 1))
+    assert len(locs) == LOCATIONS_MAX
+    assert "k0" not in locs and f"k{LOCATIONS_MAX + 9}" in locs
+    remember(locs, "k20", Location("s", 0, 1, 2))  # refreshed: now the newest
+    assert list(locs)[-1] == "k20"
