@@ -117,3 +117,19 @@ def test_locations_are_bounded() -> None:
     assert "k0" not in locs and f"k{LOCATIONS_MAX + 9}" in locs
     remember(locs, "k20", Location("s", 0, 1, 2))  # refreshed: now the newest
     assert list(locs)[-1] == "k20"
+
+
+def test_get_size_is_one_metadata_call_without_a_lease(cluster_factory) -> None:
+    """``get_size`` asks the master's ``get_size`` (no replica list, no read lease): the
+    key can be removed right after it (the replica-list way held a lease for its TTL)."""
+    cl = cluster_factory("--default-kv-lease-ttl", "60000")
+    cl.store_server(16 * MiB, transports="local,tcp")
+    a = cl.client(transfer_config=TCP)
+    a.put("s", b"z" * 5000)
+    calls = _Calls(a)
+    assert a.get_size("s") == 5000
+    assert calls.called == ["get_size"]
+    a.remove("s")  # no lease: removable at once
+    with pytest.raises(StoreError) as e:
+        a.get_size("s")
+    assert e.value.code == ErrorCode.OBJECT_NOT_FOUND

@@ -28,6 +28,7 @@ from pymooncake.store.datapath import Move
 from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.protocol import (
     TIER_DRAM,
+    ExistRequest,
     KeyRequest,
     KeysRequest,
     ReadAnswer,
@@ -403,9 +404,9 @@ class GetOps(BadReplicaOps):
         return [p.error if p.error is not None else p.size for p in plans]
 
     def get_size(self, key: str) -> int:
-        p = self._plan_one(key)
-        if p.error is NEEDS_LOAD:
-            p = self._plan([key], True)[0]
-        if p.error is not None:
-            raise p.error
-        return p.size
+        """The size of ``key``'s object (held in DRAM or on SSD): one master call, no read
+        lease (no bytes are read, as ``exist``); ``OBJECT_NOT_FOUND`` also when every
+        replica lies on a segment this client knows to have failed."""
+        self._check_key(key)
+        return int(self._master("get_size", ExistRequest(self.client_id, key,
+                                                         tuple(self._bad_now()))))

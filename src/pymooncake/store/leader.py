@@ -34,7 +34,7 @@ logger = init_logger(__name__)
 
 IDEMPOTENT: frozenset[str] = frozenset({
     "ping", "ha_status", "heartbeat", "mount_segment", "get_replica_list",
-    "batch_get_replica_list", "load_replica_list", "exist", "batch_exist", "put_end",
+    "batch_get_replica_list", "load_replica_list", "exist", "batch_exist", "get_size", "put_end",
     "batch_put_end", "list_keys", "stats", "release_leases"})
 """Master calls that may be sent twice (``put_end`` is idempotent for its writer)."""
 

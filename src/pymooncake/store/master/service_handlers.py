@@ -99,6 +99,7 @@ class HandlerMethods:
         s.register("load_replica_list", self._load_replica_list, KeysRequest)
         s.register("exist", self._exist, ExistRequest)
         s.register("batch_exist", self._batch_exist, BatchExistRequest)
+        s.register("get_size", self._get_size, ExistRequest)
         s.register("remove", self._remove, RemoveRequest)
         s.register("batch_remove", self._batch_remove, KeysRequest)
         s.register("remove_all", self._remove_all, RemoveAllRequest)
@@ -260,6 +261,10 @@ class HandlerMethods:
 
     def _exist(self, p: ExistRequest) -> bool:
         return self._call(self.core.exist, p.client_id, p.key, self.now_ms(),
+                          frozenset(p.exclude_segments) if p.exclude_segments else _NONE)
+
+    def _get_size(self, p: ExistRequest) -> int:
+        return self._call(self.core.size_of, p.key, self.now_ms(),
                           frozenset(p.exclude_segments) if p.exclude_segments else _NONE)
 
     def _batch_exist(self, p: BatchExistRequest) -> list[bool | dict[str, Any]]:
