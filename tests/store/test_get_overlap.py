@@ -133,3 +133,22 @@ def test_get_size_is_one_metadata_call_without_a_lease(cluster_factory) -> None:
     with pytest.raises(StoreError) as e:
         a.get_size("s")
     assert e.value.code == ErrorCode.OBJECT_NOT_FOUND
+
+
+def test_a_key_with_a_replica_in_the_own_segment_is_not_remembered(cluster_factory) -> None:
+    """A local replica is one memcpy after the answer: such a key is never read remotely
+    ahead of it; a key held only remotely is remembered."""
+    from pymooncake.store.config import ReplicateConfig
+
+    cl = cluster_factory()
+    cl.store_server(16 * MiB, transports="local,tcp")
+    a = cl.client(transfer_config=TCP, global_segment_size=16 * MiB)
+    a.put("both", b"b" * 8192, ReplicateConfig(replica_num=2))
+    reps = a.replica_list("both").replicas
+    assert {r.segment == a.segment_name for r in reps} == {True, False}
+    assert "both" not in a._locations
+    assert a.get("both") == b"b" * 8192 and "both" not in a._locations
+    other = next(r.segment for r in reps if r.segment != a.segment_name)
+    a.put("far", b"f" * 8192, ReplicateConfig(preferred_segment=other))
+    assert a._locations["far"].segment == other
+    assert a.get("far") == b"f" * 8192

@@ -148,7 +148,7 @@ class GetOps(BadReplicaOps):
         p.replicas = reps
         if not reps:
             p.error = StoreError(ErrorCode.OBJECT_NOT_FOUND, f"{p.key!r}: no reachable replica")
-        elif reps[0].segment != self.segment_name:  # read overlapped next time
+        elif all(x.segment != self.segment_name for x in reps):  # overlapped next time
             remember(self._locations, p.key, Location(reps[0].segment, reps[0].addr,
                                                       rl.size_bytes, rl.generation))
 

@@ -184,9 +184,9 @@ class PutOps(MasterOps, MemoryOps):
                 if isinstance(r, StoreError):
                     out[i] = r
         for i in ok:  # where a remote replica lies: a later get reads it at once
-            if out[i] is None:
-                rep = next((x for x in handles[i].replicas
-                            if x.segment != self.segment_name), None)
+            reps = handles[i].replicas
+            if out[i] is None and all(x.segment != self.segment_name for x in reps):
+                rep = reps[0] if reps else None  # (with a local replica: read that one)
                 if rep is not None:
                     remember(self._locations, keys[i], Location(
                         rep.segment, rep.addr, sizes[i], handles[i].generation))
