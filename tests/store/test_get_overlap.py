@@ -152,3 +152,33 @@ def test_a_key_with_a_replica_in_the_own_segment_is_not_remembered(cluster_facto
     a.put("far", b"f" * 8192, ReplicateConfig(preferred_segment=other))
     assert a._locations["far"].segment == other
     assert a.get("far") == b"f" * 8192
+
+
+def test_a_remembered_place_on_a_dead_segment_is_read_once(cluster_factory) -> None:
+    """The remembered replica's server is killed: the overlapped read finds its peer down,
+    the segment is marked failed at once, so the usual read with the master's answer goes
+    to the live replica (not to the dead one a second time), and later gets skip it."""
+    import types
+
+    from pymooncake.store.config import ReplicateConfig
+
+    from .test_store_processes import CountingPath
+
+    cl = cluster_factory("--client-ttl", "60")  # the master never learns of the death here
+    servers = [cl.store_server(8 * MiB, transports="local,tcp") for _ in range(2)]
+    a = cl.client(transfer_config=TCP)
+    v = os.urandom(65536)
+    a.put("both", v, ReplicateConfig(replica_num=2))
+    dead = a._locations["both"].segment
+    live = next(s.info["segment"] for s in servers if s.info["segment"] != dead)
+    assert {r.segment for r in a.replica_list("both").replicas} == {dead, live}
+    a._rng = types.SimpleNamespace(  # the answer's order: the dead replica first
+        shuffle=lambda reps: reps.sort(key=lambda r: r.segment != dead))
+    counter = CountingPath(a)
+    next(s for s in servers if s.info["segment"] == dead).kill()
+    assert a.get("both") == v
+    assert counter.by_segment == {dead: 1, live: 1}
+    assert a._bad.get(dead, 0.0) > a._clock()
+    assert a._locations["both"].segment == live  # remembered anew from the answer
+    assert a.get("both") == v
+    assert counter.by_segment == {dead: 1, live: 2}

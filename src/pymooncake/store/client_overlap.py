@@ -58,10 +58,13 @@ def overlapped_get(c: GetOps, key: str, loc: Location, plan: type[_ReadPlan]
     """``key``'s value (or ``StoreError``) read while the master answers; a plan (the
     master's answer) for the usual read when the remembered bytes were not confirmed;
     ``None`` when nothing was asked (no leader connection yet, or it failed: the usual
-    path asks, failing over)."""
+    path asks, failing over), or when ``loc`` lies on a segment known to have failed (the
+    usual path skips it without a read)."""
     if c._dp is None:
         return None
     t_query = c._clock()
+    if c._bad and c._bad.get(loc.segment, 0.0) > t_query:
+        return None
     finish = c._rpc.begin("get_replica_list", KeyRequest(c.client_id, key))
     if finish is None:
         return None
@@ -73,6 +76,8 @@ def overlapped_get(c: GetOps, key: str, loc: Location, plan: type[_ReadPlan]
             staged = c._stage(loc.size)
             (res,) = c._dp.run([Move(False, staged[0], loc.segment, loc.addr, loc.size)])
             moved = res.ok
+            if res.peer_down:  # as the usual read: skipped by this and later reads
+                c._bad[loc.segment] = c._clock() + c._bad_ttl
         except Exception:  # noqa: BLE001 - a guess that failed: the answer decides
             moved = False
         finally:
