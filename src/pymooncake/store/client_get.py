@@ -23,12 +23,11 @@ from pymooncake.store.client_base import (
     NEEDS_LOAD,
 )
 from pymooncake.store.client_memory import check_lists
-from pymooncake.store.client_overlap import Location, overlapped_get, remember
+from pymooncake.store.client_overlap import Location, planned_get, remember
 from pymooncake.store.datapath import Move
 from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.protocol import (
     TIER_DRAM,
-    ExistRequest,
     KeyRequest,
     KeysRequest,
     ReadAnswer,
@@ -154,7 +153,7 @@ class GetOps(BadReplicaOps):
 
     def _plan_one(self, key: str) -> _ReadPlan:
         """``_plan([key], True, load=False)`` in one ``get_replica_list`` call (no batch
-        wrapping on either side): the single-key hot path of ``get``/``get_size``."""
+        wrapping on either side): the single-key hot path of ``get``."""
         p = _ReadPlan(key)
         try:
             self._check_key(key)
@@ -265,17 +264,12 @@ class GetOps(BadReplicaOps):
         """The value of ``key``. Raises ``StoreError`` (``OBJECT_NOT_FOUND``,
         ``REPLICA_IS_NOT_READY``, ``LEASE_EXPIRED``, ...)."""
         t0 = time.perf_counter()
-        loc = self._locations.get(key) if type(key) is str else None
-        got = overlapped_get(self, key, loc, _ReadPlan) if loc is not None else None
-        if got is None:
-            p = self._plan_one(key)
-        elif isinstance(got, _ReadPlan):
-            p = got  # the master's answer in hand: the usual read with it
-        else:  # read while the master answered, and confirmed by its answer
+        p = planned_get(self, key, _ReadPlan)  # the master's answer, or the value read
+        if not isinstance(p, _ReadPlan):  # while the master answered, confirmed by it
             GET_LATENCY.observe(time.perf_counter() - t0)
-            if isinstance(got, StoreError):
-                raise got
-            return got
+            if isinstance(p, StoreError):
+                raise p
+            return p
         if p.error is NEEDS_LOAD:  # held only on SSD: the batch path loads it back
             (v,) = self.batch_get([key])
         else:
@@ -402,11 +396,3 @@ class GetOps(BadReplicaOps):
             dests.append((a, s) if p.error is None else None)
         self._read(plans, dests)
         return [p.error if p.error is not None else p.size for p in plans]
-
-    def get_size(self, key: str) -> int:
-        """The size of ``key``'s object (held in DRAM or on SSD): one master call, no read
-        lease (no bytes are read, as ``exist``); ``OBJECT_NOT_FOUND`` also when every
-        replica lies on a segment this client knows to have failed."""
-        self._check_key(key)
-        return int(self._master("get_size", ExistRequest(self.client_id, key,
-                                                         tuple(self._bad_now()))))

@@ -107,6 +107,15 @@ class MasterOps(ClientBase):
         return bool(self._master("exist", ExistRequest(self.client_id, key,
                                                        tuple(self._bad_now()))))
 
+    def get_size(self, key: str) -> int:
+        """The size in bytes of ``key``'s object (held in DRAM or on SSD): one master call,
+        no read lease (no bytes are read, as ``exist``). ``StoreError``: ``INVALID_KEY``,
+        ``OBJECT_NOT_FOUND`` (also when every replica lies on a segment this client knows
+        to have failed), ``REPLICA_IS_NOT_READY`` while it is written."""
+        self._check_key(key)
+        return int(self._master("get_size", ExistRequest(self.client_id, key,
+                                                         tuple(self._bad_now()))))
+
     def batch_exist(self, keys: Sequence[str]) -> list[bool | StoreError]:
         """``exist`` per key (same rule for keys on failed segments)."""
         out: list[bool | StoreError] = []

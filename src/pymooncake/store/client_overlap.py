@@ -53,6 +53,16 @@ def remember(locations: dict[str, Location], key: str, loc: Location) -> None:
             del locations[next(iter(locations))]
 
 
+def planned_get(c: GetOps, key: str, plan: type[_ReadPlan]
+                ) -> bytes | StoreError | _ReadPlan:
+    """A one-key get's start: the value (or ``StoreError``) read while the master answered
+    when ``key``'s place is remembered and the answer confirms it, else the read plan from
+    the master's answer (``GetOps._plan_one`` when nothing was asked ahead)."""
+    loc = c._locations.get(key) if type(key) is str else None
+    got = overlapped_get(c, key, loc, plan) if loc is not None else None
+    return c._plan_one(key) if got is None else got
+
+
 def overlapped_get(c: GetOps, key: str, loc: Location, plan: type[_ReadPlan]
                    ) -> bytes | StoreError | _ReadPlan | None:
     """``key``'s value (or ``StoreError``) read while the master answers; a plan (the
