@@ -360,3 +360,73 @@ def test_sync_client_polls_for_quick_answers_and_falls_back_to_sleeping() -> Non
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_server_polls_after_a_request_for_poll_s_then_sleeps() -> None:
+    """``RpcServer(poll_s=...)`` keeps its loop polling for the next request for ``poll_s``
+    after each read that brought frames (issue 16: a busy client's next request finds the
+    server awake), answers requests that come while it polls, and stops polling when the
+    window has passed; ``poll_s=0`` never polls; out-of-range values are refused."""
+    for bad in (-1e-6, 1.5):
+        with pytest.raises(ValueError, match="poll_s"):
+            RpcServer("127.0.0.1", 0, poll_s=bad)
+
+    async def main() -> None:
+        polling = RpcServer("127.0.0.1", 0, poll_s=0.05)
+        polling.register("echo", lambda p: p)
+        quiet = RpcServer("127.0.0.1", 0)
+        quiet.register("echo", lambda p: p)
+        await polling.start()
+        await quiet.start()
+        a = RpcClient("127.0.0.1", polling.port)
+        b = RpcClient("127.0.0.1", quiet.port)
+        try:
+            assert polling.polls == 0
+            assert await a.call("echo", 1) == 1
+            await asyncio.sleep(0.01)                 # inside the window: polling
+            assert polling.polls > 0
+            assert await a.call("echo", 2) == 2       # answered while polling
+            await asyncio.sleep(0.15)                 # the window has passed
+            settled = polling.polls
+            await asyncio.sleep(0.1)
+            assert polling.polls == settled           # asleep again: no more turns
+            assert [await b.call("echo", i) for i in range(5)] == list(range(5))
+            await asyncio.sleep(0.05)
+            assert quiet.polls == 0
+        finally:
+            await a.close()
+            await b.close()
+            await polling.stop()
+            await quiet.stop()
+
+    run(main())
+
+
+def test_sync_client_begin_sends_now_and_finish_takes_the_answer() -> None:
+    """``SyncRpcClient.begin`` sends at once and ``finish`` blocks for the answer (a Store
+    get reads its bytes in between, issue 16): the server works while the caller does,
+    errors and timeouts come from ``finish`` as from ``call``, and the client is usable
+    again after each (its lock released on every path)."""
+    proc = subprocess.Popen([sys.executable, "-c", UVLOOP_SERVER_SCRIPT],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        client = SyncRpcClient("127.0.0.1", port, timeout_s=5)
+        t0 = time.monotonic()
+        finish = client.begin("sleep", 0.3)
+        time.sleep(0.3)                                  # the caller's own work meanwhile
+        assert finish() == "slept"
+        assert time.monotonic() - t0 < 0.55              # overlapped, not 0.3 + 0.3
+        assert client.begin("mul", [6, 7])(int) == 42    # typed as call's reply_type
+        finish = client.begin("nope")
+        with pytest.raises(RpcError) as e:
+            finish()
+        assert e.value.code == ErrorCode.UNKNOWN_METHOD
+        finish = client.begin("sleep", 2.0, timeout_s=0.3)
+        with pytest.raises(RpcTimeout):
+            finish()
+        assert client.call("mul", [3, 3]) == 9           # reconnected, lock free
+        client.close()
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -19,7 +19,7 @@ def test_bench_store_json_is_a_list_of_rows():
     r = subprocess.run([sys.executable, "-m", "pymooncake", "bench", "store", "--size", "4K",
                         "--size", "64K", "--count", "4", "--mode", "embedded",
                         "--metadata-ops", "400", "--metadata-clients", "2", "--no-mooncake",
-                        "--json"],
+                        "--rpc-poll", "5e-5", "--json"],
                        capture_output=True, text=True, timeout=150, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads(r.stdout)
@@ -50,3 +50,13 @@ def test_bench_store_json_is_a_list_of_rows():
         assert x["verified"] is True and x["num_clients"] == 2 and x["ops_per_s"] > 0
         assert x["mooncake_ops_per_s"] is None and x["ratio"] is None
     assert meta["batch_is_exist"]["batch_keys"] == 16 and meta["is_exist"]["batch_keys"] == 1
+
+
+def test_bench_store_refuses_a_master_poll_out_of_range():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-m", "pymooncake", "bench", "store", "--size", "4K",
+                        "--count", "1", "--no-mooncake", "--rpc-poll", "0.5"],
+                       capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "--rpc-poll 0.5: must be in [0, 0.01] seconds" in r.stderr

@@ -363,3 +363,20 @@ def test_bug_34_exist_excludes_failed_segments_without_lease() -> None:
     assert core.exist("c2", "two", 2.0, frozenset({"s1"})) is True
     assert core.exist("c2", "two", 2.0, frozenset(segs)) is False
     assert core.exist("c2", "one", 2.0) is True  # nothing excluded: the table's answer
+
+
+def test_size_of_answers_without_a_lease() -> None:
+    """``get_size`` (issue 16: a metadata call, no replica list): the size of a published
+    object, no lease granted (a remove right after succeeds), the writer's object not yet,
+    a missing key not found, and the failed-segment rule of ``exist``."""
+    core = make(num_segments=2, default_kv_lease_ttl_ms=1000.0)
+    put(core, "k", 1234, 0.0, config=ReplicateConfig(preferred_segment="s1"))
+    assert core.size_of("k", 1.0) == 1234
+    assert core.lease_count("k", 1.0) == 0
+    assert status(core.size_of, "nope", 1.0) == "NOT_FOUND"
+    assert status(core.size_of, "k", 1.0, frozenset({"s1"})) == "NOT_FOUND"
+    assert core.size_of("k", 1.0, frozenset({"s0"})) == 1234
+    core.put_start("c0", "w", 10, R1, 2.0)
+    assert status(core.size_of, "w", 2.0) == "NOT_READY"
+    core.remove("k", 2.0)  # no lease held: removable at once
+    assert status(core.size_of, "k", 3.0) == "NOT_FOUND"

@@ -12,7 +12,9 @@ import pytest
 
 from pymooncake.rpc import RpcClient, RpcError, decode_as, encode
 from pymooncake.store.checksum import digests
+from pymooncake.store.client_master import MasterOps
 from pymooncake.store.config import MasterConfig
+from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.master.service import MasterService
 from pymooncake.store.protocol import (
     ExistRequest,
@@ -87,8 +89,14 @@ def test_malformed_master_requests_name_the_field() -> None:
                                                    h.replicas[0].addr, 64, host="h"),)
             assert await c.call("exist", {"client_id": "c", "key": "k",
                                           "exclude_segments": ["S"]}) is False
-            assert await c.call("batch_exist", {"client_id": "c", "keys": ["k", "nope"]}) == [
-                {"r": True}, {"r": False}]
+            # batch_exist answers bare bools, a refused key its error (the client's
+            # _batch_item reads both)
+            got = await c.call("batch_exist", {"client_id": "c", "keys": ["k", "nope", ""]})
+            assert got[:2] == [True, False]
+            assert got[2] == {"e": [int(ErrorCode.INVALID_KEY), "empty key"]}
+            assert [MasterOps._batch_item(x) for x in got[:2]] == [True, False]
+            err = MasterOps._batch_item(got[2])
+            assert isinstance(err, StoreError) and err.code is ErrorCode.INVALID_KEY
         finally:
             await c.close()
             await other.close()

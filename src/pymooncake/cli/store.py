@@ -61,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "replicas a failure took (default 256 MiB, a pass every 0.5 s)")
     m.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus /metrics on this port")
+    m.add_argument("--rpc-poll", type=float, default=0.0, metavar="S",
+                   help="after a request, poll this long for the next one before sleeping "
+                   "(s in [0, 0.01], default 0 = never poll)")
     m.add_argument("--enable-http-metadata-server", action="store_true",
                    help="also serve a Mooncake-style HTTP metadata server (as Mooncake's)")
     m.add_argument("--http-metadata-server-port", type=int, default=8080)
@@ -139,7 +142,7 @@ def _run_master(args: argparse.Namespace) -> int:
             put_start_discard_timeout_s=args.put_start_discard_timeout,
             put_start_release_timeout_s=args.put_start_release_timeout,
             metrics_port=args.metrics_port,
-            rereplicate_budget_bytes=args.rereplicate_budget)
+            rereplicate_budget_bytes=args.rereplicate_budget, rpc_poll_s=args.rpc_poll)
     except ValueError as e:
         raise UsageError(flag_message(str(e))) from None
     ha = _ha_config(args)
@@ -347,6 +350,8 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
                    "benchmark: is_exist, batch_is_exist, get_size, remove through the same "
                    "Python API on both sides (0 = skip; its ops per kind: --metadata-ops)")
     b.add_argument("--no-mooncake", action="store_true", help="skip Mooncake's own store")
+    b.add_argument("--rpc-poll", type=float, default=0.0, metavar="S",
+                   help="our master's --rpc-poll in every cluster of the run (s, default 0)")
     b.add_argument("--repeat", type=int, default=1,
                    help="interleaved rounds (ours, Mooncake, ...); medians with min/max")
     b.add_argument("--mooncake-path", default=None, metavar="DIR",
@@ -375,22 +380,19 @@ def _run_bench(args: argparse.Namespace) -> int:
     modes = args.mode or ["embedded", "remote"]
     if args.metadata_clients < 0:
         raise UsageError("--metadata-clients must be >= 0")
+    if not 0 <= args.rpc_poll <= 0.01:
+        raise UsageError(f"--rpc-poll {args.rpc_poll}: must be in [0, 0.01] seconds")
+    from pymooncake.store import bench_procs
+
+    bench_procs.MASTER_FLAGS[:] = ["--rpc-poll", repr(args.rpc_poll)] if args.rpc_poll else []
     result = bench.run(sizes, args.count, modes, metadata_ops=args.metadata_ops,
                        with_mooncake=not args.no_mooncake, repeat=args.repeat)
+    from pymooncake.bench import store_meta
+
     meta = []
     if args.metadata_ops > 0 and args.metadata_clients > 0:
-        from pymooncake.bench import store_meta
-
         meta = store_meta.run(args.metadata_ops, args.metadata_clients, repeat=args.repeat,
                               with_mooncake=not args.no_mooncake)
     emit(result + meta, args.json,
-         lambda rows: "\n".join(x for x in (bench.human(result), store_meta_human(meta)) if x))
+         lambda rows: "\n".join(x for x in (bench.human(result), store_meta.human(meta)) if x))
     return 0
-
-
-def store_meta_human(rows: list) -> str:
-    if not rows:
-        return ""
-    from pymooncake.bench import store_meta
-
-    return store_meta.human(rows)

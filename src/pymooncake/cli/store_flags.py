@@ -14,6 +14,7 @@ MASTER_FLAGS = {
     "put_start_discard_timeout_s": "--put-start-discard-timeout",
     "put_start_release_timeout_s": "--put-start-release-timeout",
     "metrics_port": "--metrics-port", "rereplicate_budget_bytes": "--rereplicate-budget",
+    "rpc_poll_s": "--rpc-poll",
     "cluster_id": "--cluster-id", "lease_ttl_s": "--ha-lease-ttl",
     "snapshot_every": "--ha-snapshot-every"}
 """``MasterConfig``/``HaConfig`` field → the ``master`` flag that sets it."""

@@ -325,6 +325,52 @@ class SyncRpcClient:
                 self._drop()
                 raise RpcConnectionError(f"{method} to {self.host}:{self.port}: {e}") from e
 
+    def begin(self, method: str, params: Any = None, timeout_s: float | None = None
+              ) -> Callable[..., Any]:
+        """Send a call now and return ``finish(reply_type=None)``, which blocks for its
+        result as ``call`` would; in between the caller may do other work (a Store get
+        reads the bytes while the master answers). The client is held until ``finish``
+        is called, which the caller must do exactly once on every path. Raises as
+        ``call`` when the request cannot be sent."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        self._lock.acquire()
+        try:
+            sock = self._connect()
+            rid = next(self._ids)
+            self._set_timeout(sock, timeout)
+            sock.sendall(pack_frame({"i": rid, "m": method, "p": params}))
+        except BaseException as e:
+            try:
+                self._failed(method, timeout, e)
+            finally:
+                self._lock.release()
+            raise
+
+        def finish(reply_type: Any = None) -> Any:
+            try:
+                while True:
+                    msg = self._read_msg(sock)
+                    if msg.i == rid:
+                        return _result_of(msg, reply_type)
+            except BaseException as e:
+                self._failed(method, timeout, e)
+                raise
+            finally:
+                self._lock.release()
+
+        return finish
+
+    def _failed(self, method: str, timeout: float, e: BaseException) -> None:
+        """Raise what ``call`` raises for ``e`` (the socket dropped first); return for an
+        exception that is not the connection's (the caller re-raises it)."""
+        if isinstance(e, TimeoutError | BlockingIOError):
+            self._drop()
+            raise RpcTimeout(f"{method} to {self.host}:{self.port}: no response in "
+                             f"{timeout:.3g} s") from None
+        if isinstance(e, OSError | ValueError):
+            self._drop()
+            raise RpcConnectionError(f"{method} to {self.host}:{self.port}: {e}") from e
+
     def close(self) -> None:
         with self._lock:
             self._drop()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import os
 import time
 import types
 from collections.abc import Callable
@@ -81,13 +82,25 @@ class RpcServer:
         await server.stop()
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, poll_s: float = 0.0) -> None:
+        if not 0 <= poll_s <= 1:
+            raise ValueError(f"poll_s must be in [0, 1] seconds, got {poll_s}")
         self.host = host
         self._requested_port = port
         self._methods: dict[str, _Method] = {}
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[_Conn] = set()
         self.port: int = port
+        self.poll_s = poll_s
+        """After a request, keep the event loop polling (non-blocking, the CPU handed to
+        any other runnable thread between two looks) for this long before it may sleep in
+        the kernel again: the next request of a busy client finds the server awake
+        instead of waking it (a wake-up costs more than the request on a VM's CPUs).
+        0: never poll. The symmetric of ``SyncRpcClient.poll_s``."""
+        self._last_frame = 0.0
+        self._polling = False
+        self.polls = 0
+        """Loop turns spent polling (tests and diagnostics)."""
 
     def register(self, name: str, handler: Callable[..., Any],
                  params_type: type | None = None) -> None:
@@ -125,6 +138,25 @@ class RpcServer:
             await self.start()
         assert self._server is not None
         await self._server.serve_forever()
+
+    # -- polling -------------------------------------------------------------------
+
+    def _frames_seen(self) -> None:
+        """A read brought frames: poll for the next ones for ``poll_s`` (see there)."""
+        self._last_frame = time.monotonic()
+        if not self._polling:
+            self._polling = True
+            asyncio.get_running_loop().call_soon(self._poll)
+
+    def _poll(self) -> None:
+        """One polling turn: while a callback is ready, the loop's next wait for I/O does
+        not block; the CPU goes to any other runnable thread in between (sched_yield)."""
+        if time.monotonic() - self._last_frame >= self.poll_s or self._server is None:
+            self._polling = False
+            return
+        self.polls += 1
+        os.sched_yield()
+        asyncio.get_running_loop().call_soon(self._poll)
 
     # -- connections ---------------------------------------------------------------
 
@@ -302,6 +334,8 @@ class _Conn(asyncio.Protocol):
         finally:
             self.reading = False
             self.flush()
+        if pos and self.server.poll_s:
+            self.server._frames_seen()
         if view is data:
             if pos < n:
                 buf += data[pos:]

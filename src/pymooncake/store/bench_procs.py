@@ -68,13 +68,19 @@ def _ready_json(line: bytes) -> dict | None:
     return None
 
 
+MASTER_FLAGS: list[str] = []
+"""More flags for every pymooncake master a bench cluster starts (``bench store
+--rpc-poll S`` sets ``["--rpc-poll", S]``)."""
+
+
 @contextlib.contextmanager
 def _pymooncake_cluster(segment_bytes: int
                         ) -> Iterator[tuple[str, str, subprocess.Popen | None]]:
     exe = [sys.executable, "-m", "pymooncake"]
     master, info = _spawn([*exe, "master", "--port", "0", "--enable-http-metadata-server",
                            "--http-metadata-server-port", str(_free_port()),
-                           "--eviction-high-watermark-ratio", "1.0"], _ready_json)
+                           "--eviction-high-watermark-ratio", "1.0", *MASTER_FLAGS],
+                          _ready_json)
     addr, md = f"127.0.0.1:{info['port']}", info["metadata_url"]
     server = None
     try:

@@ -52,6 +52,7 @@ import numpy as np
 from pymooncake.rpc import RpcError, SyncRpcClient
 from pymooncake.store.client_background import Background
 from pymooncake.store.client_base import MAX_KEY_BYTES, parse_addr
+from pymooncake.store.client_overlap import Location
 from pymooncake.store.client_put import PutOps
 from pymooncake.store.client_ranges import RangeGetOps
 from pymooncake.store.datapath import DataPath
@@ -150,6 +151,7 @@ class StoreClient(Background, RangeGetOps, PutOps):
         self._thread: threading.Thread | None = None
         self._stop: asyncio.Event | None = None
         self._rpc_port = 0
+        self._locations: dict[str, Location] = {}  # remote objects' places (client_overlap)
         self.started = False
 
     # -- lifecycle ---------------------------------------------------------------------

@@ -18,6 +18,7 @@ from pymooncake.store.errors import ErrorCode, StoreError
 
 if TYPE_CHECKING:
     from pymooncake.rpc import SyncRpcClient
+    from pymooncake.store.client_overlap import Location
     from pymooncake.store.datapath import DataPath
     from pymooncake.store.tiers.dram_segment import OffsetAllocator
     from pymooncake.store.tiers.ssd import SsdTier
@@ -88,6 +89,7 @@ class ClientBase:
     _loop: asyncio.AbstractEventLoop | None
     _stop: asyncio.Event | None
     _rpc_port: int
+    _locations: dict[str, Location]
 
     def _started_dp(self, what: str) -> DataPath:
         """The data path, or ``StoreError(INVALID_PARAMS)`` naming ``what`` when this client

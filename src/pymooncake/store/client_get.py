@@ -23,6 +23,7 @@ from pymooncake.store.client_base import (
     NEEDS_LOAD,
 )
 from pymooncake.store.client_memory import check_lists
+from pymooncake.store.client_overlap import Location, planned_get, remember
 from pymooncake.store.datapath import Move
 from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.protocol import (
@@ -146,10 +147,13 @@ class GetOps(BadReplicaOps):
         p.replicas = reps
         if not reps:
             p.error = StoreError(ErrorCode.OBJECT_NOT_FOUND, f"{p.key!r}: no reachable replica")
+        elif all(x.segment != self.segment_name for x in reps):  # overlapped next time
+            remember(self._locations, p.key, Location(reps[0].segment, reps[0].addr,
+                                                      rl.size_bytes, rl.generation))
 
     def _plan_one(self, key: str) -> _ReadPlan:
         """``_plan([key], True, load=False)`` in one ``get_replica_list`` call (no batch
-        wrapping on either side): the single-key hot path of ``get``/``get_size``."""
+        wrapping on either side): the single-key hot path of ``get``."""
         p = _ReadPlan(key)
         try:
             self._check_key(key)
@@ -260,7 +264,12 @@ class GetOps(BadReplicaOps):
         """The value of ``key``. Raises ``StoreError`` (``OBJECT_NOT_FOUND``,
         ``REPLICA_IS_NOT_READY``, ``LEASE_EXPIRED``, ...)."""
         t0 = time.perf_counter()
-        p = self._plan_one(key)
+        p = planned_get(self, key, _ReadPlan)  # the master's answer, or the value read
+        if not isinstance(p, _ReadPlan):  # while the master answered, confirmed by it
+            GET_LATENCY.observe(time.perf_counter() - t0)
+            if isinstance(p, StoreError):
+                raise p
+            return p
         if p.error is NEEDS_LOAD:  # held only on SSD: the batch path loads it back
             (v,) = self.batch_get([key])
         else:
@@ -387,11 +396,3 @@ class GetOps(BadReplicaOps):
             dests.append((a, s) if p.error is None else None)
         self._read(plans, dests)
         return [p.error if p.error is not None else p.size for p in plans]
-
-    def get_size(self, key: str) -> int:
-        p = self._plan_one(key)
-        if p.error is NEEDS_LOAD:
-            p = self._plan([key], True)[0]
-        if p.error is not None:
-            raise p.error
-        return p.size

@@ -57,7 +57,10 @@ class MasterOps(ClientBase):
     @staticmethod
     def _batch_item(item: Any) -> Any:
         """One key's answer of a batch call: a map (``{"r": result}`` or ``{"e": [code,
-        message]}``) or a typed answer (``ReadAnswer``, ``WriteAnswer``)."""
+        message]}``), a typed answer (``ReadAnswer``, ``WriteAnswer``) or, from
+        ``batch_exist``, a bare bool."""
+        if type(item) is bool:
+            return item
         if type(item) is dict:
             if "e" in item:
                 code, msg = item["e"]
@@ -104,6 +107,15 @@ class MasterOps(ClientBase):
         return bool(self._master("exist", ExistRequest(self.client_id, key,
                                                        tuple(self._bad_now()))))
 
+    def get_size(self, key: str) -> int:
+        """The size in bytes of ``key``'s object (held in DRAM or on SSD): one master call,
+        no read lease (no bytes are read, as ``exist``). ``StoreError``: ``INVALID_KEY``,
+        ``OBJECT_NOT_FOUND`` (also when every replica lies on a segment this client knows
+        to have failed), ``REPLICA_IS_NOT_READY`` while it is written."""
+        self._check_key(key)
+        return int(self._master("get_size", ExistRequest(self.client_id, key,
+                                                         tuple(self._bad_now()))))
+
     def batch_exist(self, keys: Sequence[str]) -> list[bool | StoreError]:
         """``exist`` per key (same rule for keys on failed segments)."""
         out: list[bool | StoreError] = []
@@ -125,9 +137,11 @@ class MasterOps(ClientBase):
 
     def remove(self, key: str, force: bool = False) -> None:
         self._check_key(key)
+        self._locations.pop(key, None)
         self._master("remove", RemoveRequest(self.client_id, key, force))
 
     def remove_all(self, force: bool = False) -> int:
+        self._locations.clear()
         return int(self._master("remove_all", RemoveAllRequest(self.client_id, force)))
 
     def release_leases(self, keys: Sequence[str]) -> int:

@@ -16,6 +16,7 @@ from pymooncake.store.checksum import digests, view_at
 from pymooncake.store.client_base import DEFAULT_CONFIG, PUT_LATENCY
 from pymooncake.store.client_master import MasterOps
 from pymooncake.store.client_memory import MemoryOps, check_lists
+from pymooncake.store.client_overlap import Location, remember
 from pymooncake.store.config import ReplicateConfig
 from pymooncake.store.datapath import Move
 from pymooncake.store.errors import ErrorCode, StoreError
@@ -182,6 +183,13 @@ class PutOps(MasterOps, MemoryOps):
                 r = self._batch_item(item)
                 if isinstance(r, StoreError):
                     out[i] = r
+        for i in ok:  # where a remote replica lies: a later get reads it at once
+            reps = handles[i].replicas
+            if out[i] is None and all(x.segment != self.segment_name for x in reps):
+                rep = reps[0] if reps else None  # (with a local replica: read that one)
+                if rep is not None:
+                    remember(self._locations, keys[i], Location(
+                        rep.segment, rep.addr, sizes[i], handles[i].generation))
 
     def _answer(self, method: str, params: Any, reply_type: Any = None) -> Any:
         """A single-key call's result, or the master's ``StoreError`` answer as a value (as

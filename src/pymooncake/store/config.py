@@ -52,6 +52,9 @@ class MasterConfig:
     rereplicate_budget_bytes: int = 256 << 20
     """Bytes one re-replication pass copies at most (a pass every 0.5 s while objects are
     below the replica count their put got; ``store.master.rereplication``)."""
+    rpc_poll_s: float = 0.0
+    """After a request the master's event loop polls this long for the next one before it
+    sleeps (``RpcServer.poll_s``; 0 = never poll)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -76,6 +79,8 @@ class MasterConfig:
             raise ValueError("put_start_discard_timeout_s must be >= 0")
         if self.put_start_release_timeout_s < self.put_start_discard_timeout_s:
             raise ValueError("put_start_release_timeout_s must be >= put_start_discard_timeout_s")
+        if not 0 <= self.rpc_poll_s <= 0.01:
+            raise ValueError(f"rpc_poll_s={self.rpc_poll_s}: must be in [0, 0.01] seconds")
         if not 1 <= self.max_key_bytes <= 1 << 20:
             raise ValueError(f"max_key_bytes={self.max_key_bytes}: must be in [1, 1 MiB]")
         if self.rereplicate_budget_bytes <= 0:

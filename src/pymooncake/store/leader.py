@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,7 +34,7 @@ logger = init_logger(__name__)
 
 IDEMPOTENT: frozenset[str] = frozenset({
     "ping", "ha_status", "heartbeat", "mount_segment", "get_replica_list",
-    "batch_get_replica_list", "load_replica_list", "exist", "batch_exist", "put_end",
+    "batch_get_replica_list", "load_replica_list", "exist", "batch_exist", "get_size", "put_end",
     "batch_put_end", "list_keys", "stats", "release_leases"})
 """Master calls that may be sent twice (``put_end`` is idempotent for its writer)."""
 
@@ -250,6 +251,20 @@ class LeaderSyncRpc:
                 except RpcError as e:
                     err = e
             self._failed(method, addr, err, tries)
+
+    def begin(self, method: str, params: Any = None) -> Callable[..., Any] | None:
+        """``SyncRpcClient.begin`` on the known leader: the call sent, its ``finish``
+        returned; ``None`` (nothing sent) when no leader is known yet or the send failed
+        — the caller then makes the call with ``call``, which fails over. ``finish``
+        raises ``RpcError`` without failing over: an idempotent call is made again with
+        ``call``."""
+        rpc, addr = self._rpc, self._addr
+        if rpc is None or addr is None or addr != self.locator.peek():
+            return None
+        try:
+            return rpc.begin(method, params)
+        except RpcError:
+            return None
 
     def _failed(self, method: str, addr: tuple[str, int] | None, err: RpcError,
                 tries: _Attempts) -> None:

@@ -179,6 +179,21 @@ class ObjectMethods:
         obj.last_access_ms = max(obj.last_access_ms, now_ms)
         return True
 
+    def size_of(self, key: str, now_ms: float,
+                exclude_segments: frozenset[str] = frozenset()) -> int:
+        """The size of a published object, from DRAM or SSD (``get_size``): as ``exist``,
+        no read lease (no bytes are read) and its LRU recency refreshed.
+        ``OBJECT_NOT_FOUND`` when missing or every readable replica lies on one of
+        ``exclude_segments``; ``REPLICA_IS_NOT_READY`` while it is written."""
+        obj = self._lookup(key)
+        if not obj.complete:
+            raise StoreError(ErrorCode.REPLICA_IS_NOT_READY, f"key {key!r} is being written")
+        if exclude_segments and all(r.segment in exclude_segments
+                                    for r in obj.readable_replicas()):
+            raise StoreError(ErrorCode.OBJECT_NOT_FOUND, f"{key!r}: no reachable replica")
+        obj.last_access_ms = max(obj.last_access_ms, now_ms)
+        return obj.size_bytes
+
     def release_leases(self, client_id: str, keys: list[str]) -> int:
         """Drop ``client_id``'s leases on ``keys`` (the "unlock" of a read); count dropped."""
         return sum(self.leases.release(k, client_id) for k in keys)

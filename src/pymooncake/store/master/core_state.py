@@ -41,6 +41,8 @@ class _Client:
 
 def validate_key(key: object, max_key_bytes: int) -> str:
     """The key, or ``StoreError(INVALID_KEY)`` for a non-str, empty or too long key."""
+    if type(key) is str and 0 < len(key) <= max_key_bytes and key.isascii():
+        return key  # ASCII: one byte a character (the hot path: no encode)
     if not isinstance(key, str):
         raise StoreError(ErrorCode.INVALID_KEY, f"key must be str, got {type(key).__name__}")
     if not key:

@@ -88,7 +88,7 @@ class MasterService(HandlerMethods, SsdMethods):
         self.tick_interval_s = tick_interval_s or min(0.1, config.client_ttl_s / 4)
         self._gauges_ms = float("-inf")
         self._stall_logged = float("-inf")
-        self.server = RpcServer(config.host, config.port)
+        self.server = RpcServer(config.host, config.port, poll_s=config.rpc_poll_s)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._spills: set[asyncio.Task[Any]] = set()
         self._promotions: dict[str, asyncio.Task[Any]] = {}

@@ -99,6 +99,7 @@ class HandlerMethods:
         s.register("load_replica_list", self._load_replica_list, KeysRequest)
         s.register("exist", self._exist, ExistRequest)
         s.register("batch_exist", self._batch_exist, BatchExistRequest)
+        s.register("get_size", self._get_size, ExistRequest)
         s.register("remove", self._remove, RemoveRequest)
         s.register("batch_remove", self._batch_remove, KeysRequest)
         s.register("remove_all", self._remove_all, RemoveAllRequest)
@@ -262,10 +263,23 @@ class HandlerMethods:
         return self._call(self.core.exist, p.client_id, p.key, self.now_ms(),
                           frozenset(p.exclude_segments) if p.exclude_segments else _NONE)
 
-    def _batch_exist(self, p: BatchExistRequest) -> Any:
+    def _get_size(self, p: ExistRequest) -> int:
+        return self._call(self.core.size_of, p.key, self.now_ms(),
+                          frozenset(p.exclude_segments) if p.exclude_segments else _NONE)
+
+    def _batch_exist(self, p: BatchExistRequest) -> list[bool | dict[str, Any]]:
+        """One answer per key: a bool, or ``{"e": [code, message]}`` for a key refused
+        (a bare bool, not ``{"r": bool}``: 16 keys a call are the metadata hot path)."""
         cid, now = p.client_id, self.now_ms()
         ex = frozenset(p.exclude_segments) if p.exclude_segments else _NONE
-        return self._each(lambda k: self.core.exist(cid, k, now, ex), p.keys)
+        exist = self.core.exist
+        out: list[bool | dict[str, Any]] = []
+        for k in p.keys:
+            try:
+                out.append(exist(cid, k, now, ex))
+            except StoreError as e:
+                out.append({"e": [int(e.code), e.message]})
+        return out
 
     def _remove(self, p: RemoveRequest) -> bool:
         self._call(self.core.remove, p.key, self.now_ms(), p.force)

@@ -36,6 +36,7 @@ from pymooncake.transfer.transports.wire import (
     FLAG_CLOSING,
     FLAG_CRC,
     FLAG_MORE,
+    RECV_BUFFER_BYTES,
     REP,
     REP_MAGIC,
     REQ,
@@ -113,7 +114,12 @@ def run_window(conn: TcpConnection, slices: Sequence[Slice], checksum: bool,
     results: list[tuple[StatusCode, str]] = []
     try:
         sendmsg_all(sock, bufs)
-        reader.poll(poll_s)
+        # a large READ first: poll for its header only, the payload then lands straight
+        # in the destination (RecvBuffer.read_into bypasses the buffer) instead of a
+        # buffer-full being copied out of the receive buffer
+        first = slices[0]
+        reader.poll(poll_s, REP.size if first.op is TransferOp.READ
+                    and first.length >= RECV_BUFFER_BYTES // 2 else 0)
         for i, s in enumerate(slices):
             magic, status, rflags, msg_len, seq, length, crc = reader.read_struct(REP)
             if magic != REP_MAGIC or seq != first_seq + i:

@@ -111,17 +111,19 @@ class RecvBuffer:
         self.read_into(memoryview(out), deadline)
         return st.unpack_from(out)
 
-    def poll(self, budget_s: float) -> None:
+    def poll(self, budget_s: float, limit: int = 0) -> None:
         """Wait up to ``budget_s`` for the next bytes by polling the socket (the CPU handed
         to any other runnable thread between two polls) before a read would sleep in the
         kernel: a reply that comes quickly finds this thread awake, and a peer on another
         CPU need not wake it (in a VM a cross-CPU wake-up costs tens of µs). No effect
         when bytes are buffered already or ``budget_s <= 0``; ``ConnectionError`` when the
-        peer closed."""
+        peer closed. ``limit``: take at most this many bytes now (a reply header whose
+        large payload is then received straight into its destination, not through this
+        buffer: no copy)."""
         if self._start != self._end or budget_s <= 0:
             return
         recv_into, mv = self.sock.recv_into, self._mv
-        k = poll_recv(lambda: recv_into(mv, 0, socket.MSG_DONTWAIT), budget_s)
+        k = poll_recv(lambda: recv_into(mv, limit, socket.MSG_DONTWAIT), budget_s)
         if k == 0:
             raise ConnectionError("peer closed the connection")
         if k is not None:

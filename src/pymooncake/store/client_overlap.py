@@ -1,0 +1,122 @@
+"""A one-key get whose master round trip overlaps the read of the bytes (issue 16).
+
+A client remembers where the objects it wrote (and read) live in other processes'
+segments: ``Location`` = segment, address, size and the object's generation. A ``get`` of
+such a key sends ``get_replica_list`` to the master, reads the remembered range into
+staging while the master answers, and then takes the answer. The bytes are kept only when
+the answer confirms them: the same generation (a removed and re-put key has another one),
+the same size, a readable DRAM replica at the same segment and address, and the object's
+checksum verifies the staged bytes. Since the object existed there at the put (or the
+earlier read) and still exists there, with the same generation, when the master answers,
+nothing else was written to that range in between; the lease granted with the answer and
+the lease check after the copy (case BUG-15) are as on the usual path. Anything else —
+another place, a failed or corrupt read, an error — falls back to the usual read with
+the answer already in hand (no second master call), so a stale location costs one wasted
+read and never a wrong value.
+
+Only remote replicas are remembered: a replica in the client's own segment is one memcpy
+after the answer anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, NamedTuple
+
+from pymooncake.rpc import RpcConnectionError, RpcError, RpcTimeout
+from pymooncake.store.checksum import verify_at
+from pymooncake.store.client_base import NEEDS_LOAD
+from pymooncake.store.datapath import Move
+from pymooncake.store.errors import StoreError
+from pymooncake.store.protocol import KeyRequest, ReplicaList
+
+if TYPE_CHECKING:
+    from pymooncake.store.client_get import GetOps, _ReadPlan
+
+LOCATIONS_MAX = 4096
+"""Keys whose location a client remembers (the oldest forgotten first)."""
+
+
+class Location(NamedTuple):
+    segment: str
+    addr: int
+    size: int
+    generation: int
+
+
+def remember(locations: dict[str, Location], key: str, loc: Location) -> None:
+    """Remember ``key`` at ``loc`` (bounded: the oldest entry goes)."""
+    locations.pop(key, None)
+    locations[key] = loc
+    if len(locations) > LOCATIONS_MAX:  # another thread may get there first
+        with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+            del locations[next(iter(locations))]
+
+
+def planned_get(c: GetOps, key: str, plan: type[_ReadPlan]
+                ) -> bytes | StoreError | _ReadPlan:
+    """A one-key get's start: the value (or ``StoreError``) read while the master answered
+    when ``key``'s place is remembered and the answer confirms it, else the read plan from
+    the master's answer (``GetOps._plan_one`` when nothing was asked ahead)."""
+    loc = c._locations.get(key) if type(key) is str else None
+    got = overlapped_get(c, key, loc, plan) if loc is not None else None
+    return c._plan_one(key) if got is None else got
+
+
+def overlapped_get(c: GetOps, key: str, loc: Location, plan: type[_ReadPlan]
+                   ) -> bytes | StoreError | _ReadPlan | None:
+    """``key``'s value (or ``StoreError``) read while the master answers; a plan (the
+    master's answer) for the usual read when the remembered bytes were not confirmed;
+    ``None`` when nothing was asked (no leader connection yet, or it failed: the usual
+    path asks, failing over), or when ``loc`` lies on a segment known to have failed (the
+    usual path skips it without a read)."""
+    if c._dp is None:
+        return None
+    t_query = c._clock()
+    if c._bad and c._bad.get(loc.segment, 0.0) > t_query:
+        return None
+    finish = c._rpc.begin("get_replica_list", KeyRequest(c.client_id, key))
+    if finish is None:
+        return None
+    answer: ReplicaList | StoreError | None = None
+    staged = None
+    moved = False
+    try:
+        try:
+            staged = c._stage(loc.size)
+            (res,) = c._dp.run([Move(False, staged[0], loc.segment, loc.addr, loc.size)])
+            moved = res.ok
+            if res.peer_down:  # as the usual read: skipped by this and later reads
+                c._bad[loc.segment] = c._clock() + c._bad_ttl
+        except Exception:  # noqa: BLE001 - a guess that failed: the answer decides
+            moved = False
+        finally:
+            try:
+                answer = finish(ReplicaList)
+            except (RpcTimeout, RpcConnectionError):
+                answer = None  # asked again by the usual path, which fails over
+            except RpcError as e:
+                answer = StoreError.from_rpc(e)
+        if answer is None:
+            return None
+        p = plan(key)
+        if isinstance(answer, StoreError):
+            c._locations.pop(key, None)
+            p.error = answer
+            return p
+        if answer.promote:  # held only on SSD: the batch path loads it back
+            p.error = NEEDS_LOAD
+            return p
+        c._fill(p, answer, t_query, c._clock(), True)
+        if (p.error is None and moved and staged is not None
+                and answer.generation == loc.generation and answer.size_bytes == loc.size
+                and any(r.segment == loc.segment and r.addr == loc.addr
+                        for r in p.replicas)
+                and verify_at(staged[0], loc.size, p.checksum)):
+            value = staged[1].tobytes()
+            c._finish_read(p)  # the lease check after the copy (BUG-15), the hit count
+            return p.error if p.error is not None else value
+        return p
+    finally:
+        if staged is not None:
+            staged[2]()

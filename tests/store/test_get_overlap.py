@@ -1,0 +1,184 @@
+"""A get of a key whose remote place the client knows reads the bytes while the master
+answers (``store.client_overlap``, issue 16), and keeps them only when the answer confirms
+them: real master and store-server processes, real Transfer Engine reads over tcp."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pymooncake.store.client_overlap import LOCATIONS_MAX, Location, remember
+from pymooncake.store.errors import ErrorCode, StoreError
+from pymooncake.transfer import TransferConfig
+
+from .procs import MiB
+
+TCP = TransferConfig(transports=("local", "tcp"), max_retries=1, path_retry_interval_s=0.05,
+                     connect_timeout_s=1.0, slice_timeout_s=2.0)
+
+
+class _Calls:
+    """Counts the master calls of one client by the way they were made."""
+
+    def __init__(self, client) -> None:
+        rpc = client._rpc
+        self.begun: list[str] = []
+        self.called: list[str] = []
+        begin, call = rpc.begin, rpc.call
+
+        def counted_begin(method, params=None):
+            self.begun.append(method)
+            return begin(method, params)
+
+        def counted_call(method, params=None, *a, **kw):
+            self.called.append(method)
+            return call(method, params, *a, **kw)
+
+        rpc.begin, rpc.call = counted_begin, counted_call
+
+
+def test_get_of_a_key_it_wrote_reads_while_the_master_answers(cluster_factory) -> None:
+    cl = cluster_factory()
+    cl.store_server(32 * MiB, transports="local,tcp")
+    a = cl.client(transfer_config=TCP)
+    vals = {f"k{i}": os.urandom(64 * 1024 + i) for i in range(8)}
+    for k, v in vals.items():
+        a.put(k, v)
+    assert set(a._locations) == set(vals)
+    loc = a._locations["k3"]
+    assert loc.segment != a.segment_name and loc.size == len(vals["k3"])
+    calls = _Calls(a)
+    for k, v in vals.items():
+        assert a.get(k) == v
+    # every get_replica_list was sent before the read and taken after it: none the usual way
+    assert calls.begun == ["get_replica_list"] * len(vals)
+    assert calls.called == []
+    # a key never written or read by this client: the usual way (and remembered after)
+    b = cl.client(transfer_config=TCP)
+    b.put("other", b"x" * 4096)
+    calls = _Calls(a)
+    assert a.get("other") == b"x" * 4096
+    assert calls.begun == [] and calls.called == ["get_replica_list"]
+    assert "other" in a._locations
+
+
+def test_a_stale_place_is_never_served(cluster_factory) -> None:
+    """Another client removes the key and writes it again (another generation, another
+    place or the same one with new bytes): the remembered read is not confirmed and the
+    value comes from the master's answer; a key removed meanwhile is not found."""
+    cl = cluster_factory()
+    cl.store_server(32 * MiB, transports="local,tcp")
+    a = cl.client(transfer_config=TCP)
+    b = cl.client(transfer_config=TCP)
+    old, new = b"o" * 65536, b"n" * 65536
+    for round_ in range(6):
+        key = f"stale-{round_}"
+        a.put(key, old)
+        before = a._locations[key]
+        b.remove(key)
+        if round_ % 2:  # a filler first: the new value lands elsewhere
+            b.put(f"filler-{round_}", b"f" * 65536)
+        b.put(key, new)
+        calls = _Calls(a)
+        assert a.get(key) == new
+        assert calls.begun == ["get_replica_list"] and calls.called == []
+        after = a._locations[key]  # the master's answer replaced the stale place
+        assert after.generation != before.generation
+    a.put("gone", old)
+    b.remove("gone")
+    with pytest.raises(StoreError) as e:
+        a.get("gone")
+    assert e.value.code == ErrorCode.OBJECT_NOT_FOUND
+    assert "gone" not in a._locations
+
+
+def test_corrupt_or_wrong_place_falls_back_to_the_usual_read(cluster_factory) -> None:
+    """A remembered place that holds other bytes (here: another key's, same size and
+    generation claimed) fails the answer's checks; the usual read serves the right value."""
+    cl = cluster_factory()
+    cl.store_server(32 * MiB, transports="local,tcp")
+    a = cl.client(transfer_config=TCP)
+    a.put("x", b"X" * 65536)
+    a.put("y", b"Y" * 65536)
+    lx, ly = a._locations["x"], a._locations["y"]
+    a._locations["x"] = Location(ly.segment, ly.addr, lx.size, lx.generation)  # wrong place
+    assert a.get("x") == b"X" * 65536
+    assert a._locations["x"] == lx  # corrected from the answer
+    a._locations["y"] = Location(ly.segment, ly.addr, ly.size, ly.generation + 99)
+    assert a.get("y") == b"Y" * 65536
+
+
+def test_locations_are_bounded() -> None:
+    locs: dict[str, Location] = {}
+    for i in range(LOCATIONS_MAX + 10):
+        remember(locs, f"k{i}", Location("s", i, 1, 1))
+    assert len(locs) == LOCATIONS_MAX
+    assert "k0" not in locs and f"k{LOCATIONS_MAX + 9}" in locs
+    remember(locs, "k20", Location("s", 0, 1, 2))  # refreshed: now the newest
+    assert list(locs)[-1] == "k20"
+
+
+def test_get_size_is_one_metadata_call_without_a_lease(cluster_factory) -> None:
+    """``get_size`` asks the master's ``get_size`` (no replica list, no read lease): the
+    key can be removed right after it (the replica-list way held a lease for its TTL)."""
+    cl = cluster_factory("--default-kv-lease-ttl", "60000")
+    cl.store_server(16 * MiB, transports="local,tcp")
+    a = cl.client(transfer_config=TCP)
+    a.put("s", b"z" * 5000)
+    calls = _Calls(a)
+    assert a.get_size("s") == 5000
+    assert calls.called == ["get_size"]
+    a.remove("s")  # no lease: removable at once
+    with pytest.raises(StoreError) as e:
+        a.get_size("s")
+    assert e.value.code == ErrorCode.OBJECT_NOT_FOUND
+
+
+def test_a_key_with_a_replica_in_the_own_segment_is_not_remembered(cluster_factory) -> None:
+    """A local replica is one memcpy after the answer: such a key is never read remotely
+    ahead of it; a key held only remotely is remembered."""
+    from pymooncake.store.config import ReplicateConfig
+
+    cl = cluster_factory()
+    cl.store_server(16 * MiB, transports="local,tcp")
+    a = cl.client(transfer_config=TCP, global_segment_size=16 * MiB)
+    a.put("both", b"b" * 8192, ReplicateConfig(replica_num=2))
+    reps = a.replica_list("both").replicas
+    assert {r.segment == a.segment_name for r in reps} == {True, False}
+    assert "both" not in a._locations
+    assert a.get("both") == b"b" * 8192 and "both" not in a._locations
+    other = next(r.segment for r in reps if r.segment != a.segment_name)
+    a.put("far", b"f" * 8192, ReplicateConfig(preferred_segment=other))
+    assert a._locations["far"].segment == other
+    assert a.get("far") == b"f" * 8192
+
+
+def test_a_remembered_place_on_a_dead_segment_is_read_once(cluster_factory) -> None:
+    """The remembered replica's server is killed: the overlapped read finds its peer down,
+    the segment is marked failed at once, so the usual read with the master's answer goes
+    to the live replica (not to the dead one a second time), and later gets skip it."""
+    import types
+
+    from pymooncake.store.config import ReplicateConfig
+
+    from .test_store_processes import CountingPath
+
+    cl = cluster_factory("--client-ttl", "60")  # the master never learns of the death here
+    servers = [cl.store_server(8 * MiB, transports="local,tcp") for _ in range(2)]
+    a = cl.client(transfer_config=TCP)
+    v = os.urandom(65536)
+    a.put("both", v, ReplicateConfig(replica_num=2))
+    dead = a._locations["both"].segment
+    live = next(s.info["segment"] for s in servers if s.info["segment"] != dead)
+    assert {r.segment for r in a.replica_list("both").replicas} == {dead, live}
+    a._rng = types.SimpleNamespace(  # the answer's order: the dead replica first
+        shuffle=lambda reps: reps.sort(key=lambda r: r.segment != dead))
+    counter = CountingPath(a)
+    next(s for s in servers if s.info["segment"] == dead).kill()
+    assert a.get("both") == v
+    assert counter.by_segment == {dead: 1, live: 1}
+    assert a._bad.get(dead, 0.0) > a._clock()
+    assert a._locations["both"].segment == live  # remembered anew from the answer
+    assert a.get("both") == v
+    assert counter.by_segment == {dead: 1, live: 2}
