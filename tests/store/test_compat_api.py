@@ -182,3 +182,31 @@ def test_tensor_forms(store) -> None:
                                   [2048, 2048])
     assert np.array_equal(got[0], arr) and got[1] is None
     assert s.put_tensor("bad", object()) == -600
+
+
+def test_setup_chooses_another_port_when_its_pick_is_taken(cluster_factory, monkeypatch):
+    """``setup("localhost", ...)`` picks the engine's port itself; another process can bind
+    it between the pick and the bind (four benchmark clients starting at once did). Then
+    the next pick is tried, as Mooncake's client retries, instead of ``RPC_FAIL``."""
+    from pymooncake.store.compat import _codes, _store
+
+    cl = cluster_factory()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        picks = iter([busy, busy, _codes.free_port()])
+        monkeypatch.setattr(_store, "free_port", lambda: next(picks))
+        s = MooncakeDistributedStore()
+        try:
+            assert s.setup("localhost", cl.metadata_url, 1 * MB, 1 * MB, "tcp", "",
+                           cl.master_addr) == 0
+            assert not s.get_hostname().endswith(f":{busy}")
+            assert s.put("k", b"v" * 10) == 0 and s.get("k") == b"v" * 10
+        finally:
+            s.close()
+        # a port the caller names is not replaced: that bind error is the caller's
+        s2 = MooncakeDistributedStore()
+        assert s2.setup(f"localhost:{busy}", cl.metadata_url, 1 * MB, 1 * MB, "tcp", "",
+                        cl.master_addr) == -900
+        s2.close()

@@ -5,6 +5,7 @@ from ``_write``, ``_read``, ``_tensor_api``, ``_tensor_tp``, ``_tensor_parallel`
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
@@ -33,6 +34,17 @@ def _p2p_metadata(master: str) -> str:
         return url
     host = master.rpartition(":")[0] or "127.0.0.1"
     return f"http://{host}:8080/metadata"
+
+
+PORT_ATTEMPTS = 8
+"""Ports tried when ``setup`` chooses the Transfer Engine's port itself."""
+
+
+def _port_taken(e: StoreError) -> bool:
+    """Whether the engine failed to start because its port was bound by someone else
+    (``EADDRINUSE`` behind the ``RPC_FAIL``)."""
+    cause = e.__cause__ or e.__context__
+    return isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE
 
 
 @typed_keys
@@ -103,10 +115,9 @@ class MooncakeDistributedStore(WriteMethods, ReadMethods, TensorMethods, TensorT
         try:
             name = str(local_hostname)
             host, sep, port_s = name.rpartition(":")
-            if not sep or not port_s.isdigit():
-                host, port = name, free_port()
-            else:
-                port = int(port_s)
+            chosen = not sep or not port_s.isdigit()
+            if chosen:
+                host = name
             bind_host = "127.0.0.1" if host in ("", "localhost") else host
             if metadata_server in ("", "P2PHANDSHAKE"):
                 metadata_server = _p2p_metadata(master_server_addr)
@@ -114,13 +125,22 @@ class MooncakeDistributedStore(WriteMethods, ReadMethods, TensorMethods, TensorT
                         ) if enable_ssd_offload else None
             from pymooncake.transfer import TransferConfig
 
-            client = StoreClient(master_server_addr, metadata_server, local_hostname=bind_host,
-                                 global_segment_size=gseg, local_buffer_size=lbuf,
-                                 ssd_path=ssd_path or None,
-                                 ssd_capacity=gseg * 4 if ssd_path else 0,
-                                 transfer_config=TransferConfig(tcp_port=port),
-                                 name=f"{host or bind_host}:{port}" if port else None)
-            client.start()
+            # A port we chose can be taken by another process between the check and the
+            # bind: choose again, as Mooncake's real_client retries its port
+            for attempt in range(PORT_ATTEMPTS if chosen else 1):
+                port = free_port() if chosen else int(port_s)
+                client = StoreClient(master_server_addr, metadata_server,
+                                     local_hostname=bind_host, global_segment_size=gseg,
+                                     local_buffer_size=lbuf, ssd_path=ssd_path or None,
+                                     ssd_capacity=gseg * 4 if ssd_path else 0,
+                                     transfer_config=TransferConfig(tcp_port=port),
+                                     name=f"{host or bind_host}:{port}" if port else None)
+                try:
+                    client.start()
+                    break
+                except StoreError as e:
+                    if attempt + 1 >= (PORT_ATTEMPTS if chosen else 1) or not _port_taken(e):
+                        raise
         except Exception as e:  # noqa: BLE001
             return code(e) if isinstance(e, StoreError | ValueError) else int(
                 ErrorCode.INTERNAL_ERROR)
