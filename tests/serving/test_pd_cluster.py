@@ -152,7 +152,7 @@ def test_bug_53_over_long_prompts_are_400_and_workers_survive(cluster):
     url = cluster.url
     tok = ByteTokenizer()
     overhead = len(tok.apply_chat_template([{"role": "user", "content": ""}]))
-    time.sleep(0.3)  # load reports of the earlier tests' last steps arrive
+    _quiet_counts(url)  # load reports of the earlier tests' last steps have arrived
     before = wait_for(lambda: (lambda w: w if all(x["num_running"] == 0 for x in w.values())
                                else None)(workers(url)), 5.0, "idle workers")
     r1 = _chat(url, "a" * (2033 - overhead))          # 2033 + 16 = 2049 > 2048
@@ -405,7 +405,9 @@ def test_decode_worker_killed_mid_request_fails_cleanly_and_cluster_serves_on(cl
                       "the long request placed")
     decode_id = placed[1]
     pid = workers(url)[decode_id]["pid"]
-    time.sleep(0.3)  # some tokens have streamed
+    # the decode worker runs it: its KV arrived and tokens are streaming
+    wait_for(lambda: workers(url)[decode_id]["num_running"] >= 1 or None, 20.0,
+             "the long request decoding")
     os.kill(pid, signal.SIGKILL)
     killed = time.monotonic()
     t.join(30)
