@@ -6,12 +6,22 @@ imported more than once, e.g. under test). Metric names are ``pymooncake_<compon
 with the unit as a suffix (``_seconds``, ``_bytes``, ``_total``), following the Prometheus
 naming guide. ``serve_metrics(port)`` exposes the registry over HTTP (``/metrics``);
 ``render()`` gives the text exposition format for an existing HTTP server.
+
+``loop_counter``/``loop_histogram`` are for one thread's hot path (the RPC server's event
+loop, tens of thousands of calls a second): their labelled children are plain Python
+numbers that the caller bumps in place (``child.value += 1``, ``child.observe(s)``), with
+no lock and no method chain, and become Prometheus samples only when the registry is
+collected. A ``prometheus_client`` counter increment and histogram observation took about
+1.5 µs of the master's ~3 µs of Python per metadata call (issue 16). Written from several
+threads at once, an increment may be lost (never a crash, never a wrong type).
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -21,10 +31,11 @@ from prometheus_client import (
     generate_latest,
     start_http_server,
 )
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 _lock = threading.Lock()
-_metrics: dict[str, Counter | Gauge | Histogram] = {}
+_metrics: dict[str, Counter | Gauge | Histogram | LoopCounter | LoopHistogram] = {}
 
 # Latency buckets (seconds) from 50 µs to 60 s, for RPCs, transfers, TTFT and TBT.
 LATENCY_BUCKETS_S: tuple[float, ...] = (
@@ -59,6 +70,128 @@ def histogram(name: str, doc: str, labels: Sequence[str] = (),
               buckets: Sequence[float] = LATENCY_BUCKETS_S) -> Histogram:
     """A distribution; latencies in seconds with ``LATENCY_BUCKETS_S`` by default."""
     return _get(Histogram, name, doc, labels, buckets=tuple(buckets))
+
+
+class LoopCounterChild:
+    """One label set's count: ``child.value += n`` on the hot path."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def inc(self, amount: float = 1) -> None:
+        if amount < 0:
+            raise ValueError("counters only go up")
+        self.value += amount
+
+
+class LoopHistogramChild:
+    """One label set's distribution: ``counts[i]`` observations in bucket ``i`` (not
+    cumulative; the last is +Inf) and their ``sum``."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, amount)] += 1
+        self.sum += amount
+
+
+class _LoopMetric:
+    def __init__(self, name: str, doc: str, labels: Sequence[str]) -> None:
+        self.name, self.doc, self.labelnames = name, doc, tuple(labels)
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def labels(self, *values: str) -> Any:
+        """The child of these label values (created once, then cached)."""
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name}: {len(self.labelnames)} label values, got "
+                             f"{len(values)}")
+        key = tuple(str(v) for v in values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children.setdefault(key, self._child())
+        return child
+
+    def _child(self) -> Any:
+        raise NotImplementedError
+
+    def describe(self) -> list[Metric]:
+        return [self._family()]
+
+    def _family(self) -> Any:
+        raise NotImplementedError
+
+
+class LoopCounter(_LoopMetric):
+    """A labelled counter with lock-free children (see the module docstring)."""
+
+    def _child(self) -> LoopCounterChild:
+        return LoopCounterChild()
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        fam = self._family()
+        for key, child in list(self._children.items()):
+            fam.add_metric(list(key), child.value)
+        yield fam
+
+
+class LoopHistogram(_LoopMetric):
+    """A labelled histogram with lock-free children (see the module docstring)."""
+
+    def __init__(self, name: str, doc: str, labels: Sequence[str],
+                 buckets: Sequence[float]) -> None:
+        super().__init__(name, doc, labels)
+        self.bounds = tuple(sorted(float(b) for b in buckets))
+
+    def _child(self) -> LoopHistogramChild:
+        return LoopHistogramChild(self.bounds)
+
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        fam = self._family()
+        for key, child in list(self._children.items()):
+            counts, total, acc = list(child.counts), child.sum, 0
+            buckets = []
+            for bound, n in zip((*self.bounds, float("inf")), counts, strict=True):
+                acc += n
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
+            fam.add_metric(list(key), buckets, total)
+        yield fam
+
+
+def _get_loop(kind: type, name: str, *args: Any) -> Any:
+    with _lock:
+        existing = _metrics.get(name)
+        if existing is not None:
+            if not isinstance(existing, kind):
+                raise ValueError(f"metric {name!r} already registered as {type(existing).__name__}")
+            return existing
+        metric = kind(name, *args)
+        REGISTRY.register(metric)
+        _metrics[name] = metric
+        return metric
+
+
+def loop_counter(name: str, doc: str, labels: Sequence[str] = ()) -> LoopCounter:
+    """A counter for one thread's hot path (module docstring); ``name`` ends in ``_total``."""
+    return _get_loop(LoopCounter, name, doc, labels)
+
+
+def loop_histogram(name: str, doc: str, labels: Sequence[str] = (),
+                   buckets: Sequence[float] = LATENCY_BUCKETS_S) -> LoopHistogram:
+    """A histogram for one thread's hot path (module docstring)."""
+    return _get_loop(LoopHistogram, name, doc, labels, buckets)
 
 
 def render() -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import os
 import socket
@@ -56,6 +57,7 @@ def poll_recv(recv: Callable[[], T], budget_s: float) -> T | None:
 
 
 _REPLY = decoder(Reply)
+_DONTWAIT = socket.MSG_DONTWAIT
 
 
 def _reply(body: bytes | memoryview) -> Reply:
@@ -290,9 +292,14 @@ class SyncRpcClient:
                     del buf[:end]
                     return _reply(body)
                 want = max(want, end - len(buf))
-            chunk = poll_recv(lambda w=want: sock.recv(w, socket.MSG_DONTWAIT),
-                              self.poll_s) if poll else None
-            poll = False
+            chunk = None
+            if poll:
+                poll = False
+                try:  # the answer is often there already: no closure, no clock
+                    chunk = sock.recv(want, _DONTWAIT)
+                except BlockingIOError:
+                    chunk = poll_recv(functools.partial(sock.recv, want, _DONTWAIT),
+                                      self.poll_s)
             if chunk is None:
                 chunk = sock.recv(want)
             if not chunk:
@@ -308,10 +315,11 @@ class SyncRpcClient:
         """Call ``method`` and block for its result (see ``RpcClient.call``)."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         with self._lock:
-            sock = self._connect()
+            sock = self._sock or self._connect()
             rid = next(self._ids)
             try:
-                self._set_timeout(sock, timeout)
+                if timeout != self._sock_timeout:
+                    self._set_timeout(sock, timeout)
                 sock.sendall(pack_frame({"i": rid, "m": method, "p": params}))
                 while True:
                     msg = self._read_msg(sock)

@@ -90,6 +90,17 @@ class MasterOps(ClientBase):
                              "(lone surrogate)") from None
         return key
 
+    @staticmethod
+    def _keys_ok(keys: Sequence[object]) -> bool:
+        """True when ``_check_key`` passes every key at its fast path (str, ASCII, 1 to
+        ``MAX_KEY_BYTES`` characters, no NUL), checked a few C-level passes at once; False
+        means "check them one by one", not that one is bad."""
+        if not keys or not all(type(k) is str for k in keys):
+            return False
+        joined = "".join(keys)  # type: ignore[arg-type]
+        return (joined.isascii() and "\x00" not in joined and min(map(len, keys)) > 0
+                and max(map(len, keys)) <= MAX_KEY_BYTES)  # type: ignore[arg-type]
+
     # -- metadata-only -----------------------------------------------------------------
 
     def _bad_now(self) -> list[str]:
@@ -118,6 +129,14 @@ class MasterOps(ClientBase):
 
     def batch_exist(self, keys: Sequence[str]) -> list[bool | StoreError]:
         """``exist`` per key (same rule for keys on failed segments)."""
+        if self._keys_ok(keys):  # the usual case: every key good, one call for all
+            res = self._master("batch_exist", BatchExistRequest(
+                self.client_id, tuple(keys), tuple(self._bad_now()) if self._bad else ()))
+            if len(res) != len(keys):
+                raise StoreError(ErrorCode.INTERNAL_ERROR, f"batch_exist: {len(res)} answers for "
+                                 f"{len(keys)} keys")
+            item = self._batch_item
+            return [x if type(x) is bool else item(x) for x in res]
         out: list[bool | StoreError] = []
         ask: list[int] = []
         for i, k in enumerate(keys):

@@ -180,7 +180,8 @@ class ReadMethods:
             vals = self.client.batch_exist(list(keys))
         except Exception:  # noqa: BLE001
             return [-1] * len(keys)
-        return [-1 if isinstance(v, StoreError) else int(bool(v)) for v in vals]
+        return [1 if v is True else 0 if v is False else
+                -1 if isinstance(v, StoreError) else int(bool(v)) for v in vals]
 
     def get_size(self, key: str) -> int:
         try:

@@ -101,6 +101,13 @@ def key_arg(func: str, value: Any) -> str:
 def keys_arg(func: str, value: Any, name: str = "keys") -> list[str]:
     """Keys as ``std::vector<std::string>``: a list or tuple of str/bytes, else
     ``TypeError``."""
+    if type(value) is list or type(value) is tuple:
+        try:  # every item a str (the usual case): one C-level pass, no per-key calls
+            "".join(value)
+        except TypeError:
+            pass
+        else:
+            return list(value)
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
         raise incompatible(func, name, value, f"a list of {_KEY}")
     out = []
@@ -131,14 +138,25 @@ def _wrap_key(fn: Any, name: str, param: str, none_ok: bool) -> Any:
     def check(v: Any) -> Any:
         return v if v is None and none_ok else conv(name, v)
 
+    if param == "key":
+        @functools.wraps(fn)
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if args:
+                if type(args[0]) is not str:  # a str key passes as it is (the hot path)
+                    args = (check(args[0]), *args[1:])
+            elif param in kwargs:
+                kwargs[param] = check(kwargs[param])
+            return fn(self, *args, **kwargs)
+        return method
+
     @functools.wraps(fn)
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def method_keys(self: Any, *args: Any, **kwargs: Any) -> Any:
         if args:
             args = (check(args[0]), *args[1:])
         elif param in kwargs:
             kwargs[param] = check(kwargs[param])
         return fn(self, *args, **kwargs)
-    return method
+    return method_keys
 
 
 def _size_t(field: str, v: Any) -> int:

@@ -179,6 +179,36 @@ class ObjectMethods:
         obj.last_access_ms = max(obj.last_access_ms, now_ms)
         return True
 
+    def exist_many(self, keys: tuple[str, ...] | list[str], now_ms: float,
+                   exclude_segments: frozenset[str] = frozenset()) -> list[bool | StoreError]:
+        """``exist`` of each key (``batch_exist``): its answer, or the ``StoreError`` a bad
+        key gets. One loop with the key checks done for all keys at once when they all
+        pass (ASCII, 1 to ``max_key_bytes`` characters: the usual case)."""
+        limit = self.config.max_key_bytes
+        lookup = self.objects.lookup
+        checked = (all(type(k) is str for k in keys) and "".join(keys).isascii()
+                   and min(map(len, keys), default=1) > 0
+                   and max(map(len, keys), default=0) <= limit)
+        done = ObjectState.COMPLETE
+        out: list[bool | StoreError] = []
+        for k in keys:
+            if not checked:
+                try:
+                    validate_key(k, limit)
+                except StoreError as e:
+                    out.append(e)
+                    continue
+            obj = lookup(k)
+            if obj is None or obj.state is not done or (
+                    exclude_segments and all(r.segment in exclude_segments
+                                             for r in obj.readable_replicas())):
+                out.append(False)
+            else:
+                if obj.last_access_ms < now_ms:
+                    obj.last_access_ms = now_ms
+                out.append(True)
+        return out
+
     def size_of(self, key: str, now_ms: float,
                 exclude_segments: frozenset[str] = frozenset()) -> int:
         """The size of a published object, from DRAM or SSD (``get_size``): as ``exist``,

@@ -9,7 +9,7 @@ state-changing call must name it (case BUG-18).
 from __future__ import annotations
 
 import enum
-from collections.abc import ItemsView, Iterator
+from collections.abc import Callable, ItemsView, Iterator
 from dataclasses import dataclass, field
 
 from pymooncake.store.master.leases import Pin
@@ -93,6 +93,11 @@ class ObjectTable:
 
     def get(self, key: str) -> ObjectMeta | None:
         return self._objects.get(key)
+
+    @property
+    def lookup(self) -> Callable[[str], ObjectMeta | None]:
+        """``get`` as the table's own bound ``dict.get`` (loops over many keys)."""
+        return self._objects.get
 
     def put(self, obj: ObjectMeta) -> None:
         self._objects[obj.key] = obj

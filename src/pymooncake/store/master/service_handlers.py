@@ -270,16 +270,10 @@ class HandlerMethods:
     def _batch_exist(self, p: BatchExistRequest) -> list[bool | dict[str, Any]]:
         """One answer per key: a bool, or ``{"e": [code, message]}`` for a key refused
         (a bare bool, not ``{"r": bool}``: 16 keys a call are the metadata hot path)."""
-        cid, now = p.client_id, self.now_ms()
         ex = frozenset(p.exclude_segments) if p.exclude_segments else _NONE
-        exist = self.core.exist
-        out: list[bool | dict[str, Any]] = []
-        for k in p.keys:
-            try:
-                out.append(exist(cid, k, now, ex))
-            except StoreError as e:
-                out.append({"e": [int(e.code), e.message]})
-        return out
+        out = self.core.exist_many(p.keys, self.now_ms(), ex)
+        return [x if type(x) is bool else {"e": [int(x.code), x.message]}  # type: ignore
+                for x in out]
 
     def _remove(self, p: RemoveRequest) -> bool:
         self._call(self.core.remove, p.key, self.now_ms(), p.force)

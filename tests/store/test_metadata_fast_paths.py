@@ -1,0 +1,100 @@
+"""The metadata hot paths of issue 16 answer exactly as the per-key paths they shortcut:
+``MasterCore.exist_many`` (the master's ``batch_exist``) against ``exist`` key by key,
+the client's all-keys-good check (``MasterOps._keys_ok``) and the compat store's key
+conversion (``keys_arg``) on good and bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from pymooncake.store.client_base import MAX_KEY_BYTES
+from pymooncake.store.client_master import MasterOps
+from pymooncake.store.compat._types import key_arg, keys_arg
+from pymooncake.store.config import MasterConfig, ReplicateConfig
+from pymooncake.store.errors import ErrorCode, StoreError
+from pymooncake.store.master.core import MasterCore
+
+MiB = 1 << 20
+
+
+def _core() -> MasterCore:
+    core = MasterCore(MasterConfig(max_key_bytes=64))
+    core.mount_segment("c0", "s0", "h0", 1 << 32, 16 * MiB, 0.0)
+    core.mount_segment("c1", "s1", "h1", 2 << 32, 16 * MiB, 0.0)
+    for key, seg in (("a", "s0"), ("b", "s1"), ("é/x", "s0")):
+        h = core.put_start("c0", key, 100, ReplicateConfig(preferred_segment=seg), 0.0)
+        core.put_end("c0", key, h.generation, 0.0)
+    core.put_start("c0", "writing", 100, ReplicateConfig(), 0.0)
+    return core
+
+
+def _one(core: MasterCore, key: object, now: float, ex: frozenset[str]) -> object:
+    try:
+        return core.exist("r", key, now, ex)  # type: ignore[arg-type]
+    except StoreError as e:
+        return e.code
+
+
+@pytest.mark.parametrize("keys", [
+    ["a", "b", "nope", "writing"],                  # all good: the one-pass check
+    ["a", "", "b"],                                 # an empty key among good ones
+    ["a", "k" * 65, "b"],                           # over max_key_bytes (64)
+    ["é/x", "a", "é" * 40],                         # non-ASCII: 80 UTF-8 bytes > 64
+    ["a", 7, "b"],                                  # not a str
+    [],
+])
+@pytest.mark.parametrize("exclude", [frozenset(), frozenset({"s1"})])
+def test_exist_many_answers_as_exist_key_by_key(keys: list, exclude: frozenset) -> None:
+    core = _core()
+    got = core.exist_many(keys, 5.0, exclude)
+    assert [x.code if isinstance(x, StoreError) else x for x in got] == \
+        [_one(_core(), k, 5.0, exclude) for k in keys]
+    # a present key's LRU recency is refreshed, never moved back; no lease is granted
+    if "a" in keys:
+        assert core.objects.get("a").last_access_ms == 5.0
+        core.exist_many(["a"], 1.0)
+        assert core.objects.get("a").last_access_ms == 5.0
+        assert core.lease_count("a", 5.0) == 0
+
+
+def test_exist_many_excluded_segments() -> None:
+    core = _core()
+    assert core.exist_many(["a", "b"], 1.0, frozenset({"s1"})) == [True, False]
+    assert core.exist_many(["a", "b"], 1.0, frozenset({"s0", "s1"})) == [False, False]
+
+
+@pytest.mark.parametrize(("keys", "ok"), [
+    (["a", "b/c", "x" * MAX_KEY_BYTES], True),
+    ([], False),
+    (["a", ""], False),
+    (["a", "b\x00c"], False),
+    (["a", "é"], False),
+    (["a", "x" * (MAX_KEY_BYTES + 1)], False),
+    (["a", b"b"], False),
+    (("a", "b"), True),
+])
+def test_keys_ok_only_when_every_key_passes(keys: list, ok: bool) -> None:
+    assert MasterOps._keys_ok(keys) is ok
+    if ok:  # then the key-by-key check passes every key too
+        assert [MasterOps._check_key(k) for k in keys] == list(keys)
+
+
+def test_keys_arg_fast_path_and_refusals() -> None:
+    keys = ["a", "b"]
+    out = keys_arg("f", keys)
+    assert out == keys and out is not keys                  # a new list, as before
+    assert keys_arg("f", ("a", "b")) == ["a", "b"]
+    assert keys_arg("f", ["a", b"b"]) == ["a", "b"]         # bytes: std::string
+    assert keys_arg("f", []) == []
+    with pytest.raises(TypeError, match=r"keys\[1\] takes str"):
+        keys_arg("f", ["a", 5])
+    with pytest.raises(TypeError, match="keys takes a list"):
+        keys_arg("f", "ab")
+    assert key_arg("f", b"k") == "k"
+
+
+def test_store_error_codes_unchanged() -> None:
+    """The batch answer's refused key keeps its code (what compat maps to -1)."""
+    core = _core()
+    (err,) = core.exist_many([""], 0.0)
+    assert isinstance(err, StoreError) and err.code is ErrorCode.INVALID_KEY
