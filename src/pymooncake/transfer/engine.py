@@ -237,7 +237,9 @@ class TransferEngine(SegmentMemory):
         ``FAILED``; nothing was written for them). Raises ``TransferError`` for an unknown
         batch or when the batch would overflow its capacity; per-request problems become
         failed statuses, never exceptions. Accepted requests complete later, on the copy
-        thread or the tcp paths: wait for them with :meth:`wait` or :meth:`wait_async`.
+        thread or the tcp paths (small local/shm copies while that thread is idle: before
+        this returns, ``TransferConfig.inline_copy_max_bytes``): wait for them with
+        :meth:`wait` or :meth:`wait_async`.
         """
         return self._submit(batch_id, requests, inline=False)
 
@@ -295,6 +297,9 @@ class TransferEngine(SegmentMemory):
             if batch.num_pending == 0:
                 table.wake_locked(batch)
         if copies:
+            if not inline and self._copier.idle() and (
+                    sum(j.length for j in copies) <= self.config.inline_copy_max_bytes):
+                inline = True   # cheaper than waking the copy thread (transports.local)
             if inline:
                 for j in copies:
                     local_transport.copy(j.op, j.local_addr, j.target_addr, j.length)
