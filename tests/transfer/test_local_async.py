@@ -99,3 +99,18 @@ def test_a_small_submission_is_copied_inline_while_the_copy_thread_is_idle(
     assert [n for n, _ in threads] == ["transfer-copy-solo"] * 2
     assert [n for _, n in threads] == [2 * MiB, 4096]
     assert np.array_equal(dst[MiB:MiB + 4096], src[2 * MiB:2 * MiB + 4096])  # the later one won
+
+
+def test_a_failing_inline_copy_is_a_failed_status_not_an_exception(
+        engine: TransferEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(op, local_addr, target_addr, length) -> None:  # noqa: ANN001
+        raise OSError("bad mapping")
+
+    monkeypatch.setattr(local_transport, "copy", broken)
+    buf = np.zeros(64 * 1024, dtype=np.uint8)
+    a = engine.register_memory(buf)
+    bid = engine.allocate_batch(1)
+    assert engine.submit(bid, [TransferRequest(TransferOp.WRITE, a, "solo", a + 4096, 4096)]) == 0
+    st = engine.wait(bid, timeout_s=5)
+    engine.free_batch(bid)
+    assert st[0].state is TransferState.FAILED and "bad mapping" in st[0].reason
