@@ -69,8 +69,7 @@ class EngineWorker:
         self.server = RpcServer(config.host, config.port)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._cmds: queue.Queue[Callable[[], None]] = queue.Queue()
-        self._posted: collections.deque[Callable[[], None]] = collections.deque()
-        """``post``ed callbacks the event loop has not run yet (``_run_posted``)."""
+        self._posted: collections.deque[Callable[[], None]] = collections.deque()  # post
         self._post_scheduled = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -202,7 +201,7 @@ class EngineWorker:
         fut: asyncio.Future[T] = loop.create_future()
 
         def run() -> None:
-            try:   # through post: in order with the posts made before and after it
+            try:   # through post: in order with the posts around it
                 r = fn()
             except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
                 self.post(functools.partial(set_exception_if_pending, fut, e))
@@ -213,9 +212,8 @@ class EngineWorker:
         return fut
 
     def post(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the event loop (from the engine thread), after the ones posted
-        before it. Posts made before the loop gets to them run in one callback: one
-        wake-up of the loop (a write to its self-pipe) for all of them, not one each."""
+        """Run ``fn`` on the event loop (from the engine thread), in order. Posts made
+        before the loop gets to them share one wake-up (one write to its self-pipe)."""
         assert self.loop is not None
         self._posted.append(fn)
         if not self._post_scheduled:
@@ -224,9 +222,8 @@ class EngineWorker:
 
     def _run_posted(self) -> None:  # event loop
         self._post_scheduled = False   # before draining: a post from now on schedules again
-        q = self._posted
-        while q:
-            fn = q.popleft()
+        while self._posted:
+            fn = self._posted.popleft()
             try:
                 fn()
             except Exception:  # noqa: BLE001 - as the loop would: log it, run the rest
