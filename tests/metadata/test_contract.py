@@ -146,6 +146,33 @@ def test_watch_sees_put_delete_and_expiry(url: str, prefix: str) -> None:
     asyncio.run(main())
 
 
+def test_a_lease_kept_alive_then_dropped_expires_on_its_late_deadline(url: str,
+                                                                      prefix: str) -> None:
+    """Keep-alives move the deadline later without waking the reaper or the watchers
+    (``SharedState.run``); the reaper, asleep until the old deadline, must still expire
+    the lease at the new one, and a watch must see the deletion without other traffic."""
+    async def main() -> None:
+        md = await _open(url)
+        watch = await md.watch_prefix(prefix + "k/")
+        try:
+            lease = await md.grant_lease(1.0)
+            await md.put(prefix + "k/1", b"v", lease_id=lease)
+            assert (await _next(watch)).kind is EventKind.PUT
+            for _ in range(3):              # 1.8 s in all: past the first deadline
+                await asyncio.sleep(0.6)
+                await md.keep_alive(lease)
+            last = time.monotonic()
+            assert await md.get(prefix + "k/1") is not None
+            ev = await _next(watch, timeout_s=6.0)
+            assert (ev.kind, ev.key) == (EventKind.DELETE, prefix + "k/1")
+            assert time.monotonic() - last >= 0.9   # not before the extended deadline
+        finally:
+            await watch.close()
+            await md.close()
+
+    asyncio.run(main())
+
+
 def test_unreachable_server_raises_metadata_error() -> None:
     import socket
 

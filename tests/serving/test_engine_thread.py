@@ -54,3 +54,39 @@ def test_a_failed_build_reaches_serve_and_the_engine_never_runs() -> None:
     with pytest.raises(RuntimeError, match="no model here"):
         _drive(w)
     assert [s for s, _ in w.seen] == ["build"]
+
+
+def test_posts_and_engine_results_reach_the_loop_in_order_with_one_wake_up() -> None:
+    """``post`` from the engine thread: callbacks queued before the loop runs go in one
+    ``call_soon_threadsafe`` (one self-pipe write), and an ``on_engine`` result keeps its
+    place among the posts around it (a token post never overtakes the answer to the
+    command that registered its stream); a failing callback does not stop the others."""
+    w = _Probe()
+    order: list[str] = []
+
+    async def main() -> None:
+        loop = w.loop = asyncio.get_running_loop()
+        wakes = 0
+        real = loop.call_soon_threadsafe
+
+        def counting(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            nonlocal wakes
+            wakes += 1
+            return real(*a, **k)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        fut = w.on_engine(lambda: order.append("cmd") or 42)
+        # what _engine_main does, here on the loop's own thread so that the loop cannot
+        # drain between the posts (post is thread-safe; call_soon_threadsafe works here)
+        w.post(lambda: order.append(f"before {fut.done()}"))
+        w._cmds.get_nowait()()
+        w.post(lambda: 1 / 0)
+        w.post(lambda: order.append(f"after {fut.done()}"))
+        assert await fut == 42
+        assert wakes == 1
+        w.post(lambda: order.append("later"))   # the queue was drained: a new wake-up
+        await asyncio.sleep(0.01)
+        assert wakes == 2
+
+    asyncio.run(main())
+    assert order == ["cmd", "before False", "after True", "later"]

@@ -39,12 +39,17 @@ class SharedState:
     def run(self, fn, *args):  # noqa: ANN001, ANN202
         with self.lock:
             before = self.kv.revision
+            deadline_before = self.kv.next_deadline_s()
             result = fn(*args, time.monotonic())
             events = self.kv.events_since(before, "") if self.kv.revision > before else []
             self._publish(events)
-            if self.kv.next_deadline_s() is not None:
+            deadline = self.kv.next_deadline_s()
+            if deadline is not None:
                 self._ensure_reaper()
-            if events or self.kv.next_deadline_s() is not None:
+            # wake the long-polls for events, the reaper only when it must wake sooner:
+            # a keep-alive (later deadline) wakes nobody
+            if events or (deadline is not None and (deadline_before is None
+                                                    or deadline < deadline_before)):
                 self.lock.notify_all()
             return result
 

@@ -46,6 +46,9 @@ logger = init_logger(__name__)
 
 MAX_WATCH_POLL_S = 30.0
 """Longest a watch long-poll is held open by the server."""
+WATCH_POLL_S = 25.0
+"""How long a client's watch long-poll asks the server to hold (a quiet watch costs one
+request per this many seconds; changes answer it at once)."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -166,7 +169,7 @@ class _Handler(BaseHTTPRequestHandler):
                     remaining = deadline - time.monotonic()
                     if events or remaining <= 0 or self.server.stopping:
                         break
-                    st.lock.wait(timeout=min(remaining, 0.5))
+                    st.lock.wait(timeout=remaining)   # woken by changes and stop()
             revision = st.kv.revision
         rows = [[e.kind.value, e.key, e.value, e.revision] for e in events]
         self._reply(200, msgpack.packb({"revision": revision, "events": rows}))
@@ -278,7 +281,8 @@ class _HttpWatch:
         while not self._buffer:
             if self._closed:
                 raise StopAsyncIteration
-            payload = await self._md._watch_poll(self._prefix, self._revision, 5.0)
+            payload = await self._md._watch_poll(self._prefix, self._revision,
+                                                 WATCH_POLL_S)
             self._revision = payload["revision"]
             self._buffer.extend(payload["events"])
         return self._buffer.pop(0)

@@ -40,6 +40,11 @@ class TransferConfig:
     """How long a path polls for the replies of a window it sent (yielding the CPU between
     polls) before it sleeps in the kernel; 0 never polls. A small transfer's reply usually
     comes within it, and a woken sleeper costs far more than that on a VM's CPUs."""
+    inline_copy_max_bytes: int = 256 * 1024
+    """A ``submit`` whose local/shm copies total at most this many bytes copies them on the
+    caller's thread while the copy thread is idle (a few tens of microseconds of memcpy,
+    less than waking that thread and handing the GIL back); larger ones go to the copy
+    thread and overlap the caller's work. 0: always the copy thread."""
     checksum: bool = False
     """CRC32 per slice, checked on the receiving side (tests turn it on)."""
     metadata_timeout_s: float = 5.0
@@ -75,6 +80,9 @@ class TransferConfig:
             raise ValueError(f"reply_poll_s must be in [0, 0.01] seconds, got {self.reply_poll_s}")
         if self.max_retries < 0 or self.path_retry_interval_s < 0:
             raise ValueError("max_retries and path_retry_interval_s must be >= 0")
+        if self.inline_copy_max_bytes < 0:
+            raise ValueError(f"inline_copy_max_bytes must be >= 0, got "
+                             f"{self.inline_copy_max_bytes}")
         if self.max_endpoints < 1:
             raise ValueError(f"max_endpoints must be >= 1, got {self.max_endpoints}")
 

@@ -11,7 +11,9 @@ and its scheduler the pure-ish core.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -67,6 +69,8 @@ class EngineWorker:
         self.server = RpcServer(config.host, config.port)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._cmds: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._posted: collections.deque[Callable[[], None]] = collections.deque()  # post
+        self._post_scheduled = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._events_lock = threading.Lock()
@@ -197,20 +201,33 @@ class EngineWorker:
         fut: asyncio.Future[T] = loop.create_future()
 
         def run() -> None:
-            try:
+            try:   # through post: in order with the posts around it
                 r = fn()
             except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
-                loop.call_soon_threadsafe(set_exception_if_pending, fut, e)
+                self.post(functools.partial(set_exception_if_pending, fut, e))
             else:
-                loop.call_soon_threadsafe(set_result_if_pending, fut, r)
+                self.post(functools.partial(set_result_if_pending, fut, r))
 
         self._cmds.put(run)
         return fut
 
     def post(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the event loop (from the engine thread)."""
+        """Run ``fn`` on the event loop (from the engine thread), in order. Posts made
+        before the loop gets to them share one wake-up (one write to its self-pipe)."""
         assert self.loop is not None
-        self.loop.call_soon_threadsafe(fn)
+        self._posted.append(fn)
+        if not self._post_scheduled:
+            self._post_scheduled = True
+            self.loop.call_soon_threadsafe(self._run_posted)
+
+    def _run_posted(self) -> None:  # event loop
+        self._post_scheduled = False   # before draining: a post from now on schedules again
+        while self._posted:
+            fn = self._posted.popleft()
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - as the loop would: log it, run the rest
+                logger.exception("posted callback %r failed", fn)
 
     def after_step(self, outputs: list[Any]) -> None:  # engine thread
         raise NotImplementedError
