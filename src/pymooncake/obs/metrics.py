@@ -44,16 +44,23 @@ LATENCY_BUCKETS_S: tuple[float, ...] = (
 )
 
 
-def _get(kind: type, name: str, doc: str, labels: Sequence[str], **kw: object):
+def _once(kind: type, name: str, make: Any) -> Any:
+    """The metric registered as ``name`` (it must be a ``kind``), or ``make()``'s, which
+    is then registered in ``REGISTRY``."""
     with _lock:
         existing = _metrics.get(name)
         if existing is not None:
             if not isinstance(existing, kind):
                 raise ValueError(f"metric {name!r} already registered as {type(existing).__name__}")
             return existing
-        metric = kind(name, doc, labelnames=tuple(labels), registry=REGISTRY, **kw)
+        metric = make()
         _metrics[name] = metric
         return metric
+
+
+def _get(kind: type, name: str, doc: str, labels: Sequence[str], **kw: object):
+    return _once(kind, name, lambda: kind(name, doc, labelnames=tuple(labels),
+                                          registry=REGISTRY, **kw))
 
 
 def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
@@ -171,16 +178,11 @@ class LoopHistogram(_LoopMetric):
 
 
 def _get_loop(kind: type, name: str, *args: Any) -> Any:
-    with _lock:
-        existing = _metrics.get(name)
-        if existing is not None:
-            if not isinstance(existing, kind):
-                raise ValueError(f"metric {name!r} already registered as {type(existing).__name__}")
-            return existing
+    def make() -> Any:
         metric = kind(name, *args)
         REGISTRY.register(metric)
-        _metrics[name] = metric
         return metric
+    return _once(kind, name, make)
 
 
 def loop_counter(name: str, doc: str, labels: Sequence[str] = ()) -> LoopCounter:
