@@ -315,23 +315,12 @@ class SyncRpcClient:
         """Call ``method`` and block for its result (see ``RpcClient.call``)."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         with self._lock:
-            sock = self._sock or self._connect()
-            rid = next(self._ids)
             try:
-                if timeout != self._sock_timeout:
-                    self._set_timeout(sock, timeout)
-                sock.sendall(pack_frame({"i": rid, "m": method, "p": params}))
-                while True:
-                    msg = self._read_msg(sock)
-                    if msg.i == rid:
-                        return _result_of(msg, reply_type)
-            except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO/SO_SNDTIMEO: EAGAIN
-                self._drop()
-                raise RpcTimeout(f"{method} to {self.host}:{self.port}: no response in "
-                                 f"{timeout:.3g} s") from None
-            except (OSError, ValueError) as e:
-                self._drop()
-                raise RpcConnectionError(f"{method} to {self.host}:{self.port}: {e}") from e
+                sock, rid = self._send(method, params, timeout)
+                return self._result(sock, rid, reply_type)
+            except BaseException as e:
+                self._failed(method, timeout, e)
+                raise
 
     def begin(self, method: str, params: Any = None, timeout_s: float | None = None
               ) -> Callable[..., Any]:
@@ -343,10 +332,7 @@ class SyncRpcClient:
         timeout = self.timeout_s if timeout_s is None else timeout_s
         self._lock.acquire()
         try:
-            sock = self._connect()
-            rid = next(self._ids)
-            self._set_timeout(sock, timeout)
-            sock.sendall(pack_frame({"i": rid, "m": method, "p": params}))
+            sock, rid = self._send(method, params, timeout)
         except BaseException as e:
             try:
                 self._failed(method, timeout, e)
@@ -356,10 +342,7 @@ class SyncRpcClient:
 
         def finish(reply_type: Any = None) -> Any:
             try:
-                while True:
-                    msg = self._read_msg(sock)
-                    if msg.i == rid:
-                        return _result_of(msg, reply_type)
+                return self._result(sock, rid, reply_type)
             except BaseException as e:
                 self._failed(method, timeout, e)
                 raise
@@ -368,9 +351,26 @@ class SyncRpcClient:
 
         return finish
 
+    def _send(self, method: str, params: Any, timeout: float) -> tuple[socket.socket, int]:
+        """Send one request (the lock held); its socket and id."""
+        sock = self._sock or self._connect()
+        rid = next(self._ids)
+        if timeout != self._sock_timeout:
+            self._set_timeout(sock, timeout)
+        sock.sendall(pack_frame({"i": rid, "m": method, "p": params}))
+        return sock, rid
+
+    def _result(self, sock: socket.socket, rid: int, reply_type: Any) -> Any:
+        """The result of request ``rid`` (the lock held), or the ``RpcError`` it carries."""
+        while True:
+            msg = self._read_msg(sock)
+            if msg.i == rid:
+                return _result_of(msg, reply_type)
+
     def _failed(self, method: str, timeout: float, e: BaseException) -> None:
-        """Raise what ``call`` raises for ``e`` (the socket dropped first); return for an
-        exception that is not the connection's (the caller re-raises it)."""
+        """For a timeout or a connection's error ``e``: drop the socket (a late response
+        would desynchronise it) and raise ``RpcTimeout``/``RpcConnectionError``; return
+        for any other exception (the caller re-raises it)."""
         if isinstance(e, TimeoutError | BlockingIOError):
             self._drop()
             raise RpcTimeout(f"{method} to {self.host}:{self.port}: no response in "

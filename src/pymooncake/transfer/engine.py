@@ -42,7 +42,6 @@ import time
 from collections.abc import Callable, Sequence
 
 from pymooncake.metadata import MetadataStore, open_metadata
-from pymooncake.obs.logging import init_logger
 from pymooncake.transfer import metrics as m
 from pymooncake.transfer.batch import (
     PENDING,
@@ -70,8 +69,6 @@ from pymooncake.transfer.transports import local as local_transport
 from pymooncake.transfer.transports import tcp
 from pymooncake.transfer.transports.base import Slice
 from pymooncake.transfer.transports.local import CopyJob, LocalCopier
-
-logger = init_logger(__name__)
 
 
 class TransferEngine(SegmentMemory):
@@ -246,18 +243,6 @@ class TransferEngine(SegmentMemory):
         """
         return self._submit(batch_id, requests, inline=False)
 
-    def _copy_small(self, copies: list[CopyJob]) -> None:
-        """An asynchronous submission's small copies, on this thread (``submit``); a
-        failure is the requests' status, as on the copy thread, never an exception."""
-        try:
-            for j in copies:
-                local_transport.copy(j.op, j.local_addr, j.target_addr, j.length)
-        except Exception as e:  # noqa: BLE001 - reported like LocalCopier._loop does
-            logger.error("local copy failed: %r", e)
-            self._batches.finish_copies(copies, f"local copy failed: {e!r}")
-            return
-        self._batches.finish_copies(copies, "")
-
     def _submit(self, batch_id: BatchId, requests: Sequence[TransferRequest], inline: bool,
                 verdicts: list[TransferStatus | Route] | None = None,
                 tried: Slice | None = None) -> int:
@@ -316,11 +301,8 @@ class TransferEngine(SegmentMemory):
                 for j in copies:
                     local_transport.copy(j.op, j.local_addr, j.target_addr, j.length)
                 self._batches.finish_copies(copies, "")
-            elif self._copier.idle() and (
-                    sum(j.length for j in copies) <= self.config.inline_copy_max_bytes):
-                self._copy_small(copies)   # cheaper than waking the copy thread
             else:
-                self._copier.submit(copies)
+                self._copier.submit(copies, self.config.inline_copy_max_bytes)
         for desc, slices in tcp_work.values():
             if inline:
                 self._paths.run_inline(desc, slices)

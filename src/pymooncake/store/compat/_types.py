@@ -138,25 +138,17 @@ def _wrap_key(fn: Any, name: str, param: str, none_ok: bool) -> Any:
     def check(v: Any) -> Any:
         return v if v is None and none_ok else conv(name, v)
 
-    if param == "key":
-        @functools.wraps(fn)
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if args:
-                if type(args[0]) is not str:  # a str key passes as it is (the hot path)
-                    args = (check(args[0]), *args[1:])
-            elif param in kwargs:
-                kwargs[param] = check(kwargs[param])
-            return fn(self, *args, **kwargs)
-        return method
+    str_passes = param == "key"   # a str key is already what key_arg returns
 
     @functools.wraps(fn)
-    def method_keys(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         if args:
-            args = (check(args[0]), *args[1:])
+            if not (str_passes and type(args[0]) is str):  # the hot path: no call
+                args = (check(args[0]), *args[1:])
         elif param in kwargs:
             kwargs[param] = check(kwargs[param])
         return fn(self, *args, **kwargs)
-    return method_keys
+    return method
 
 
 def _size_t(field: str, v: Any) -> int:

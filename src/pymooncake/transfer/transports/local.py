@@ -76,8 +76,15 @@ class LocalCopier:
         any (submission order holds)."""
         return self._in_flight == 0
 
-    def submit(self, jobs: list[CopyJob]) -> None:
+    def submit(self, jobs: list[CopyJob], inline_max_bytes: int = 0) -> None:
+        """Copy ``jobs`` on the copy thread, or on this one when they total at most
+        ``inline_max_bytes`` and nothing is queued (``idle``: no copy overtakes another).
+        Either way they are reported through ``done``, a failure as their status."""
         if not jobs:
+            return
+        if inline_max_bytes and self.idle() and (
+                sum(j.length for j in jobs) <= inline_max_bytes):
+            self._run(jobs)   # cheaper than waking the copy thread
             return
         if self._thread is None:
             with self._lock:
@@ -120,15 +127,21 @@ class LocalCopier:
                 groups.append(more)
             for jobs in groups:
                 try:
-                    for j in jobs:
-                        copy(j.op, j.local_addr, j.target_addr, j.length)
-                except Exception as e:  # noqa: BLE001 - report, keep the thread alive
-                    logger.error("local copy failed: %r", e)
-                    self._done(jobs, f"local copy failed: {e!r}")
-                    continue
+                    self._run(jobs)
                 finally:
                     with self._lock:
                         self._in_flight -= 1
-                self._done(jobs, "")
             if stop:
                 return
+
+    def _run(self, jobs: list[CopyJob]) -> None:
+        """Copy ``jobs`` in order and report them; a failure is their status, never an
+        exception (the copy thread lives on)."""
+        try:
+            for j in jobs:
+                copy(j.op, j.local_addr, j.target_addr, j.length)
+        except Exception as e:  # noqa: BLE001 - report, keep the thread alive
+            logger.error("local copy failed: %r", e)
+            self._done(jobs, f"local copy failed: {e!r}")
+            return
+        self._done(jobs, "")
