@@ -87,7 +87,7 @@ class Cluster:
             self.metadata_url = self.md_server.url
         else:
             self.master = spawn(["master", "--port", "0", "--enable-http-metadata-server",
-                                 "--http-metadata-server-port", str(free_port()),
+                                 "--http-metadata-server-port", "0",  # the kernel picks: no race
                                  *master_flags])
             self.master_port = self.master.info["port"]
             self.metadata_url = self.master.info["metadata_url"]
