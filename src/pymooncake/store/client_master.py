@@ -27,7 +27,6 @@ from pymooncake.store.protocol import (
     ReplicaList,
 )
 
-
 _STR_ONLY, _BOOL_ONLY = {str}, {bool}
 
 

@@ -18,7 +18,6 @@ from pymooncake.store.master.leases import LeaseTable, soft_pin_deadline
 from pymooncake.store.master.objects import ObjectMeta, ObjectState, ObjectTable, Replica
 from pymooncake.store.protocol import TIER_DRAM, PutHandle, ReplicaList
 
-
 _STR_ONLY = {str}
 
 
