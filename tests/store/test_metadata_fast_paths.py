@@ -17,6 +17,10 @@ from pymooncake.store.master.core import MasterCore
 MiB = 1 << 20
 
 
+class Key(str):
+    """A str subclass: passes the key checks, takes the per-key path (not exactly str)."""
+
+
 def _core() -> MasterCore:
     core = MasterCore(MasterConfig(max_key_bytes=64))
     core.mount_segment("c0", "s0", "h0", 1 << 32, 16 * MiB, 0.0)
@@ -41,6 +45,7 @@ def _one(core: MasterCore, key: object, now: float, ex: frozenset[str]) -> objec
     ["a", "k" * 65, "b"],                           # over max_key_bytes (64)
     ["é/x", "a", "é" * 40],                         # non-ASCII: 80 UTF-8 bytes > 64
     ["a", 7, "b"],                                  # not a str
+    ["a", Key("b")],                                # a str subclass: the per-key path
     [],
 ])
 @pytest.mark.parametrize("exclude", [frozenset(), frozenset({"s1"})])
@@ -71,6 +76,7 @@ def test_exist_many_excluded_segments() -> None:
     (["a", "é"], False),
     (["a", "x" * (MAX_KEY_BYTES + 1)], False),
     (["a", b"b"], False),
+    (["a", Key("b")], False),
     (("a", "b"), True),
 ])
 def test_keys_ok_only_when_every_key_passes(keys: list, ok: bool) -> None:
@@ -98,3 +104,20 @@ def test_store_error_codes_unchanged() -> None:
     core = _core()
     (err,) = core.exist_many([""], 0.0)
     assert isinstance(err, StoreError) and err.code is ErrorCode.INVALID_KEY
+
+
+def test_client_batch_exist_passes_bools_through_and_converts_errors() -> None:
+    """All-bool answers come back as they are; a refused key's ``{"e": ...}`` becomes its
+    ``StoreError`` (and a wrong count is an error)."""
+    ops = MasterOps.__new__(MasterOps)
+    ops.client_id, ops._bad = "c", {}
+    answers: list = [True, False]
+    ops._master = lambda method, params, reply_type=None: answers  # type: ignore[method-assign]
+    assert ops.batch_exist(["a", "b"]) == [True, False]
+    answers[:] = [True, {"e": [int(ErrorCode.INVALID_KEY), "bad"]}]
+    got = ops.batch_exist(["a", "b"])
+    assert got[0] is True and isinstance(got[1], StoreError)
+    assert got[1].code is ErrorCode.INVALID_KEY
+    answers[:] = [True]
+    with pytest.raises(StoreError, match="1 answers for 2 keys"):
+        ops.batch_exist(["a", "b"])

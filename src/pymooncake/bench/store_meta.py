@@ -5,7 +5,9 @@ processes, each one thread making blocking calls one after another through the s
 Python API — pymooncake's ``MooncakeDistributedStore`` (``pymooncake.store.compat``, on the
 native ``StoreClient``) and the wheel's ``mooncake.store.MooncakeDistributedStore`` — so
 exactly ``clients`` calls are in flight on each side. Each operation kind runs in its own
-phase, every process starting it at a barrier:
+phase, every process starting it at a barrier (and a last barrier holds every process
+until all have finished the last phase: a client's teardown — closing its store, exiting
+— is not in another client's measured window):
 
 * ``is_exist`` — one present key a call;
 * ``batch_is_exist`` — ``batch`` present keys a call (each key counted as one operation);
@@ -81,6 +83,7 @@ def _worker(side: str, addr: str, md: str, wid: int, n: int, batch: int, keys: l
                     ok &= s.remove(k) == 0
                 done = n
             out[op] = (t0, time.perf_counter(), done, bool(ok))
+        barrier.wait(120)  # nobody tears down while another still measures
         q.put((wid, out))
     except BaseException as e:  # noqa: BLE001 - the parent reports it
         q.put((wid, repr(e)))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import os
 import socket
@@ -45,7 +44,7 @@ def poll_recv(recv: Callable[[], T], budget_s: float) -> T | None:
     ``budget_s`` seconds have passed (then ``None``), the CPU handed to any other runnable
     thread between two tries: an answer that comes quickly finds the caller awake instead
     of waking it (a cross-CPU wake-up costs tens of µs on a VM's CPUs). Used before a
-    blocking receive by ``SyncRpcClient`` and the Transfer Engine's tcp paths."""
+    blocking receive by the Transfer Engine's tcp paths (inlined in ``SyncRpcClient``)."""
     end = time.monotonic() + budget_s
     while True:
         try:
@@ -54,6 +53,11 @@ def poll_recv(recv: Callable[[], T], budget_s: float) -> T | None:
             if time.monotonic() >= end:
                 return None
             os.sched_yield()
+
+
+LOOK_FIRST_S = 25e-6
+"""``SyncRpcClient`` looks for the answer at once when its call has been out this long (s,
+from the send; its thread lost the CPU meanwhile), else hands the CPU over first."""
 
 
 _REPLY = decoder(Reply)
@@ -244,6 +248,7 @@ class SyncRpcClient:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._buf = bytearray()
+        self._sent_at = 0.0  # time.monotonic() just before the last request's send
 
     def _connect(self) -> socket.socket:
         if self._sock is None:
@@ -274,9 +279,25 @@ class SyncRpcClient:
         self._sock = None
         self._buf.clear()
 
+    def _poll(self, sock: socket.socket, want: int) -> bytes | None:
+        """Up to ``want`` bytes of the answer polled for ``poll_s``, or ``None`` (then the
+        receive sleeps). Adaptive (issue 16): a look that finds nothing costs a system call
+        and an exception, so the CPU is handed over (to the server) before the first look
+        unless the call has been out ``LOOK_FIRST_S`` already."""
+        end = (now := time.monotonic()) + self.poll_s
+        if now - self._sent_at < LOOK_FIRST_S:
+            os.sched_yield()
+        while True:
+            try:
+                return sock.recv(want, _DONTWAIT)
+            except BlockingIOError:
+                if time.monotonic() >= end:
+                    return None
+                os.sched_yield()
+
     def _read_msg(self, sock: socket.socket) -> Reply:
         """The next frame's response envelope (usually one ``recv``: the whole response),
-        polled for up to ``poll_s`` before the receive sleeps (``poll_recv``)."""
+        polled for up to ``poll_s`` before the receive sleeps (``_poll``)."""
         buf = self._buf
         hsize = HEADER.size
         poll = self.poll_s > 0
@@ -292,14 +313,8 @@ class SyncRpcClient:
                     del buf[:end]
                     return _reply(body)
                 want = max(want, end - len(buf))
-            chunk = None
-            if poll:
-                poll = False
-                try:  # the answer is often there already: no closure, no clock
-                    chunk = sock.recv(want, _DONTWAIT)
-                except BlockingIOError:
-                    chunk = poll_recv(functools.partial(sock.recv, want, _DONTWAIT),
-                                      self.poll_s)
+            chunk = self._poll(sock, want) if poll else None
+            poll = False  # once a frame: then the receive sleeps
             if chunk is None:
                 chunk = sock.recv(want)
             if not chunk:
@@ -357,6 +372,7 @@ class SyncRpcClient:
         rid = next(self._ids)
         if timeout != self._sock_timeout:
             self._set_timeout(sock, timeout)
+        self._sent_at = time.monotonic()
         sock.sendall(pack_frame({"i": rid, "m": method, "p": params}))
         return sock, rid
 

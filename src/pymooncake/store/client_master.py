@@ -27,6 +27,8 @@ from pymooncake.store.protocol import (
     ReplicaList,
 )
 
+_STR_ONLY, _BOOL_ONLY = {str}, {bool}
+
 
 class MasterOps(ClientBase):
     """Master RPC and metadata-only methods of ``StoreClient``."""
@@ -95,10 +97,10 @@ class MasterOps(ClientBase):
         """True when ``_check_key`` passes every key at its fast path (str, ASCII, 1 to
         ``MAX_KEY_BYTES`` characters, no NUL), checked a few C-level passes at once; False
         means "check them one by one", not that one is bad."""
-        if not keys or not all(type(k) is str for k in keys):
+        if not keys or {*map(type, keys)} != _STR_ONLY:  # exactly str (msgspec sends no subclass)
             return False
         joined = "".join(keys)  # type: ignore[arg-type]
-        return (joined.isascii() and "\x00" not in joined and min(map(len, keys)) > 0
+        return (joined.isascii() and "\x00" not in joined and "" not in keys
                 and max(map(len, keys)) <= MAX_KEY_BYTES)  # type: ignore[arg-type]
 
     # -- metadata-only -----------------------------------------------------------------
@@ -135,6 +137,8 @@ class MasterOps(ClientBase):
             if len(res) != len(keys):
                 raise StoreError(ErrorCode.INTERNAL_ERROR, f"batch_exist: {len(res)} answers for "
                                  f"{len(keys)} keys")
+            if {*map(type, res)} == _BOOL_ONLY:
+                return res  # every answer a bool (the usual case): no per-key step
             item = self._batch_item
             return [x if type(x) is bool else item(x) for x in res]
         out: list[bool | StoreError] = []

@@ -177,7 +177,7 @@ class ReadMethods:
 
     def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
         try:
-            vals = self.client.batch_exist(list(keys))
+            vals = self.client.batch_exist(keys)  # a list already (typed_keys)
         except Exception:  # noqa: BLE001
             return [-1] * len(keys)
         return [1 if v is True else 0 if v is False else

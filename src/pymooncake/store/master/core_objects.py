@@ -18,6 +18,8 @@ from pymooncake.store.master.leases import LeaseTable, soft_pin_deadline
 from pymooncake.store.master.objects import ObjectMeta, ObjectState, ObjectTable, Replica
 from pymooncake.store.protocol import TIER_DRAM, PutHandle, ReplicaList
 
+_STR_ONLY = {str}
+
 
 class ObjectMethods:
     """Mixed into ``MasterCore``: two-phase put, reads (with read leases), removes."""
@@ -186,11 +188,19 @@ class ObjectMethods:
         pass (ASCII, 1 to ``max_key_bytes`` characters: the usual case)."""
         limit = self.config.max_key_bytes
         lookup = self.objects.lookup
-        checked = (all(type(k) is str for k in keys) and "".join(keys).isascii()
-                   and min(map(len, keys), default=1) > 0
-                   and max(map(len, keys), default=0) <= limit)
+        checked = (not keys or ({*map(type, keys)} == _STR_ONLY and "".join(keys).isascii()
+                                and "" not in keys and max(map(len, keys)) <= limit))
         done = ObjectState.COMPLETE
         out: list[bool | StoreError] = []
+        if checked and not exclude_segments:  # the usual case: one lookup pass in C
+            for obj in map(lookup, keys):
+                if obj is None or obj.state is not done:
+                    out.append(False)
+                    continue
+                if obj.last_access_ms < now_ms:
+                    obj.last_access_ms = now_ms
+                out.append(True)
+            return out
         for k in keys:
             if not checked:
                 try:

@@ -49,6 +49,7 @@ _LOOKUP = {r: M_LOOKUPS.labels(r) for r in ("hit", "miss", "error")}
 
 _DEFAULT_CONFIG = ReplicateConfig()
 _NONE: frozenset[str] = frozenset()
+_BOOL_ONLY = {bool}
 
 
 def _config(raw: dict[str, Any] | None) -> ReplicateConfig:
@@ -272,6 +273,8 @@ class HandlerMethods:
         (a bare bool, not ``{"r": bool}``: 16 keys a call are the metadata hot path)."""
         ex = frozenset(p.exclude_segments) if p.exclude_segments else _NONE
         out = self.core.exist_many(p.keys, self.now_ms(), ex)
+        if {*map(type, out)} == _BOOL_ONLY:
+            return out  # type: ignore[return-value]  # every key good: no per-key step
         return [x if type(x) is bool else {"e": [int(x.code), x.message]}  # type: ignore
                 for x in out]
 
