@@ -42,3 +42,64 @@ int pmk_decode_layer_f32(const int64_t *lp, const int64_t *st, float eps, float 
     return rc;
 #undef P
 }
+
+/* Rows per output tile of pmk_gemv_rows_f32: a tile's weight rows (at most
+ * GEMV_TILE_FLOATS floats) stay in the core's L2 while every input row reads them. */
+#define GEMV_TILE_FLOATS 32768
+
+/* y[r] = W . x[r] (+ bias) (+ residual[r]) for m input rows: pmk_gemv_f32 on each row,
+ * tiled over W's output rows so each tile is streamed from memory once for all m rows
+ * (a decode batch of a few sequences reads the weights once, not m times). Each output
+ * is pmk_gemv_f32's own sum, in its order: the floats of a row do not depend on m or on
+ * the other rows (batch-invariant). Tiles start at multiples of 8 rows (pmk_gemv_f32's
+ * 4- and 8-row groups fall as in one whole call). x [m, k] and y, residual [m, n_out]
+ * contiguous; bias and residual may be NULL. */
+void pmk_gemv_rows_f32(const float *w, const float *x, int64_t m, int64_t n_out, int64_t k,
+                       const float *bias, const float *residual, float *y) {
+    int64_t tile = GEMV_TILE_FLOATS / (k > 0 ? k : 1) / 8 * 8;
+    if (tile < 8) tile = 8;
+    for (int64_t o0 = 0; o0 < n_out; o0 += tile) {
+        const int64_t n = n_out - o0 < tile ? n_out - o0 : tile;
+        for (int64_t r = 0; r < m; r++)
+            pmk_gemv_f32(w + o0 * k, x + r * k, n, k, bias ? bias + o0 : NULL,
+                         residual ? residual + r * n_out + o0 : NULL, y + r * n_out + o0);
+    }
+}
+
+/* pmk_decode_layer_f32 for m one-token sequences at once (a decode batch): st is [m,
+ * DL_STEP], one step per sequence; x [m, hidden] updated in place; scratch holds m times
+ * pmk_decode_layer_f32's room. The GEMVs read each weight once for the m rows
+ * (pmk_gemv_rows_f32); RoPE + K/V write and attention run per sequence, as in the
+ * one-row call. Every row's floats equal pmk_decode_layer_f32's on that row alone.
+ * Returns 0, or -1 when an attention scratch allocation fails. */
+int pmk_decode_layer_rows_f32(const int64_t *lp, const int64_t *st, int64_t m, float eps,
+                              float scale, float *x, float *scratch) {
+#define P(i) ((float *)(intptr_t)lp[i])
+    const int64_t hidden = lp[DL_HIDDEN], heads = lp[DL_HEADS], kvh = lp[DL_KV_HEADS];
+    const int64_t d = lp[DL_D], inter = lp[DL_INTER], nb = lp[DL_BLOCKS], bs = lp[DL_BS];
+    const int64_t qkv_n = (heads + 2 * kvh) * d, q_n = heads * d;
+    float *h = scratch, *qkv = h + m * hidden, *att = qkv + m * qkv_n, *gu = att + m * q_n;
+    float *act = gu + m * 2 * inter, *tmp = act + m * inter;
+    float *cache = P(DL_CACHE);
+    int rc = 0;
+    pmk_rms_norm_f32(x, m, hidden, hidden, P(DL_IN_NORM), eps, h, 1);
+    pmk_gemv_rows_f32(P(DL_QKV_W), h, m, qkv_n, hidden, P(DL_QKV_B), NULL, qkv);
+    for (int64_t r = 0; r < m; r++) {
+        const int64_t *s = st + r * DL_STEP;
+        pmk_rope_write_f32(qkv + r * qkv_n, 1, qkv_n, heads, kvh, d, &s[DS_POS],
+                           (const float *)(intptr_t)s[DS_COS],
+                           (const float *)(intptr_t)s[DS_SIN], cache, nb, bs, &s[DS_SLOT], 1);
+        rc |= pmk_paged_decode_f32(qkv + r * qkv_n, qkv_n, cache, kvh, nb, bs, d,
+                                   (const int64_t *)(intptr_t)s[DS_TABLE], 0, &s[DS_CTX], 1,
+                                   heads, scale, att + r * q_n, 1);
+    }
+    pmk_gemv_rows_f32(P(DL_O_W), att, m, hidden, q_n, NULL, x, tmp);
+    memcpy(x, tmp, (size_t)(m * hidden) * sizeof(float));
+    pmk_rms_norm_f32(x, m, hidden, hidden, P(DL_POST_NORM), eps, h, 1);
+    pmk_gemv_rows_f32(P(DL_GU_W), h, m, 2 * inter, hidden, NULL, NULL, gu);
+    pmk_silu_mul_f32(gu, m, inter, act, 1);
+    pmk_gemv_rows_f32(P(DL_DOWN_W), act, m, hidden, inter, NULL, x, tmp);
+    memcpy(x, tmp, (size_t)(m * hidden) * sizeof(float));
+    return rc;
+#undef P
+}
