@@ -320,5 +320,7 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
 # The decode step's layers (re-exported; the module needs ``_need`` above).
 from pymooncake.engine.kernels.decode_layers import (  # noqa: E402
     DECODE_ROWS_MAX as DECODE_ROWS_MAX,
+)
+from pymooncake.engine.kernels.decode_layers import (
     DecodeLayers as DecodeLayers,
 )
