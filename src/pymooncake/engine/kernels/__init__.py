@@ -26,6 +26,8 @@ import threading
 import torch
 
 from pymooncake.engine.kernels.build import OPENMP_FLAGS, build, compiler
+from pymooncake.engine.kernels.decode_layers import DECODE_ROWS_MAX as DECODE_ROWS_MAX
+from pymooncake.engine.kernels.decode_layers import DecodeLayers as DecodeLayers
 from pymooncake.engine.kernels.parallel import run_rows
 from pymooncake.obs.logging import init_logger
 
@@ -315,12 +317,3 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     lib.pmk_argmax_rows_f32(logits.data_ptr(), logits.shape[0], logits.shape[1],
                             logits.stride(0), out.data_ptr())
     return out.tolist()
-
-
-# The decode step's layers (re-exported; the module needs ``_need`` above).
-from pymooncake.engine.kernels.decode_layers import (  # noqa: E402
-    DECODE_ROWS_MAX as DECODE_ROWS_MAX,
-)
-from pymooncake.engine.kernels.decode_layers import (
-    DecodeLayers as DecodeLayers,
-)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from pymooncake.engine.kernels import _need
-
 DECODE_ROWS_MAX = 8
 """Sequences a ``DecodeLayers`` step takes at most (the scratch is sized for this many).
 Beyond it a pure-decode step runs the batched GEMM path (``model/fused.py``): oneDNN's
@@ -27,6 +25,7 @@ class DecodeLayers:
     cache per layer. Raises ``ValueError`` when a layer does not fit that layout."""
 
     def __init__(self, layers: list, kv_caches: list[torch.Tensor], eps: float) -> None:
+        from pymooncake.engine.kernels import _need  # the package imports this module
         self._lib = _need()
         rows = []
         for layer, cache in zip(layers, kv_caches, strict=True):
