@@ -263,6 +263,10 @@ def test_decode_layers_refuse_a_step_they_cannot_take() -> None:
     engine = make_engine()
     engine.generate(random_prompts(1, 20, 20, seed=1), SamplingParams(max_tokens=2))
     dl = engine.model.__dict__["_decode_layers"]
+    lm = engine.model.lm_head.weight
+    assert dl.weight_bytes + lm.numel() * 4 < kernels.decode_rows_max.__globals__[
+        "CACHED_WEIGHTS_BYTES"] and dl.max_rows == kernels.DECODE_ROWS_MAX == 8
+    assert kernels.decode_rows_max(540 << 20) == 2  # SmolLM2-sized: oneDNN from 3 rows
     cos_t = sin_t = torch.zeros(64, 32)
     n = kernels.DECODE_ROWS_MAX + 1
     with pytest.raises(ValueError, match=f"1..{kernels.DECODE_ROWS_MAX} sequences"):

@@ -28,6 +28,7 @@ import torch
 from pymooncake.engine.kernels.build import OPENMP_FLAGS, build, compiler
 from pymooncake.engine.kernels.decode_layers import DECODE_ROWS_MAX as DECODE_ROWS_MAX
 from pymooncake.engine.kernels.decode_layers import DecodeLayers as DecodeLayers
+from pymooncake.engine.kernels.decode_layers import decode_rows_max as decode_rows_max
 from pymooncake.engine.kernels.parallel import run_rows
 from pymooncake.obs.logging import init_logger
 

@@ -5,9 +5,23 @@ from __future__ import annotations
 import torch
 
 DECODE_ROWS_MAX = 8
-"""Sequences a ``DecodeLayers`` step takes at most (the scratch is sized for this many).
-Beyond it a pure-decode step runs the batched GEMM path (``model/fused.py``): oneDNN's
-GEMM then reads the weights once for all rows with more arithmetic per byte."""
+"""Sequences a ``DecodeLayers`` step takes at most (the scratch is sized for this many)."""
+
+CACHED_WEIGHTS_BYTES = 32 << 20
+"""Decode weights (layers + LM head) up to this size take ``DECODE_ROWS_MAX`` rows per
+C step; larger ones 2 (``decode_rows_max``)."""
+
+
+def decode_rows_max(weight_bytes: int) -> int:
+    """Most sequences a pure decode step of a model with ``weight_bytes`` of decode weights
+    runs through ``DecodeLayers`` (more go to the batched oneDNN GEMM path). Measured with
+    ``pymooncake bench engine --input-len 400 --output-len 48`` (docs/benchmarks.md,
+    "Decode batches"): for the tiny model (11 MB, cache-resident) the C rows beat oneDNN's
+    GEMM at every batch from 2 to 8 (0.54 against 0.96 ms at 2, 1.47 against 1.84 at 8);
+    for SmolLM2-135M (540 MB, memory-bound) they tie at 2 (21.0 against 21.3 ms) and lose
+    from 3 on (24.9 against 24.1 at 3, 39.4 against 27.9 at 6), where oneDNN's GEMM does
+    more arithmetic per weight byte than four-row GEMV tiles."""
+    return DECODE_ROWS_MAX if weight_bytes <= CACHED_WEIGHTS_BYTES else 2
 
 
 class DecodeLayers:
@@ -58,6 +72,15 @@ class DecodeLayers:
         self.rows = 1
         self.eps = eps
         self.scales = [layer.self_attn.scale for layer in layers]
+        self.weight_bytes = sum(t.numel() * t.element_size() for layer in layers
+                                for t in (layer.self_attn.qkv_proj.weight,
+                                          layer.self_attn.o_proj.weight,
+                                          layer.mlp.gate_up_proj.weight,
+                                          layer.mlp.down_proj.weight))
+        """Bytes of the layers' GEMV weights (qkv, o, gate|up, down)."""
+        self.max_rows = decode_rows_max(self.weight_bytes)
+        """Sequences a step runs here at most; the model sets it from all its decode
+        weights, LM head included (``model/fused.py``, ``decode_rows_max``)."""
 
     def set_step(self, positions: list[int], slots: list[int], tables: torch.Tensor,
                  ctx_lens: list[int], cos_t: torch.Tensor, sin_t: torch.Tensor) -> None:

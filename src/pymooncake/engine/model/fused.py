@@ -4,7 +4,7 @@ Same maths as the module path in few calls per layer: RMSNorm and RoPE + the K/V
 the C kernels (``engine.kernels``), the qkv / o / gate|up / down GEMMs on oneDNN with the
 residual adds as post-ops, the SiLU-multiply in C, attention by ``paged_attention`` (the C
 kernels read the paged cache in place). A pure decode step of up to
-``kernels.DECODE_ROWS_MAX`` sequences runs each layer as one C call
+``DecodeLayers.max_rows`` sequences (``kernels.decode_rows_max``) runs each layer as one C call
 (``kernels.DecodeLayers``) that streams each ``[out, in]`` weight once for all its rows and
 gives every sequence the floats it gets decoded alone. The engine turns it on
 (``LlamaForCausalLM.use_fused_path``) when oneDNN is on and the kernels built.
@@ -60,6 +60,8 @@ def _decode_layers(model: LlamaForCausalLM,
     except ValueError:
         model.__dict__["_decode_layers"] = False
         return None
+    lm = model.lm_head.weight
+    dl.max_rows = kernels.decode_rows_max(dl.weight_bytes + lm.numel() * lm.element_size())
     model.__dict__["_decode_layers"] = dl
     return dl
 
@@ -76,7 +78,7 @@ def forward(model: LlamaForCausalLM, x: torch.Tensor, positions: torch.Tensor,
         if (not meta.prefills and meta.decode_tables is not None
                 and meta.decode_ctx_lens is not None):
             dl = _decode_layers(model, kv_caches)
-            if dl is not None:
+            if dl is not None and t <= dl.max_rows:
                 return _forward_decode(model, dl, x, positions, meta, before_layer,
                                        after_layer, cos_t, sin_t)
         if t == 1:
@@ -140,7 +142,7 @@ def _forward_decode(model: LlamaForCausalLM, dl: kernels.DecodeLayers, x: torch.
                     positions: torch.Tensor, meta: AttentionMetadata,
                     before_layer: LayerCallback | None, after_layer: LayerCallback | None,
                     cos_t: torch.Tensor, sin_t: torch.Tensor) -> torch.Tensor:
-    """``forward`` for a pure decode step of ``m <= kernels.DECODE_ROWS_MAX`` sequences
+    """``forward`` for a pure decode step of ``m <= dl.max_rows`` sequences
     (``x`` ``[m, hidden]``, row r the token of ``meta.decode_tables[r]``): each layer one
     C call (``kernels.DecodeLayers``) that reads every weight once for the m rows; each
     row's floats are those of its sequence decoded alone."""
