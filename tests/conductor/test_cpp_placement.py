@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgspec
 import pytest
 
 from pymooncake.conductor.cluster_view import cpp_model_of
@@ -102,9 +103,9 @@ def test_cost_model_wire_round_trip_and_bad_input() -> None:
     info = WorkerInfo("c", "prefill", "h", 1, "{}", 16, 100, 4, cpp_json="")
     assert cpp_model_of(info) is None
     with pytest.raises(ValueError, match="lacks"):
-        cpp_model_of(dataclasses.replace(info, cpp_json='{"num_stages": 2}'))
+        cpp_model_of(msgspec.structs.replace(info, cpp_json='{"num_stages": 2}'))
     with pytest.raises(ValueError, match="not JSON"):
-        cpp_model_of(dataclasses.replace(info, cpp_json="{"))
+        cpp_model_of(msgspec.structs.replace(info, cpp_json="{"))
     bad = dict(cpp_model_to_wire(GROUP), num_stages=0)
     with pytest.raises(ValueError, match="num_stages"):
         cpp_model_from_wire(bad)

@@ -202,6 +202,80 @@ def test_one_call_decode_layers_equal_the_per_call_path(monkeypatch) -> None:
     assert isinstance(one_call.model.__dict__.get("_decode_layers"), kernels.DecodeLayers)
 
 
+@pytest.mark.parametrize("m,k,n", [(2, 576, 960), (3, 1536, 576), (8, 37, 19), (5, 64, 3)])
+def test_gemv_rows_give_each_row_its_own_floats(m: int, k: int, n: int) -> None:
+    """``kernels.gemv`` on m rows (``pmk_gemv_rows_f32``: weight tiles read once for all
+    rows) gives every row bit for bit what the one-row GEMV gives it alone (so a decode
+    batch does not change a sequence's floats), and the float64 reference up to rounding;
+    k = 1536 splits W into 16-row tiles, k = 37 leaves a masked tail."""
+    g = torch.Generator().manual_seed(m * k + n)
+    w, x = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g)
+    b, r = torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+    y = kernels.gemv(x, w, b, r)
+    for i in range(m):
+        assert torch.equal(y[i:i + 1], kernels.gemv(x[i:i + 1], w, b, r[i:i + 1]))
+    ref = F.linear(x.double(), w.double(), b.double()) + r.double()
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-6 * k ** 0.5)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.gemv(x, w, b, r[:, :1])  # a residual of the wrong size
+
+
+def test_batched_decode_rows_equal_each_sequence_decoded_alone(monkeypatch) -> None:
+    """A decode step of several sequences through ``kernels.DecodeLayers``
+    (``pmk_decode_layer_rows_f32``) gives each sequence the tokens and logits, bit for bit,
+    of its own one-row decode over the same cache (``pmk_decode_layer_f32`` row by row)."""
+    from pymooncake.engine.model import fused as fused_step
+    seen: list[int] = []
+    batched = fused_step._forward_decode
+
+    def spy(model, dl, x, *rest):
+        seen.append(x.shape[0])
+        return batched(model, dl, x, *rest)
+
+    def row_by_row(model, dl, x, positions, meta, _before, _after, cos_t, sin_t):
+        out = []
+        for r in range(x.shape[0]):
+            dl.set_step([int(positions[r])], [int(meta.slot_mapping[r])],
+                        meta.decode_tables[r:r + 1], [int(meta.decode_ctx_lens[r])],
+                        cos_t, sin_t)
+            xr = x[r:r + 1].contiguous().clone()
+            for i in range(len(model.model.layers)):
+                dl.run(i, xr)
+            out.append(xr)
+        return kernels.rms_norm(torch.cat(out), model.model.norm.weight,
+                                model.config.rms_norm_eps)
+
+    prompts = random_prompts(3, 20, 70, seed=11)
+    params = SamplingParams(max_tokens=10, return_logits=True)
+    monkeypatch.setattr(fused_step, "_forward_decode", spy)
+    a = make_engine().generate(prompts, params)
+    assert max(seen) == 3  # the three sequences decoded in one step
+    monkeypatch.setattr(fused_step, "_forward_decode", row_by_row)
+    b = make_engine().generate(prompts, params)
+    for x, y in zip(a, b, strict=True):
+        assert x.output_token_ids == y.output_token_ids
+        assert torch.equal(torch.stack(list(x.logits)), torch.stack(list(y.logits)))
+
+
+def test_decode_layers_refuse_a_step_they_cannot_take() -> None:
+    """``DecodeLayers.set_step`` refuses more than ``DECODE_ROWS_MAX`` sequences and a
+    block table shorter than a context, naming the limit."""
+    engine = make_engine()
+    engine.generate(random_prompts(1, 20, 20, seed=1), SamplingParams(max_tokens=2))
+    dl = engine.model.__dict__["_decode_layers"]
+    lm = engine.model.lm_head.weight
+    assert dl.weight_bytes + lm.numel() * 4 < kernels.decode_rows_max.__globals__[
+        "CACHED_WEIGHTS_BYTES"] and dl.max_rows == kernels.DECODE_ROWS_MAX == 8
+    assert kernels.decode_rows_max(540 << 20) == 2  # SmolLM2-sized: oneDNN from 3 rows
+    cos_t = sin_t = torch.zeros(64, 32)
+    n = kernels.DECODE_ROWS_MAX + 1
+    with pytest.raises(ValueError, match=f"1..{kernels.DECODE_ROWS_MAX} sequences"):
+        dl.set_step([1] * n, [1] * n, torch.zeros(n, 1, dtype=torch.int64), [2] * n,
+                    cos_t, sin_t)
+    with pytest.raises(ValueError, match="covering each ctx_len"):
+        dl.set_step([40], [40], torch.zeros(1, 1, dtype=torch.int64), [41], cos_t, sin_t)
+
+
 def test_argmax_rows_is_torch_argmax() -> None:
     """Greedy sampling's C argmax: the first index of each row's largest value (ties), NaN
     counted as the largest (its first index), a strided row view, every length mod 64."""

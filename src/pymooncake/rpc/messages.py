@@ -1,16 +1,18 @@
 """Messages that cross two top-level packages (api ↔ conductor ↔ engine workers).
 
-They are plain frozen dataclasses: in-process they are passed as they are, over the wire
-they travel through ``rpc.codec.to_wire`` / ``from_wire``.
+Every one is a ``rpc.codec.Message`` (a frozen ``msgspec.Struct``): in-process it is passed
+as it is; on the wire it is a map of its fields, decoded by the server straight from the
+frame with every field's type checked (a prompt's token ids, a step's token frames: one
+compiled pass, not a Python loop per item) and ``__post_init__`` run. A copy with other
+field values is ``msgspec.structs.replace(msg, field=value)``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pymooncake.rpc.codec import Message
 
 
-@dataclass(frozen=True, slots=True)
-class SamplingOptions:
+class SamplingOptions(Message):
     """How one request samples and when it stops (OpenAI request fields, validated)."""
 
     max_tokens: int
@@ -38,8 +40,7 @@ class SamplingOptions:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
 
 
-@dataclass(frozen=True, slots=True)
-class GenerateRequest:
+class GenerateRequest(Message):
     """One request as the front door hands it to the Conductor: token ids, not text."""
 
     request_id: str
@@ -53,8 +54,7 @@ class GenerateRequest:
     """Seconds the front door spent on the chat template and tokenizer."""
 
 
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
+class TokenEvent(Message):
     """New tokens of one request, streamed back to the front door.
 
     ``cached_tokens`` is the number of prompt tokens whose KV the *prefill* side reused
@@ -70,8 +70,7 @@ class TokenEvent:
     logprobs: tuple[float, ...] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Rejection:
+class Rejection(Message):
     """Why a request was refused, and when to retry (HTTP 429 or 503 + Retry-After)."""
 
     status: int
@@ -98,8 +97,7 @@ class RequestRejected(Exception):
 # -- conductor ↔ engine workers (disaggregated serving, DESIGN.md §1 and §7) ----------------
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerInfo:
+class WorkerInfo(Message):
     """A worker announcing itself to the Conductor (``register_worker``)."""
 
     instance_id: str
@@ -127,8 +125,7 @@ class WorkerInfo:
     none. The Conductor fits its ``PrefillEstimator`` to them (``Conductor.learn_profile``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerLoad:
+class WorkerLoad(Message):
     """A worker's periodic load report (also its heartbeat)."""
 
     instance_id: str
@@ -144,8 +141,7 @@ class WorkerLoad:
     false the Conductor places on the instance as on a single worker (docs/cpp.md)."""
 
 
-@dataclass(frozen=True, slots=True)
-class KVEvents:
+class KVEvents(Message):
     """KV events of one holder: block keys (hex) it now holds / no longer holds."""
 
     holder: str
@@ -154,8 +150,7 @@ class KVEvents:
     removed: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class KVTarget:
+class KVTarget(Message):
     """Where a prefill worker writes a request's prompt KV: a decode worker's receive
     buffer (Transfer Engine segment ``segment`` at ``addr``) of ``num_blocks`` blocks of
     ``block_nbytes`` bytes each — one per started ``block_size`` prompt tokens, the last
@@ -168,8 +163,7 @@ class KVTarget:
     block_nbytes: int
 
 
-@dataclass(frozen=True, slots=True)
-class DecodeTask:
+class DecodeTask(Message):
     """Ask a decode worker to admit a request: it reserves and registers a receive buffer
     for ``num_kv_blocks`` prompt blocks (``prepare_decode``: ``ceil(prompt / block_size)``,
     the partial last block included), then decodes after the prefill (``start_decode``).
@@ -184,8 +178,7 @@ class DecodeTask:
     (0 = no TBT check): DESIGN.md §1 step 4, "local admission re-checked"."""
 
 
-@dataclass(frozen=True, slots=True)
-class StartDecode:
+class StartDecode(Message):
     """The prompt KV has arrived (KV-ready notice): decode from ``first_token_id`` (the
     token the prefill worker sampled), ``None`` for a colocated request."""
 
@@ -197,8 +190,7 @@ class StartDecode:
     prompt tokens they do not cover."""
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillTask:
+class PrefillTask(Message):
     """Prefill ``prompt_token_ids`` and ship the prompt KV to ``target``."""
 
     request_id: str
@@ -222,16 +214,14 @@ class PrefillTask:
     the index can lag a put by one load report, which only costs that reuse."""
 
 
-@dataclass(frozen=True, slots=True)
-class SetTarget:
+class SetTarget(Message):
     """The receive buffer of a prefill started with ``target_follows``."""
 
     request_id: str
     target: KVTarget
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillResult:
+class PrefillResult(Message):
     """What a prefill returns: the first token and the *prefill side's* prefix hit."""
 
     request_id: str
@@ -250,8 +240,7 @@ class PrefillResult:
     ``queue``, ``store_lookup``, ``cache_load``, ``prefill``, ``p2d_transfer``."""
 
 
-@dataclass(frozen=True, slots=True)
-class TokenFrame:
+class TokenFrame(Message):
     """New tokens of one request, pushed by the decode (or colocated) worker to the
     Conductor. Frames of one request are numbered ``seq`` = 0, 1, 2… in the order the
     worker sent them (all on its one connection to the Conductor): a missing number means
@@ -270,8 +259,7 @@ class TokenFrame:
     """On the last frame: ``(stage, start, end)`` windows the worker measured (unix s)."""
 
 
-@dataclass(frozen=True, slots=True)
-class TokenFrames:
+class TokenFrames(Message):
     """One engine step's token frames of one worker (one-way ``tokens`` notice)."""
 
     instance_id: str

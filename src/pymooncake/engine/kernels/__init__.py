@@ -26,6 +26,9 @@ import threading
 import torch
 
 from pymooncake.engine.kernels.build import OPENMP_FLAGS, build, compiler
+from pymooncake.engine.kernels.decode_layers import DECODE_ROWS_MAX as DECODE_ROWS_MAX
+from pymooncake.engine.kernels.decode_layers import DecodeLayers as DecodeLayers
+from pymooncake.engine.kernels.decode_layers import decode_rows_max as decode_rows_max
 from pymooncake.engine.kernels.parallel import run_rows
 from pymooncake.obs.logging import init_logger
 
@@ -73,6 +76,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn = lib.pmk_decode_layer_f32
     fn.restype = ctypes.c_int
     fn.argtypes = [ptr, ptr, f32, f32, ptr, ptr]
+    fn = lib.pmk_gemv_rows_f32
+    fn.restype = None
+    fn.argtypes = [ptr, ptr, i64, i64, i64, ptr, ptr, ptr]
+    fn = lib.pmk_decode_layer_rows_f32
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ptr, ptr, i64, f32, f32, ptr, ptr]
     fn = lib.pmk_argmax_rows_f32
     fn.restype = None
     fn.argtypes = [ptr, i64, i64, i64, ptr]
@@ -257,22 +266,29 @@ def prefill_attention(q: torch.Tensor, layer_cache: torch.Tensor, blocks: torch.
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          residual: torch.Tensor | None = None) -> torch.Tensor:
-    """One-row linear layer, memory-bound (batch-1 decode): ``x`` ``[1, in]`` float32
+    """Linear layer for a few rows, memory-bound (decode): ``x`` ``[m, in]`` float32
     contiguous, ``weight`` ``[out, in]`` float32 contiguous (row-major, as ``nn.Linear``
-    stores it), optional ``bias`` and ``residual`` (``[out]`` / ``[1, out]``, contiguous,
-    added). Returns ``[1, out]`` float32. Raises ``ValueError`` on another layout."""
+    stores it), optional ``bias`` ``[out]`` and ``residual`` ``[m, out]`` (contiguous,
+    added). Returns ``[m, out]`` float32. One row is ``pmk_gemv_f32``; more rows read each
+    tile of the weight once for all of them (``pmk_gemv_rows_f32``) and give every row the
+    floats it gets alone. Raises ``ValueError`` on another layout."""
     lib = _need()
     n_out, k = weight.shape
-    if (x.dtype != torch.float32 or weight.dtype != torch.float32 or x.shape != (1, k)
-            or not x.is_contiguous() or not weight.is_contiguous()
+    m = x.shape[0] if x.dim() == 2 else 0
+    if (x.dtype != torch.float32 or weight.dtype != torch.float32 or m < 1
+            or x.shape[1] != k or not x.is_contiguous() or not weight.is_contiguous()
             or (bias is not None and (bias.numel() != n_out or not bias.is_contiguous()))
-            or (residual is not None and (residual.numel() != n_out
+            or (residual is not None and (residual.numel() != m * n_out
                                           or not residual.is_contiguous()))):
-        raise ValueError("gemv: float32 x [1, in] and weight [out, in], contiguous")
-    y = torch.empty(1, n_out, dtype=torch.float32)
-    lib.pmk_gemv_f32(weight.data_ptr(), x.data_ptr(), n_out, k,
-                     None if bias is None else bias.data_ptr(),
-                     None if residual is None else residual.data_ptr(), y.data_ptr())
+        raise ValueError("gemv: float32 x [m, in] and weight [out, in], contiguous")
+    y = torch.empty(m, n_out, dtype=torch.float32)
+    b = None if bias is None else bias.data_ptr()
+    r = None if residual is None else residual.data_ptr()
+    if m == 1:
+        lib.pmk_gemv_f32(weight.data_ptr(), x.data_ptr(), n_out, k, b, r, y.data_ptr())
+    else:
+        lib.pmk_gemv_rows_f32(weight.data_ptr(), x.data_ptr(), m, n_out, k, b, r,
+                              y.data_ptr())
     return y
 
 
@@ -302,70 +318,3 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     lib.pmk_argmax_rows_f32(logits.data_ptr(), logits.shape[0], logits.shape[1],
                             logits.stride(0), out.data_ptr())
     return out.tolist()
-
-
-class DecodeLayers:
-    """Batch-1 decode layers, one C call each (``pmk_decode_layer_f32``, kernels_decode.c):
-    the layers' weight addresses and sizes are laid out once in an int64 plan, and a step
-    passes its position, slot, block table and RoPE tables in ``set_step``. Same kernels in
-    the same order as the per-call one-row path of ``model/fused.py``, so the same floats.
-
-    ``layers``: the model's decoder layers (float32 contiguous weights, biases only on
-    qkv); ``kv_caches``: one contiguous float32 ``[2, kv_heads, blocks, block_size, D]``
-    cache per layer. Raises ``ValueError`` when a layer does not fit that layout."""
-
-    def __init__(self, layers: list, kv_caches: list[torch.Tensor], eps: float) -> None:
-        self._lib = _need()
-        rows = []
-        for layer, cache in zip(layers, kv_caches, strict=True):
-            attn, mlp = layer.self_attn, layer.mlp
-            ws = (layer.input_layernorm.weight, attn.qkv_proj.weight, attn.o_proj.weight,
-                  layer.post_attention_layernorm.weight, mlp.gate_up_proj.weight,
-                  mlp.down_proj.weight, cache)
-            qkv_b = attn.qkv_proj.bias
-            if (any(t.dtype != torch.float32 or not t.is_contiguous() for t in ws)
-                    or (qkv_b is not None and (qkv_b.dtype != torch.float32
-                                               or not qkv_b.is_contiguous()))
-                    or any(getattr(m, "bias", None) is not None
-                           for m in (attn.o_proj, mlp.gate_up_proj, mlp.down_proj))):
-                raise ValueError("DecodeLayers: float32 contiguous weights and caches, "
-                                 "biases only on qkv, needed")
-            two, kvh, nb, bs, d = cache.shape
-            hidden, inter = attn.o_proj.weight.shape[0], mlp.down_proj.weight.shape[1]
-            rows.append([ws[0].data_ptr(), ws[1].data_ptr(),
-                         0 if qkv_b is None else qkv_b.data_ptr(), ws[2].data_ptr(),
-                         ws[3].data_ptr(), ws[4].data_ptr(), ws[5].data_ptr(),
-                         cache.data_ptr(), hidden, attn.num_heads, kvh, d, inter, nb, bs])
-        self.plan = torch.tensor(rows, dtype=torch.int64)
-        self._row_bytes = self.plan.stride(0) * 8
-        self._alive = (list(layers), list(kv_caches))  # the addresses in the plan
-        self.key = tuple(c.data_ptr() for c in kv_caches)
-        hidden, heads, kvh, d, inter = rows[0][8:13]
-        self.scratch = torch.empty(2 * hidden + (2 * heads + 2 * kvh) * d + 3 * inter,
-                                   dtype=torch.float32)
-        self.step = torch.zeros(6, dtype=torch.int64)
-        self.eps = eps
-        self.scales = [layer.self_attn.scale for layer in layers]
-
-    def set_step(self, position: int, slot: int, table: torch.Tensor, ctx_len: int,
-                 cos_t: torch.Tensor, sin_t: torch.Tensor) -> None:
-        """This step's token: ``table`` its contiguous int64 block ids, ``cos_t``/``sin_t``
-        the contiguous ``[P, D]`` RoPE tables (P > position); the tensors must stay alive
-        until the step's layers ran."""
-        if (table.dtype != torch.int64 or not table.is_contiguous() or not cos_t.is_contiguous()
-                or not sin_t.is_contiguous() or cos_t.dtype != torch.float32
-                or sin_t.dtype != torch.float32 or position >= cos_t.shape[0]
-                or table.numel() * int(self.plan[0, 14]) < ctx_len):
-            raise ValueError("DecodeLayers.set_step: int64 table covering ctx_len, float32 "
-                             "contiguous RoPE tables covering the position")
-        self.step.copy_(torch.tensor([position, slot, table.data_ptr(), ctx_len,
-                                      cos_t.data_ptr(), sin_t.data_ptr()]))
-
-    def run(self, i: int, x: torch.Tensor) -> None:
-        """Layer ``i`` on the residual ``x`` (``[1, hidden]`` float32 contiguous, updated in
-        place). Raises ``RuntimeError`` if the attention's scratch allocation fails."""
-        rc = self._lib.pmk_decode_layer_f32(self.plan.data_ptr() + i * self._row_bytes,
-                                            self.step.data_ptr(), self.eps, self.scales[i],
-                                            x.data_ptr(), self.scratch.data_ptr())
-        if rc != 0:
-            raise RuntimeError("decode_layer: attention scratch allocation failed")

@@ -42,3 +42,141 @@ int pmk_decode_layer_f32(const int64_t *lp, const int64_t *st, float eps, float 
     return rc;
 #undef P
 }
+
+/* Rows per output tile of pmk_gemv_rows_f32: a tile's weight rows (at most
+ * GEMV_TILE_FLOATS floats) stay in the core's L2 while every input row reads them. */
+#define GEMV_TILE_FLOATS 32768
+
+#ifdef __AVX512F__
+/* Weight rows [o0, o0 + 4) against R <= 4 input rows: every weight vector loaded once for
+ * the R rows (16 accumulators), each output summed exactly as pmk_gemv_f32's AVX-512 loop
+ * sums it (same FMA chain over 16-float lanes, same masked tail, same reduction). */
+static inline void gemv4_rows512(const float *w, const float *x, const int R, int64_t k,
+                                 int64_t o0, float *y, int64_t n_out) {
+    const int64_t kv = k / 16 * 16;
+    const __mmask16 tail = (__mmask16)((1u << (k - kv)) - 1u);
+    const float *w0 = w + o0 * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
+    __m512 a[4][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < kv; j += 16) {
+        const __m512 v0 = _mm512_loadu_ps(w0 + j), v1 = _mm512_loadu_ps(w1 + j),
+                     v2 = _mm512_loadu_ps(w2 + j), v3 = _mm512_loadu_ps(w3 + j);
+        for (int r = 0; r < R; r++) {
+            const __m512 xv = _mm512_loadu_ps(x + r * k + j);
+            a[r][0] = _mm512_fmadd_ps(v0, xv, a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(v1, xv, a[r][1]);
+            a[r][2] = _mm512_fmadd_ps(v2, xv, a[r][2]);
+            a[r][3] = _mm512_fmadd_ps(v3, xv, a[r][3]);
+        }
+    }
+    if (tail) {
+        const __m512 v0 = _mm512_maskz_loadu_ps(tail, w0 + kv),
+                     v1 = _mm512_maskz_loadu_ps(tail, w1 + kv),
+                     v2 = _mm512_maskz_loadu_ps(tail, w2 + kv),
+                     v3 = _mm512_maskz_loadu_ps(tail, w3 + kv);
+        for (int r = 0; r < R; r++) {
+            const __m512 xv = _mm512_maskz_loadu_ps(tail, x + r * k + kv);
+            a[r][0] = _mm512_fmadd_ps(v0, xv, a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(v1, xv, a[r][1]);
+            a[r][2] = _mm512_fmadd_ps(v2, xv, a[r][2]);
+            a[r][3] = _mm512_fmadd_ps(v3, xv, a[r][3]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++) y[r * n_out + o0 + c] = _mm512_reduce_add_ps(a[r][c]);
+}
+#endif
+
+/* y[r] = W . x[r] (+ bias) (+ residual[r]) for m input rows, every output the sum
+ * pmk_gemv_f32 makes for that row alone, in its order: a row's floats do not depend on m
+ * or on the other rows (a decode batch is batch-invariant). AVX-512: 4 weight rows x up
+ * to 4 input rows per register tile, each weight vector loaded once per 4 rows (a
+ * decode batch streams the weights once, not m times). Elsewhere: pmk_gemv_f32 per row
+ * over output tiles of at most GEMV_TILE_FLOATS weights (each tile then read from L2
+ * for the later rows; tiles start at multiples of 8 rows, so the 8-row groups of the
+ * AVX2 GEMV fall as in one whole call). x [m, k] and y, residual [m, n_out] contiguous;
+ * bias and residual may be NULL. */
+#define GEMV_TILE_FLOATS 32768
+
+void pmk_gemv_rows_f32(const float *w, const float *x, int64_t m, int64_t n_out, int64_t k,
+                       const float *bias, const float *residual, float *y) {
+#ifdef __AVX512F__
+    const int64_t n4 = n_out / 4 * 4;
+    for (int64_t r0 = 0; r0 < m; r0 += 4) {
+        const int64_t left = m - r0;
+        const float *xr = x + r0 * k;
+        float *yr = y + r0 * n_out;
+        for (int64_t o = 0; o < n4; o += 4) {
+            switch (left >= 4 ? 4 : left) { /* constant R: the r loops unroll */
+            case 4: gemv4_rows512(w, xr, 4, k, o, yr, n_out); break;
+            case 3: gemv4_rows512(w, xr, 3, k, o, yr, n_out); break;
+            case 2: gemv4_rows512(w, xr, 2, k, o, yr, n_out); break;
+            default: gemv4_rows512(w, xr, 1, k, o, yr, n_out); break;
+            }
+        }
+    }
+    for (int64_t r = 0; r < m; r++) { /* pmk_gemv_f32's scalar rows, bias, residual */
+        const float *xr = x + r * k;
+        float *yr = y + r * n_out;
+        for (int64_t o = n4; o < n_out; o++) {
+            const float *wr = w + o * k;
+            float a = 0.0f;
+#pragma omp simd reduction(+ : a)
+            for (int64_t j = 0; j < k; j++) a += wr[j] * xr[j];
+            yr[o] = a;
+        }
+        if (bias)
+            for (int64_t i = 0; i < n_out; i++) yr[i] += bias[i];
+        if (residual)
+            for (int64_t i = 0; i < n_out; i++) yr[i] += residual[r * n_out + i];
+    }
+#else
+    int64_t tile = GEMV_TILE_FLOATS / (k > 0 ? k : 1) / 8 * 8;
+    if (tile < 8) tile = 8;
+    for (int64_t o0 = 0; o0 < n_out; o0 += tile) {
+        const int64_t n = n_out - o0 < tile ? n_out - o0 : tile;
+        for (int64_t r = 0; r < m; r++)
+            pmk_gemv_f32(w + o0 * k, x + r * k, n, k, bias ? bias + o0 : NULL,
+                         residual ? residual + r * n_out + o0 : NULL, y + r * n_out + o0);
+    }
+#endif
+}
+
+/* pmk_decode_layer_f32 for m one-token sequences at once (a decode batch): st is [m,
+ * DL_STEP], one step per sequence; x [m, hidden] updated in place; scratch holds m times
+ * pmk_decode_layer_f32's room. The GEMVs read each weight once for the m rows
+ * (pmk_gemv_rows_f32); RoPE + K/V write and attention run per sequence, as in the
+ * one-row call. Every row's floats equal pmk_decode_layer_f32's on that row alone.
+ * Returns 0, or -1 when an attention scratch allocation fails. */
+int pmk_decode_layer_rows_f32(const int64_t *lp, const int64_t *st, int64_t m, float eps,
+                              float scale, float *x, float *scratch) {
+#define P(i) ((float *)(intptr_t)lp[i])
+    const int64_t hidden = lp[DL_HIDDEN], heads = lp[DL_HEADS], kvh = lp[DL_KV_HEADS];
+    const int64_t d = lp[DL_D], inter = lp[DL_INTER], nb = lp[DL_BLOCKS], bs = lp[DL_BS];
+    const int64_t qkv_n = (heads + 2 * kvh) * d, q_n = heads * d;
+    float *h = scratch, *qkv = h + m * hidden, *att = qkv + m * qkv_n, *gu = att + m * q_n;
+    float *act = gu + m * 2 * inter, *tmp = act + m * inter;
+    float *cache = P(DL_CACHE);
+    int rc = 0;
+    pmk_rms_norm_f32(x, m, hidden, hidden, P(DL_IN_NORM), eps, h, 1);
+    pmk_gemv_rows_f32(P(DL_QKV_W), h, m, qkv_n, hidden, P(DL_QKV_B), NULL, qkv);
+    for (int64_t r = 0; r < m; r++) {
+        const int64_t *s = st + r * DL_STEP;
+        pmk_rope_write_f32(qkv + r * qkv_n, 1, qkv_n, heads, kvh, d, &s[DS_POS],
+                           (const float *)(intptr_t)s[DS_COS],
+                           (const float *)(intptr_t)s[DS_SIN], cache, nb, bs, &s[DS_SLOT], 1);
+        rc |= pmk_paged_decode_f32(qkv + r * qkv_n, qkv_n, cache, kvh, nb, bs, d,
+                                   (const int64_t *)(intptr_t)s[DS_TABLE], 0, &s[DS_CTX], 1,
+                                   heads, scale, att + r * q_n, 1);
+    }
+    pmk_gemv_rows_f32(P(DL_O_W), att, m, hidden, q_n, NULL, x, tmp);
+    memcpy(x, tmp, (size_t)(m * hidden) * sizeof(float));
+    pmk_rms_norm_f32(x, m, hidden, hidden, P(DL_POST_NORM), eps, h, 1);
+    pmk_gemv_rows_f32(P(DL_GU_W), h, m, 2 * inter, hidden, NULL, NULL, gu);
+    pmk_silu_mul_f32(gu, m, inter, act, 1);
+    pmk_gemv_rows_f32(P(DL_DOWN_W), act, m, hidden, inter, NULL, x, tmp);
+    memcpy(x, tmp, (size_t)(m * hidden) * sizeof(float));
+    return rc;
+#undef P
+}

@@ -3,8 +3,10 @@
 Same maths as the module path in few calls per layer: RMSNorm and RoPE + the K/V write by
 the C kernels (``engine.kernels``), the qkv / o / gate|up / down GEMMs on oneDNN with the
 residual adds as post-ops, the SiLU-multiply in C, attention by ``paged_attention`` (the C
-kernels read the paged cache in place). A one-row step (batch-1 decode) streams each
-``[out, in]`` weight once through ``kernels.gemv`` instead. The engine turns it on
+kernels read the paged cache in place). A pure decode step of up to
+``DecodeLayers.max_rows`` sequences (``kernels.decode_rows_max``) runs each layer as one C call
+(``kernels.DecodeLayers``) that streams each ``[out, in]`` weight once for all its rows and
+gives every sequence the floats it gets decoded alone. The engine turns it on
 (``LlamaForCausalLM.use_fused_path``) when oneDNN is on and the kernels built.
 """
 
@@ -58,6 +60,8 @@ def _decode_layers(model: LlamaForCausalLM,
     except ValueError:
         model.__dict__["_decode_layers"] = False
         return None
+    lm = model.lm_head.weight
+    dl.max_rows = kernels.decode_rows_max(dl.weight_bytes + lm.numel() * lm.element_size())
     model.__dict__["_decode_layers"] = dl
     return dl
 
@@ -68,10 +72,18 @@ def forward(model: LlamaForCausalLM, x: torch.Tensor, positions: torch.Tensor,
             after_layer: LayerCallback | None) -> torch.Tensor:
     """Final hidden states ``[T, hidden]`` float32 of the embedded step ``x`` ``[T, hidden]``
     (the caller's contract is ``LlamaForCausalLM.forward``'s)."""
-    if x.shape[0] == 1 and _gemv_ok(model):
+    t = x.shape[0]
+    if t <= kernels.DECODE_ROWS_MAX and _gemv_ok(model):
         cos_t, sin_t = rope_tables(model, positions, x.dtype)
-        return _forward_one_row(model, x, positions, meta, kv_caches, before_layer,
-                                after_layer, cos_t, sin_t)
+        if (not meta.prefills and meta.decode_tables is not None
+                and meta.decode_ctx_lens is not None):
+            dl = _decode_layers(model, kv_caches)
+            if dl is not None and t <= dl.max_rows:
+                return _forward_decode(model, dl, x, positions, meta, before_layer,
+                                       after_layer, cos_t, sin_t)
+        if t == 1:
+            return _forward_one_row(model, x, positions, meta, kv_caches, before_layer,
+                                    after_layer, cos_t, sin_t)
     return forward_layers(model, list(model.model.layers), 0, x, positions, meta, kv_caches,
                           model.model.norm.weight, before_layer, after_layer)
 
@@ -126,29 +138,37 @@ def forward_layers(model: LlamaForCausalLM, layers: list[Any], first: int, x: to
     return kernels.rms_norm(x, final_norm, eps) if final_norm is not None else x
 
 
+def _forward_decode(model: LlamaForCausalLM, dl: kernels.DecodeLayers, x: torch.Tensor,
+                    positions: torch.Tensor, meta: AttentionMetadata,
+                    before_layer: LayerCallback | None, after_layer: LayerCallback | None,
+                    cos_t: torch.Tensor, sin_t: torch.Tensor) -> torch.Tensor:
+    """``forward`` for a pure decode step of ``m <= dl.max_rows`` sequences
+    (``x`` ``[m, hidden]``, row r the token of ``meta.decode_tables[r]``): each layer one
+    C call (``kernels.DecodeLayers``) that reads every weight once for the m rows; each
+    row's floats are those of its sequence decoded alone."""
+    dl.set_step(positions.tolist(), meta.slot_mapping.tolist(), meta.decode_tables,
+                meta.decode_ctx_lens.tolist(), cos_t, sin_t)
+    x = x.contiguous().clone()  # updated in place, layer by layer
+    for i in range(len(model.model.layers)):
+        if before_layer is not None:
+            before_layer(i)
+        dl.run(i, x)
+        if after_layer is not None:
+            after_layer(i)
+    return kernels.rms_norm(x, model.model.norm.weight, model.config.rms_norm_eps)
+
+
 def _forward_one_row(model: LlamaForCausalLM, x: torch.Tensor, positions: torch.Tensor,
                      meta: AttentionMetadata, kv_caches: list[torch.Tensor],
                      before_layer: LayerCallback | None, after_layer: LayerCallback | None,
                      cos_t: torch.Tensor, sin_t: torch.Tensor) -> torch.Tensor:
-    """``forward`` for a one-token step (batch-1 decode): every linear layer a
+    """``forward`` for a one-token step without ``kernels.DecodeLayers`` (a one-token
+    prefill, or a layer layout it does not take): every linear layer a
     ``kernels.gemv`` streaming the ``[out, in]`` weight once (memory-bound: oneDNN's
     one-row GEMM streams it slower on the 2-core AMD EPYC box), the SiLU-multiply by
     ``kernels.silu_mul``, residual adds folded into the GEMVs."""
     layers = model.model.layers
     eps = model.config.rms_norm_eps
-    if not meta.prefills and meta.decode_tables is not None and meta.decode_ctx_lens is not None:
-        dl = _decode_layers(model, kv_caches)
-        if dl is not None:
-            dl.set_step(int(positions[0]), int(meta.slot_mapping[0]), meta.decode_tables[0],
-                        int(meta.decode_ctx_lens[0]), cos_t, sin_t)
-            x = x.contiguous().clone()  # updated in place, layer by layer
-            for i in range(len(layers)):
-                if before_layer is not None:
-                    before_layer(i)
-                dl.run(i, x)
-                if after_layer is not None:
-                    after_layer(i)
-            return kernels.rms_norm(x, model.model.norm.weight, eps)
     h = kernels.rms_norm(x, layers[0].input_layernorm.weight, eps)
     for i, layer in enumerate(layers):
         if before_layer is not None:

@@ -321,7 +321,9 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         w = self.lm_head.weight
-        if (self.use_fused_path and hidden.shape[0] == 1 and hidden.dtype == torch.float32
+        dl = self.__dict__.get("_decode_layers")  # its max_rows: where GEMV rows win
+        if (self.use_fused_path and hidden.shape[0] <= (dl.max_rows if dl else 1)
+                and hidden.dtype == torch.float32
                 and w.is_contiguous() and self.lm_head.bias is None):
             return kernels.gemv(hidden.contiguous(), w)
         logits = self.lm_head.forward(hidden)

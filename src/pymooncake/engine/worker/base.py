@@ -17,7 +17,6 @@ import functools
 import json
 import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -358,7 +357,6 @@ class EngineWorker:
         the Conductor has accepted the worker's registration. Raises ``WorkerFatal`` when
         the worker cannot join the cluster."""
         self.loop = asyncio.get_running_loop()
-        sys.setswitchinterval(self.config.switch_interval_s)
         started: asyncio.Future[None] = self.loop.create_future()
         go = threading.Event()
         self._thread = threading.Thread(target=self._engine_thread, args=(started, go),

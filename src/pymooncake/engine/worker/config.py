@@ -83,12 +83,6 @@ class WorkerConfig:
     prefill times ahead); larger values batch prompts (processor sharing: everyone in the
     batch finishes late, which raises the mean TTFT on compute-bound hardware)."""
 
-    switch_interval_s: float = 0.001
-    """The interpreter's GIL switch interval in this process (``sys.setswitchinterval``;
-    CPython's default is 0.005). The engine thread runs Python between torch ops most of
-    the time; with 5 ms slices every RPC the event loop answers (prepare, poll, prefill
-    results) waited up to 5 ms per GIL hand-over, which showed as ~15 ms per
-    ``prepare_decode`` on a busy decode worker."""
     prefill_order: str = "shortest"
     """Prefill and colocated roles: which queued prompt is admitted next, ``shortest``
     (fewest tokens first, aged), ``fcfs``, or ``srpt`` (fewest tokens left first among
@@ -114,8 +108,6 @@ class WorkerConfig:
         if not self.register_timeout_s > 0:
             raise ValueError(f"--register-timeout must be > 0 seconds, got "
                              f"{self.register_timeout_s}")
-        if not 0 < self.switch_interval_s <= 1:
-            raise ValueError(f"switch_interval_s must be in (0, 1], got {self.switch_interval_s}")
         if not self.recv_wait_timeout_s > 0 or self.recv_wait_max < 0:
             raise ValueError(f"recv_wait_timeout_s must be > 0 and recv_wait_max >= 0, got "
                              f"{self.recv_wait_timeout_s}, {self.recv_wait_max}")

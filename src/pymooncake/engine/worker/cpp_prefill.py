@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from pymooncake.engine.worker.prefill import PrefillWorker, Stages
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
@@ -164,15 +166,15 @@ class CppPrefillWorker(PrefillWorker):
         super().close_resources()
 
     def worker_info(self) -> WorkerInfo:
-        return dataclasses.replace(super().worker_info(),
-                                   cpp_json=json.dumps(self.cpp.cost_model_wire()))
+        return msgspec.structs.replace(super().worker_info(),
+                                       cpp_json=json.dumps(self.cpp.cost_model_wire()))
 
     def load(self) -> WorkerLoad:
         """The single worker's load report with the group's health (``StageWatch.state``)."""
         ld = super().load()
         if self.watch is None:
             return ld
-        return dataclasses.replace(ld, cpp_state_json=json.dumps(self.watch.state()))
+        return msgspec.structs.replace(ld, cpp_state_json=json.dumps(self.watch.state()))
 
     def _group_ok(self) -> bool:
         return self.watch is None or self.watch.healthy
@@ -235,7 +237,7 @@ class CppPrefillWorker(PrefillWorker):
             raise
         target = self._before_engine.pop(rid)
         if target is not None:      # its SetTarget came while the pipeline ran
-            task = dataclasses.replace(task, target=target)
+            task = msgspec.structs.replace(task, target=target)
         if run is None:             # short: this process's engine is a single worker
             return await super()._prefill(task)
         self._runs[rid] = run
@@ -286,7 +288,7 @@ class CppPrefillWorker(PrefillWorker):
             return super()._finish(p, out, layerwise, stages)
         p.start_s = run.start_s
         # the group read nothing from the Store: its hint proves no eviction here
-        p.task = dataclasses.replace(p.task, store_hint_blocks=0)
+        p.task = msgspec.structs.replace(p.task, store_hint_blocks=0)
         out = dataclasses.replace(out, num_cached_tokens=min(run.cached_tokens,
                                                              out.num_cached_tokens))
         tail = tuple(("cpp_tail" if n == "prefill" else n, a, b)

@@ -1,0 +1,123 @@
+"""``DecodeLayers``: the decode step's layers in one C call each (kernels_decode.c)."""
+
+from __future__ import annotations
+
+import torch
+
+DECODE_ROWS_MAX = 8
+"""Sequences a ``DecodeLayers`` step takes at most (the scratch is sized for this many)."""
+
+CACHED_WEIGHTS_BYTES = 32 << 20
+"""Decode weights (layers + LM head) up to this size take ``DECODE_ROWS_MAX`` rows per
+C step; larger ones 2 (``decode_rows_max``)."""
+
+
+def decode_rows_max(weight_bytes: int) -> int:
+    """Most sequences a pure decode step of a model with ``weight_bytes`` of decode weights
+    runs through ``DecodeLayers`` (more go to the batched oneDNN GEMM path). Measured with
+    ``pymooncake bench engine --input-len 400 --output-len 48`` (docs/benchmarks.md,
+    "Decode batches"): for the tiny model (11 MB, cache-resident) the C rows beat oneDNN's
+    GEMM at every batch from 2 to 8 (0.54 against 0.96 ms at 2, 1.47 against 1.84 at 8);
+    for SmolLM2-135M (540 MB, memory-bound) they tie at 2 (21.0 against 21.3 ms) and lose
+    from 3 on (24.9 against 24.1 at 3, 39.4 against 27.9 at 6), where oneDNN's GEMM does
+    more arithmetic per weight byte than four-row GEMV tiles."""
+    return DECODE_ROWS_MAX if weight_bytes <= CACHED_WEIGHTS_BYTES else 2
+
+
+class DecodeLayers:
+    """Decode layers for 1 to ``DECODE_ROWS_MAX`` one-token sequences, one C call each
+    (``pmk_decode_layer_f32`` for one sequence, ``pmk_decode_layer_rows_f32`` for more,
+    kernels_decode.c): the layers' weight addresses and sizes are laid out once in an int64
+    plan, and a step passes each sequence's position, slot, block table and the RoPE tables
+    in ``set_step``. Same kernels in the same order as the per-call one-row path of
+    ``model/fused.py``, so the same floats; with several sequences each weight tile is read
+    once for all of them and every sequence still gets the floats it gets alone
+    (batch-invariant).
+
+    ``layers``: the model's decoder layers (float32 contiguous weights, biases only on
+    qkv); ``kv_caches``: one contiguous float32 ``[2, kv_heads, blocks, block_size, D]``
+    cache per layer. Raises ``ValueError`` when a layer does not fit that layout."""
+
+    def __init__(self, layers: list, kv_caches: list[torch.Tensor], eps: float) -> None:
+        from pymooncake.engine.kernels import _need  # the package imports this module
+        self._lib = _need()
+        rows = []
+        for layer, cache in zip(layers, kv_caches, strict=True):
+            attn, mlp = layer.self_attn, layer.mlp
+            ws = (layer.input_layernorm.weight, attn.qkv_proj.weight, attn.o_proj.weight,
+                  layer.post_attention_layernorm.weight, mlp.gate_up_proj.weight,
+                  mlp.down_proj.weight, cache)
+            qkv_b = attn.qkv_proj.bias
+            if (any(t.dtype != torch.float32 or not t.is_contiguous() for t in ws)
+                    or (qkv_b is not None and (qkv_b.dtype != torch.float32
+                                               or not qkv_b.is_contiguous()))
+                    or any(getattr(m, "bias", None) is not None
+                           for m in (attn.o_proj, mlp.gate_up_proj, mlp.down_proj))):
+                raise ValueError("DecodeLayers: float32 contiguous weights and caches, "
+                                 "biases only on qkv, needed")
+            two, kvh, nb, bs, d = cache.shape
+            hidden, inter = attn.o_proj.weight.shape[0], mlp.down_proj.weight.shape[1]
+            rows.append([ws[0].data_ptr(), ws[1].data_ptr(),
+                         0 if qkv_b is None else qkv_b.data_ptr(), ws[2].data_ptr(),
+                         ws[3].data_ptr(), ws[4].data_ptr(), ws[5].data_ptr(),
+                         cache.data_ptr(), hidden, attn.num_heads, kvh, d, inter, nb, bs])
+        self.plan = torch.tensor(rows, dtype=torch.int64)
+        self._row_bytes = self.plan.stride(0) * 8
+        self._alive = (list(layers), list(kv_caches))  # the addresses in the plan
+        self.key = tuple(c.data_ptr() for c in kv_caches)
+        hidden, heads, kvh, d, inter = rows[0][8:13]
+        self.scratch = torch.empty(DECODE_ROWS_MAX * (2 * hidden + (2 * heads + 2 * kvh) * d
+                                                      + 3 * inter), dtype=torch.float32)
+        self.step = torch.zeros(DECODE_ROWS_MAX, 6, dtype=torch.int64)
+        self.rows = 1
+        self.eps = eps
+        self.scales = [layer.self_attn.scale for layer in layers]
+        self.weight_bytes = sum(t.numel() * t.element_size() for layer in layers
+                                for t in (layer.self_attn.qkv_proj.weight,
+                                          layer.self_attn.o_proj.weight,
+                                          layer.mlp.gate_up_proj.weight,
+                                          layer.mlp.down_proj.weight))
+        """Bytes of the layers' GEMV weights (qkv, o, gate|up, down)."""
+        self.max_rows = decode_rows_max(self.weight_bytes)
+        """Sequences a step runs here at most; the model sets it from all its decode
+        weights, LM head included (``model/fused.py``, ``decode_rows_max``)."""
+
+    def set_step(self, positions: list[int], slots: list[int], tables: torch.Tensor,
+                 ctx_lens: list[int], cos_t: torch.Tensor, sin_t: torch.Tensor) -> None:
+        """This step's ``m = len(positions)`` tokens (1 <= m <= ``DECODE_ROWS_MAX``), one
+        per sequence: ``positions``, ``slots`` (block * block_size + offset) and
+        ``ctx_lens`` (tokens, this one included) per sequence, ``tables`` ``[m, W]``
+        contiguous int64 block ids, ``cos_t``/``sin_t`` the contiguous ``[P, D]`` RoPE
+        tables (P > every position); the tensors must stay alive until the step's layers
+        ran. Raises ``ValueError`` otherwise."""
+        m = len(positions)
+        if (not 1 <= m <= DECODE_ROWS_MAX or len(slots) != m or len(ctx_lens) != m
+                or tables.dtype != torch.int64 or tables.dim() != 2 or tables.shape[0] < m
+                or not tables.is_contiguous() or not cos_t.is_contiguous()
+                or not sin_t.is_contiguous() or cos_t.dtype != torch.float32
+                or sin_t.dtype != torch.float32 or max(positions) >= cos_t.shape[0]
+                or tables.shape[1] * int(self.plan[0, 14]) < max(ctx_lens)):
+            raise ValueError(f"DecodeLayers.set_step: 1..{DECODE_ROWS_MAX} sequences, an "
+                             "int64 table row covering each ctx_len, float32 contiguous "
+                             "RoPE tables covering the positions")
+        base, stride = tables.data_ptr(), tables.stride(0) * 8
+        c, s = cos_t.data_ptr(), sin_t.data_ptr()
+        self.step[:m] = torch.tensor([[positions[r], slots[r], base + r * stride, ctx_lens[r],
+                                       c, s] for r in range(m)], dtype=torch.int64)
+        self.rows = m
+
+    def run(self, i: int, x: torch.Tensor) -> None:
+        """Layer ``i`` on the residual ``x`` (``[m, hidden]`` float32 contiguous, m the
+        step's sequences, updated in place). Raises ``RuntimeError`` if an attention
+        scratch allocation fails."""
+        plan = self.plan.data_ptr() + i * self._row_bytes
+        if self.rows == 1:
+            rc = self._lib.pmk_decode_layer_f32(plan, self.step.data_ptr(), self.eps,
+                                                self.scales[i], x.data_ptr(),
+                                                self.scratch.data_ptr())
+        else:
+            rc = self._lib.pmk_decode_layer_rows_f32(plan, self.step.data_ptr(), self.rows,
+                                                     self.eps, self.scales[i], x.data_ptr(),
+                                                     self.scratch.data_ptr())
+        if rc != 0:
+            raise RuntimeError("decode_layer: attention scratch allocation failed")
