@@ -486,6 +486,25 @@ int pmk_prefill_attn_f32(const float *q, int64_t q_stride, int64_t n, const floa
     return 0;
 }
 
+/* The end of a one-row GEMV: y[o] for rows [o0, n_out) the SIMD loops left (one scalar
+ * sum each), then + bias, then + residual over all n_out (either may be NULL). Shared by
+ * pmk_gemv_f32 and pmk_gemv_rows_f32 so both sum a row the same way. */
+static inline void gemv_finish(const float *w, const float *x, int64_t o0, int64_t n_out,
+                               int64_t k, const float *bias, const float *residual,
+                               float *y) {
+    for (int64_t o = o0; o < n_out; o++) {
+        const float *wr = w + o * k;
+        float a = 0.0f;
+#pragma omp simd reduction(+ : a)
+        for (int64_t j = 0; j < k; j++) a += wr[j] * x[j];
+        y[o] = a;
+    }
+    if (bias)
+        for (int64_t i = 0; i < n_out; i++) y[i] += bias[i];
+    if (residual)
+        for (int64_t i = 0; i < n_out; i++) y[i] += residual[i];
+}
+
 /* One-row GEMM (batch-1 decode), memory-bound: y[o] = W[o, :] . x (+ bias[o])
  * (+ residual[o]) for W [n_out, k] row-major float32, streamed once, four rows at a time.
  * bias and residual may be NULL. */
@@ -521,17 +540,7 @@ void pmk_gemv_f32(const float *w, const float *x, int64_t n_out, int64_t k,
         y[o + 3] = _mm512_reduce_add_ps(a3);
     }
 #endif
-    for (; o < n_out; o++) {
-        const float *wr = w + o * k;
-        float a = 0.0f;
-#pragma omp simd reduction(+ : a)
-        for (int64_t j = 0; j < k; j++) a += wr[j] * x[j];
-        y[o] = a;
-    }
-    if (bias)
-        for (int64_t i = 0; i < n_out; i++) y[i] += bias[i];
-    if (residual)
-        for (int64_t i = 0; i < n_out; i++) y[i] += residual[i];
+    gemv_finish(w, x, o, n_out, k, bias, residual, y);
 }
 
 /* SwiGLU's activation: out[i] = silu(gu[i]) * gu[n + i] for the fused gate|up row(s)

@@ -116,21 +116,9 @@ void pmk_gemv_rows_f32(const float *w, const float *x, int64_t m, int64_t n_out,
             }
         }
     }
-    for (int64_t r = 0; r < m; r++) { /* pmk_gemv_f32's scalar rows, bias, residual */
-        const float *xr = x + r * k;
-        float *yr = y + r * n_out;
-        for (int64_t o = n4; o < n_out; o++) {
-            const float *wr = w + o * k;
-            float a = 0.0f;
-#pragma omp simd reduction(+ : a)
-            for (int64_t j = 0; j < k; j++) a += wr[j] * xr[j];
-            yr[o] = a;
-        }
-        if (bias)
-            for (int64_t i = 0; i < n_out; i++) yr[i] += bias[i];
-        if (residual)
-            for (int64_t i = 0; i < n_out; i++) yr[i] += residual[r * n_out + i];
-    }
+    for (int64_t r = 0; r < m; r++) /* pmk_gemv_f32's scalar rows, bias, residual */
+        gemv_finish(w, x + r * k, n4, n_out, k, bias, residual ? residual + r * n_out : NULL,
+                    y + r * n_out);
 #else
     int64_t tile = GEMV_TILE_FLOATS / (k > 0 ? k : 1) / 8 * 8;
     if (tile < 8) tile = 8;
