@@ -32,7 +32,7 @@ class _MooncakeCluster:
     def __init__(self) -> None:
         import subprocess
 
-        from pymooncake.store import bench
+        from pymooncake.bench import store as bench
 
         exe = bench._mooncake_master()
         mport, hport = bench._free_port(), bench._free_port()
@@ -52,7 +52,7 @@ class _MooncakeCluster:
 
 
 def _mooncake_available() -> bool:
-    from pymooncake.store import bench
+    from pymooncake.bench import store as bench
 
     return os.environ.get("PYMOONCAKE_COMPAT_VS_MOONCAKE") == "1" and bench.mooncake_available()
 

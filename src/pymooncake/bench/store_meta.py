@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from pymooncake.store import bench as store_bench
+from pymooncake.bench import store as store_bench
 
 OPS = ("is_exist", "batch_is_exist", "get_size", "remove")
 VALUE_BYTES = 1024

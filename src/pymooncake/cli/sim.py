@@ -279,7 +279,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.dynamo_python is not None and shutil.which(args.dynamo_python) is None:
         usage(f"--dynamo-python: interpreter {args.dynamo_python} not found (or not "
                "executable)")
-    from pymooncake.sim.bench import run_bench
+    from pymooncake.bench.sim import run_bench
     try:
         out = run_bench(args.trace, with_dynamo=not args.no_dynamo, repeat=args.repeat,
                         dynamo_python=args.dynamo_python)

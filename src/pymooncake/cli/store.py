@@ -362,8 +362,8 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
+    from pymooncake.bench import store as bench
     from pymooncake.cli.main import UsageError
-    from pymooncake.store import bench
 
     if args.count < 1:
         raise UsageError("--count must be >= 1")
@@ -382,7 +382,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         raise UsageError("--metadata-clients must be >= 0")
     if not 0 <= args.rpc_poll <= 0.01:
         raise UsageError(f"--rpc-poll {args.rpc_poll}: must be in [0, 0.01] seconds")
-    from pymooncake.store import bench_procs
+    from pymooncake.bench import store_procs as bench_procs
 
     bench_procs.MASTER_FLAGS[:] = ["--rpc-poll", repr(args.rpc_poll)] if args.rpc_poll else []
     result = bench.run(sizes, args.count, modes, metadata_ops=args.metadata_ops,

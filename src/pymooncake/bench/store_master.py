@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pymooncake.store.bench_procs import MiB, _mooncake_cluster, _pymooncake_cluster
+from pymooncake.bench.store_procs import MiB, _mooncake_cluster, _pymooncake_cluster
 
 
 def _meta_worker(addr: str, batch: int, n: int, start: Any, q: Any) -> None:

@@ -18,8 +18,8 @@ through the same Python API on both sides, are ``pymooncake.bench.store_meta``'s
 (mode ``metadata_ops``), which ``pymooncake bench store`` appends.
 
 This module holds the put/get runs, the rows and their table; the processes (clusters,
-CPU time) are in ``store.bench_procs``, the master's metadata ops/s in
-``store.bench_master``.
+CPU time) are in ``bench.store_procs``, the master's metadata ops/s in
+``bench.store_master``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from pymooncake.store.bench_master import bench_master
-from pymooncake.store.bench_procs import (
+from pymooncake.bench.store_master import bench_master
+from pymooncake.bench.store_procs import (
     _HELPERS,
     _MC_HOLDER,
     MiB,

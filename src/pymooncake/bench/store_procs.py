@@ -4,7 +4,7 @@
 
 Holds ``_pymooncake_cluster``, ``_mooncake_cluster``, ``mooncake_available``,
 ``_mooncake_master``, ``_spawn`` / ``_stop`` / ``_free_port``, ``_HELPERS`` (pids whose CPU
-time counts) and ``_cpu_s``; ``store.bench`` re-exports them for its callers.
+time counts) and ``_cpu_s``; ``bench.store`` re-exports them for its callers.
 """
 
 from __future__ import annotations
