@@ -12,7 +12,7 @@ from pymooncake.store.client_base import DEFAULT_CONFIG, MAX_KEY_BYTES, ClientBa
 from pymooncake.store.config import ReplicateConfig
 from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.leader import LeaderSyncRpc
-from pymooncake.store.master.core import validate_key
+from pymooncake.store.master.core_state import keys_fast_ok, validate_key
 from pymooncake.store.protocol import (
     BatchExistRequest,
     ExistRequest,
@@ -27,7 +27,7 @@ from pymooncake.store.protocol import (
     ReplicaList,
 )
 
-_STR_ONLY, _BOOL_ONLY = {str}, {bool}
+_BOOL_ONLY = {bool}
 
 
 class MasterOps(ClientBase):
@@ -95,13 +95,9 @@ class MasterOps(ClientBase):
     @staticmethod
     def _keys_ok(keys: Sequence[object]) -> bool:
         """True when ``_check_key`` passes every key at its fast path (str, ASCII, 1 to
-        ``MAX_KEY_BYTES`` characters, no NUL), checked a few C-level passes at once; False
-        means "check them one by one", not that one is bad."""
-        if not keys or {*map(type, keys)} != _STR_ONLY:  # exactly str (msgspec sends no subclass)
-            return False
-        joined = "".join(keys)  # type: ignore[arg-type]
-        return (joined.isascii() and "\x00" not in joined and "" not in keys
-                and max(map(len, keys)) <= MAX_KEY_BYTES)  # type: ignore[arg-type]
+        ``MAX_KEY_BYTES`` characters, no NUL; ``keys_fast_ok``); False means "check them
+        one by one", not that one is bad."""
+        return keys_fast_ok(keys, MAX_KEY_BYTES, no_nul=True)
 
     # -- metadata-only -----------------------------------------------------------------
 

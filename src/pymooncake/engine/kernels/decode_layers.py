@@ -36,9 +36,12 @@ class DecodeLayers:
 
     ``layers``: the model's decoder layers (float32 contiguous weights, biases only on
     qkv); ``kv_caches``: one contiguous float32 ``[2, kv_heads, blocks, block_size, D]``
-    cache per layer. Raises ``ValueError`` when a layer does not fit that layout."""
+    cache per layer; ``extra_weight_bytes``: other weights a decode step streams (the LM
+    head), counted in ``max_rows``. Raises ``ValueError`` when a layer does not fit that
+    layout."""
 
-    def __init__(self, layers: list, kv_caches: list[torch.Tensor], eps: float) -> None:
+    def __init__(self, layers: list, kv_caches: list[torch.Tensor], eps: float,
+                 extra_weight_bytes: int = 0) -> None:
         from pymooncake.engine.kernels import _need  # the package imports this module
         self._lib = _need()
         rows = []
@@ -78,9 +81,9 @@ class DecodeLayers:
                                           layer.mlp.gate_up_proj.weight,
                                           layer.mlp.down_proj.weight))
         """Bytes of the layers' GEMV weights (qkv, o, gate|up, down)."""
-        self.max_rows = decode_rows_max(self.weight_bytes)
-        """Sequences a step runs here at most; the model sets it from all its decode
-        weights, LM head included (``model/fused.py``, ``decode_rows_max``)."""
+        self.max_rows = decode_rows_max(self.weight_bytes + extra_weight_bytes)
+        """Sequences a step runs here at most (``decode_rows_max`` of the layers' weights
+        and ``extra_weight_bytes``: the model's LM head, ``model/fused.py``)."""
 
     def set_step(self, positions: list[int], slots: list[int], tables: torch.Tensor,
                  ctx_lens: list[int], cos_t: torch.Tensor, sin_t: torch.Tensor) -> None:

@@ -505,6 +505,49 @@ static inline void gemv_finish(const float *w, const float *x, int64_t o0, int64
         for (int64_t i = 0; i < n_out; i++) y[i] += residual[i];
 }
 
+#ifdef __AVX512F__
+/* Weight rows [o0, o0 + 4) against R <= 4 input rows: every weight vector loaded once for
+ * the R rows (16 accumulators); per output one FMA chain over 16-float lanes, a masked
+ * tail, one reduction. pmk_gemv_f32 runs it with R = 1, pmk_gemv_rows_f32
+ * (kernels_decode.c) with R up to 4: the same sums, so a row's floats do not depend on
+ * its batch. */
+static inline void gemv4_rows512(const float *w, const float *x, const int R, int64_t k,
+                                 int64_t o0, float *y, int64_t n_out) {
+    const int64_t kv = k / 16 * 16;
+    const __mmask16 tail = (__mmask16)((1u << (k - kv)) - 1u);
+    const float *w0 = w + o0 * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
+    __m512 a[4][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < kv; j += 16) {
+        const __m512 v0 = _mm512_loadu_ps(w0 + j), v1 = _mm512_loadu_ps(w1 + j),
+                     v2 = _mm512_loadu_ps(w2 + j), v3 = _mm512_loadu_ps(w3 + j);
+        for (int r = 0; r < R; r++) {
+            const __m512 xv = _mm512_loadu_ps(x + r * k + j);
+            a[r][0] = _mm512_fmadd_ps(v0, xv, a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(v1, xv, a[r][1]);
+            a[r][2] = _mm512_fmadd_ps(v2, xv, a[r][2]);
+            a[r][3] = _mm512_fmadd_ps(v3, xv, a[r][3]);
+        }
+    }
+    if (tail) {
+        const __m512 v0 = _mm512_maskz_loadu_ps(tail, w0 + kv),
+                     v1 = _mm512_maskz_loadu_ps(tail, w1 + kv),
+                     v2 = _mm512_maskz_loadu_ps(tail, w2 + kv),
+                     v3 = _mm512_maskz_loadu_ps(tail, w3 + kv);
+        for (int r = 0; r < R; r++) {
+            const __m512 xv = _mm512_maskz_loadu_ps(tail, x + r * k + kv);
+            a[r][0] = _mm512_fmadd_ps(v0, xv, a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(v1, xv, a[r][1]);
+            a[r][2] = _mm512_fmadd_ps(v2, xv, a[r][2]);
+            a[r][3] = _mm512_fmadd_ps(v3, xv, a[r][3]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++) y[r * n_out + o0 + c] = _mm512_reduce_add_ps(a[r][c]);
+}
+#endif
+
 /* One-row GEMM (batch-1 decode), memory-bound: y[o] = W[o, :] . x (+ bias[o])
  * (+ residual[o]) for W [n_out, k] row-major float32, streamed once, four rows at a time.
  * bias and residual may be NULL. */
@@ -515,30 +558,7 @@ void pmk_gemv_f32(const float *w, const float *x, int64_t n_out, int64_t k,
     o = gemv_rows_simd(w, x, n_out, k, y);
 #endif
 #ifdef __AVX512F__
-    const int64_t kv = k / 16 * 16;
-    const __mmask16 tail = (__mmask16)((1u << (k - kv)) - 1u);
-    for (; o + 4 <= n_out; o += 4) {
-        const float *w0 = w + o * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t j = 0; j < kv; j += 16) {
-            const __m512 xv = _mm512_loadu_ps(x + j);
-            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + j), xv, a0);
-            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + j), xv, a1);
-            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + j), xv, a2);
-            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + j), xv, a3);
-        }
-        if (tail) {
-            const __m512 xv = _mm512_maskz_loadu_ps(tail, x + kv);
-            a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w0 + kv), xv, a0);
-            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w1 + kv), xv, a1);
-            a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w2 + kv), xv, a2);
-            a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w3 + kv), xv, a3);
-        }
-        y[o] = _mm512_reduce_add_ps(a0);
-        y[o + 1] = _mm512_reduce_add_ps(a1);
-        y[o + 2] = _mm512_reduce_add_ps(a2);
-        y[o + 3] = _mm512_reduce_add_ps(a3);
-    }
+    for (; o + 4 <= n_out; o += 4) gemv4_rows512(w, x, 1, k, o, y, n_out);
 #endif
     gemv_finish(w, x, o, n_out, k, bias, residual, y);
 }

@@ -43,56 +43,11 @@ int pmk_decode_layer_f32(const int64_t *lp, const int64_t *st, float eps, float 
 #undef P
 }
 
-/* Rows per output tile of pmk_gemv_rows_f32: a tile's weight rows (at most
- * GEMV_TILE_FLOATS floats) stay in the core's L2 while every input row reads them. */
-#define GEMV_TILE_FLOATS 32768
-
-#ifdef __AVX512F__
-/* Weight rows [o0, o0 + 4) against R <= 4 input rows: every weight vector loaded once for
- * the R rows (16 accumulators), each output summed exactly as pmk_gemv_f32's AVX-512 loop
- * sums it (same FMA chain over 16-float lanes, same masked tail, same reduction). */
-static inline void gemv4_rows512(const float *w, const float *x, const int R, int64_t k,
-                                 int64_t o0, float *y, int64_t n_out) {
-    const int64_t kv = k / 16 * 16;
-    const __mmask16 tail = (__mmask16)((1u << (k - kv)) - 1u);
-    const float *w0 = w + o0 * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
-    __m512 a[4][4];
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < kv; j += 16) {
-        const __m512 v0 = _mm512_loadu_ps(w0 + j), v1 = _mm512_loadu_ps(w1 + j),
-                     v2 = _mm512_loadu_ps(w2 + j), v3 = _mm512_loadu_ps(w3 + j);
-        for (int r = 0; r < R; r++) {
-            const __m512 xv = _mm512_loadu_ps(x + r * k + j);
-            a[r][0] = _mm512_fmadd_ps(v0, xv, a[r][0]);
-            a[r][1] = _mm512_fmadd_ps(v1, xv, a[r][1]);
-            a[r][2] = _mm512_fmadd_ps(v2, xv, a[r][2]);
-            a[r][3] = _mm512_fmadd_ps(v3, xv, a[r][3]);
-        }
-    }
-    if (tail) {
-        const __m512 v0 = _mm512_maskz_loadu_ps(tail, w0 + kv),
-                     v1 = _mm512_maskz_loadu_ps(tail, w1 + kv),
-                     v2 = _mm512_maskz_loadu_ps(tail, w2 + kv),
-                     v3 = _mm512_maskz_loadu_ps(tail, w3 + kv);
-        for (int r = 0; r < R; r++) {
-            const __m512 xv = _mm512_maskz_loadu_ps(tail, x + r * k + kv);
-            a[r][0] = _mm512_fmadd_ps(v0, xv, a[r][0]);
-            a[r][1] = _mm512_fmadd_ps(v1, xv, a[r][1]);
-            a[r][2] = _mm512_fmadd_ps(v2, xv, a[r][2]);
-            a[r][3] = _mm512_fmadd_ps(v3, xv, a[r][3]);
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < 4; c++) y[r * n_out + o0 + c] = _mm512_reduce_add_ps(a[r][c]);
-}
-#endif
-
 /* y[r] = W . x[r] (+ bias) (+ residual[r]) for m input rows, every output the sum
  * pmk_gemv_f32 makes for that row alone, in its order: a row's floats do not depend on m
- * or on the other rows (a decode batch is batch-invariant). AVX-512: 4 weight rows x up
- * to 4 input rows per register tile, each weight vector loaded once per 4 rows (a
- * decode batch streams the weights once, not m times). Elsewhere: pmk_gemv_f32 per row
+ * or on the other rows (a decode batch is batch-invariant). AVX-512: gemv4_rows512 (the
+ * one-row GEMV's own tile) over up to 4 input rows, each weight vector loaded once per 4
+ * rows (a decode batch streams the weights once, not m times). Elsewhere: pmk_gemv_f32 per row
  * over output tiles of at most GEMV_TILE_FLOATS weights (each tile then read from L2
  * for the later rows; tiles start at multiples of 8 rows, so the 8-row groups of the
  * AVX2 GEMV fall as in one whole call). x [m, k] and y, residual [m, n_out] contiguous;

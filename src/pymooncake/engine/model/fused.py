@@ -55,13 +55,13 @@ def _decode_layers(model: LlamaForCausalLM,
     if cached is not None and (cached is False or cached.key == key):
         return cached or None
     layers = list(model.model.layers)
+    lm = model.lm_head.weight  # its bytes count towards max_rows (compute_logits)
     try:
-        dl = kernels.DecodeLayers(layers, kv_caches, model.config.rms_norm_eps)
+        dl = kernels.DecodeLayers(layers, kv_caches, model.config.rms_norm_eps,
+                                  extra_weight_bytes=lm.numel() * lm.element_size())
     except ValueError:
         model.__dict__["_decode_layers"] = False
         return None
-    lm = model.lm_head.weight
-    dl.max_rows = kernels.decode_rows_max(dl.weight_bytes + lm.numel() * lm.element_size())
     model.__dict__["_decode_layers"] = dl
     return dl
 
@@ -74,16 +74,15 @@ def forward(model: LlamaForCausalLM, x: torch.Tensor, positions: torch.Tensor,
     (the caller's contract is ``LlamaForCausalLM.forward``'s)."""
     t = x.shape[0]
     if t <= kernels.DECODE_ROWS_MAX and _gemv_ok(model):
-        cos_t, sin_t = rope_tables(model, positions, x.dtype)
-        if (not meta.prefills and meta.decode_tables is not None
-                and meta.decode_ctx_lens is not None):
-            dl = _decode_layers(model, kv_caches)
-            if dl is not None and t <= dl.max_rows:
-                return _forward_decode(model, dl, x, positions, meta, before_layer,
-                                       after_layer, cos_t, sin_t)
+        dl = (_decode_layers(model, kv_caches) if not meta.prefills
+              and meta.decode_tables is not None and meta.decode_ctx_lens is not None
+              else None)
+        if dl is not None and t <= dl.max_rows:
+            return _forward_decode(model, dl, x, positions, meta, before_layer, after_layer,
+                                   *rope_tables(model, positions, x.dtype))
         if t == 1:
             return _forward_one_row(model, x, positions, meta, kv_caches, before_layer,
-                                    after_layer, cos_t, sin_t)
+                                    after_layer, *rope_tables(model, positions, x.dtype))
     return forward_layers(model, list(model.model.layers), 0, x, positions, meta, kv_caches,
                           model.model.norm.weight, before_layer, after_layer)
 

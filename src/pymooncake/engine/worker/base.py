@@ -11,7 +11,6 @@ and its scheduler the pure-ish core.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import json
@@ -28,6 +27,7 @@ from pymooncake.engine.worker.config import (  # noqa: F401 (re-exported)
     model_kv_bytes_per_token,
     worker_sizing,
 )
+from pymooncake.engine.worker.poster import LoopPoster
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
 from pymooncake.rpc import RpcClient, RpcError, RpcServer
@@ -68,8 +68,7 @@ class EngineWorker:
         self.server = RpcServer(config.host, config.port)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._cmds: queue.Queue[Callable[[], None]] = queue.Queue()
-        self._posted: collections.deque[Callable[[], None]] = collections.deque()  # post
-        self._post_scheduled = False
+        self._poster: LoopPoster | None = None  # post(), from serve() on
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._events_lock = threading.Lock()
@@ -211,22 +210,12 @@ class EngineWorker:
         return fut
 
     def post(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the event loop (from the engine thread), in order. Posts made
-        before the loop gets to them share one wake-up (one write to its self-pipe)."""
-        assert self.loop is not None
-        self._posted.append(fn)
-        if not self._post_scheduled:
-            self._post_scheduled = True
-            self.loop.call_soon_threadsafe(self._run_posted)
-
-    def _run_posted(self) -> None:  # event loop
-        self._post_scheduled = False   # before draining: a post from now on schedules again
-        while self._posted:
-            fn = self._posted.popleft()
-            try:
-                fn()
-            except Exception:  # noqa: BLE001 - as the loop would: log it, run the rest
-                logger.exception("posted callback %r failed", fn)
+        """Run ``fn`` on the event loop (from the engine thread), in order; posts made
+        before the loop gets to them share one wake-up (``LoopPoster``)."""
+        if self._poster is None:  # serve() makes it; a caller that set .loop itself
+            assert self.loop is not None
+            self._poster = LoopPoster(self.loop)
+        self._poster.post(fn)
 
     def after_step(self, outputs: list[Any]) -> None:  # engine thread
         raise NotImplementedError
@@ -357,6 +346,7 @@ class EngineWorker:
         the Conductor has accepted the worker's registration. Raises ``WorkerFatal`` when
         the worker cannot join the cluster."""
         self.loop = asyncio.get_running_loop()
+        self._poster = LoopPoster(self.loop)
         started: asyncio.Future[None] = self.loop.create_future()
         go = threading.Event()
         self._thread = threading.Thread(target=self._engine_thread, args=(started, go),

@@ -13,12 +13,10 @@ from pymooncake.store.config import MasterConfig, ReplicateConfig
 from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.master import recovery
 from pymooncake.store.master.allocator import SegmentPool
-from pymooncake.store.master.core_state import validate_key
+from pymooncake.store.master.core_state import keys_fast_ok, validate_key
 from pymooncake.store.master.leases import LeaseTable, soft_pin_deadline
 from pymooncake.store.master.objects import ObjectMeta, ObjectState, ObjectTable, Replica
 from pymooncake.store.protocol import TIER_DRAM, PutHandle, ReplicaList
-
-_STR_ONLY = {str}
 
 
 class ObjectMethods:
@@ -188,8 +186,7 @@ class ObjectMethods:
         pass (ASCII, 1 to ``max_key_bytes`` characters: the usual case)."""
         limit = self.config.max_key_bytes
         lookup = self.objects.lookup
-        checked = (not keys or ({*map(type, keys)} == _STR_ONLY and "".join(keys).isascii()
-                                and "" not in keys and max(map(len, keys)) <= limit))
+        checked = keys_fast_ok(keys, limit)
         done = ObjectState.COMPLETE
         out: list[bool | StoreError] = []
         if checked and not exclude_segments:  # the usual case: one lookup pass in C

@@ -39,6 +39,22 @@ class _Client:
     segments: set[str] = field(default_factory=set)
 
 
+_STR_ONLY = {str}
+
+
+def keys_fast_ok(keys: object, max_key_bytes: int, no_nul: bool = False) -> bool:
+    """True when every key of the sequence ``keys`` passes ``validate_key``'s fast path
+    (exactly ``str``, ASCII, 1 to ``max_key_bytes`` characters) — and, with ``no_nul``,
+    holds no NUL — checked in a few C-level passes over all of them (the batch calls' hot
+    path). False means "check them one by one", not that one is bad; so does no key."""
+    if not keys or {*map(type, keys)} != _STR_ONLY:  # type: ignore[call-overload]
+        return False
+    joined = "".join(keys)  # type: ignore[arg-type]
+    return (joined.isascii() and "" not in keys  # type: ignore[operator]
+            and max(map(len, keys)) <= max_key_bytes  # type: ignore[call-overload]
+            and not (no_nul and "\x00" in joined))
+
+
 def validate_key(key: object, max_key_bytes: int) -> str:
     """The key, or ``StoreError(INVALID_KEY)`` for a non-str, empty or too long key."""
     if type(key) is str and 0 < len(key) <= max_key_bytes and key.isascii():
