@@ -196,16 +196,37 @@ def check_engine_flags(args: argparse.Namespace, extra: tuple[tuple[str, int], .
                          f"{args.startup_profile_tokens}")
 
 
-def run_until_signal(coro_factory: Any) -> int:
-    """Run ``coro_factory()`` until it returns or SIGTERM/SIGINT cancels it."""
+SHUTDOWN_GRACE_S = 10.0
+"""Longest graceful shutdown after SIGTERM/SIGINT (s): every bounded wait of a worker's
+shutdown (engine thread, Store unmount and puts, Transfer Engine paths) fits well inside it."""
+
+
+def arm_shutdown_deadline(grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """Once a stop signal arrived: if the process is still alive ``grace_s`` seconds later,
+    write every thread's stack to stderr and exit with status 1 (``faulthandler``), so a
+    shutdown stuck in some wait names where it is stuck instead of outliving its parent's
+    patience (like uvicorn's ``--timeout-graceful-shutdown``). Idempotent: a second signal
+    re-arms from then."""
+    import faulthandler
+    faulthandler.dump_traceback_later(grace_s, exit=True)
+
+
+def run_until_signal(coro_factory: Any, grace_s: float = SHUTDOWN_GRACE_S) -> int:
+    """Run ``coro_factory()`` until it returns or SIGTERM/SIGINT cancels it; the shutdown
+    after a signal is bounded by ``grace_s`` (``arm_shutdown_deadline``)."""
     import asyncio
     import signal
 
     async def main() -> None:
         task = asyncio.ensure_future(coro_factory())
         loop = asyncio.get_running_loop()
+
+        def stop() -> None:
+            arm_shutdown_deadline(grace_s)
+            task.cancel()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
+            loop.add_signal_handler(sig, stop)
         with contextlib.suppress(asyncio.CancelledError):
             await task
 

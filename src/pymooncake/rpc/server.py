@@ -125,9 +125,8 @@ class RpcServer:
         conns = list(self._conns)
         for conn in conns:
             conn.close()
-        for conn in conns:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(conn.closed), 1.0)
+        if conns:   # all at once: one slow connection does not add a second per peer
+            await asyncio.wait([c.closed for c in conns], timeout=1.0)  # never cancels them
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2.0)

@@ -48,6 +48,8 @@ class WorkerFatal(RuntimeError):
 _RETRYABLE = ("TIMEOUT", "CONNECTION", "INTERNAL")
 """RpcError codes of a Conductor that is down or slow (retried); any other code is its
 answer, and a refusal is fatal."""
+SLOW_SHUTDOWN_S = 2.0
+"""A shutdown longer than this (s) is logged with its phases."""
 
 
 def to_sampling_params(s: SamplingOptions, max_tokens: int | None = None) -> Any:
@@ -372,16 +374,29 @@ class EngineWorker:
         try:
             await reporter          # runs until cancelled; raises WorkerFatal
         finally:
-            reporter.cancel()
-            with contextlib.suppress(BaseException):
-                await reporter
-            self._stop.set()
-            if self._conductor is not None:
-                await self._conductor.close()
-            await self.server.stop()
-            if self._thread is not None:
-                await asyncio.to_thread(self._thread.join, 5.0)
-            self.close_resources()
+            await self._shut_down(reporter)
+
+    async def _shut_down(self, reporter: asyncio.Future[None]) -> None:
+        """Stop reporting, serving and the engine thread, then free the resources; a
+        shutdown slower than ``SLOW_SHUTDOWN_S`` is logged with each phase's seconds."""
+        t = [time.monotonic()]
+        reporter.cancel()
+        with contextlib.suppress(BaseException):
+            await reporter
+        self._stop.set()
+        if self._conductor is not None:
+            await self._conductor.close()
+        await self.server.stop()
+        t.append(time.monotonic())
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 5.0)
+        t.append(time.monotonic())
+        self.close_resources()
+        t.append(time.monotonic())
+        if t[-1] - t[0] > SLOW_SHUTDOWN_S:
+            logger.warning("%s: shutdown took %.1f s (RPC %.1f, engine thread %.1f, "
+                           "resources %.1f)", self.config.instance_id, t[3] - t[0],
+                           t[1] - t[0], t[2] - t[1], t[3] - t[2])
 
 
 def set_result_if_pending(fut: asyncio.Future[Any], r: Any) -> None:
