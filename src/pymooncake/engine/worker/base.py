@@ -48,6 +48,10 @@ class WorkerFatal(RuntimeError):
 _RETRYABLE = ("TIMEOUT", "CONNECTION", "INTERNAL")
 """RpcError codes of a Conductor that is down or slow (retried); any other code is its
 answer, and a refusal is fatal."""
+IDLE_WAIT_S = 1.0
+"""Longest an idle engine thread sleeps on its command queue (s): every command (RPC
+handlers' ``on_engine``, settled writes, the stop) wakes it at once; this is a safety net,
+not a poll (it was a 20 ms poll: 50 wake-ups a second per idle worker)."""
 SLOW_SHUTDOWN_S = 2.0
 """A shutdown longer than this (s) is logged with its phases."""
 
@@ -170,7 +174,7 @@ class EngineWorker:
             if not busy:
                 self.on_idle()
             try:
-                cmd = self._cmds.get(timeout=0 if busy else 0.02)
+                cmd = self._cmds.get(timeout=0 if busy else IDLE_WAIT_S)
             except queue.Empty:
                 cmd = None
             while cmd is not None:
@@ -384,6 +388,7 @@ class EngineWorker:
         with contextlib.suppress(BaseException):
             await reporter
         self._stop.set()
+        self._cmds.put(lambda: None)    # wakes an idle engine thread to see the stop
         if self._conductor is not None:
             await self._conductor.close()
         await self.server.stop()
