@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import signal
 import sys
 from typing import Any
 
 from pymooncake.cli.common import add_group, add_json_flag, emit, port_arg
+from pymooncake.cli.role_common import run_until_signal
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -113,19 +112,6 @@ def _ready(info: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def _run_until_signal(coro_fn: Any) -> int:
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        await coro_fn()
-    with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
-        asyncio.run(main())
-    return 0
-
-
 def _cmd_rank(args: argparse.Namespace) -> int:
     import torch
 
@@ -145,7 +131,7 @@ def _cmd_rank(args: argparse.Namespace) -> int:
             raise _bind_error("ep rank", args.host, args.port, e) from None
         await svc.serve(lambda port: _ready(
             {"port": port, "pid": os.getpid(), "incarnation": svc.incarnation}))
-    return _run_until_signal(serve)
+    return run_until_signal(serve)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -190,7 +176,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         await svc.serve(ready=lambda port: _ready(
             {"port": port, "pid": os.getpid(), "ranks": len(ranks)}), server=server)
     try:
-        return _run_until_signal(serve)
+        return run_until_signal(serve)
     finally:
         svc.close()
 
