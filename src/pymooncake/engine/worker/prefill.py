@@ -235,6 +235,8 @@ class PrefillWorker(EngineWorker):
     def on_idle(self) -> None:
         if self._puts is not None:      # a put deferred while prompts computed goes now
             self._puts.idle()
+        if self._parked:    # no step to expire them after: an idle turn does (1 s at most)
+            self._expire_parked()
 
     def on_failed(self, request_id: str, reason: str) -> None:
         self._forget(request_id)
