@@ -205,10 +205,29 @@ def arm_shutdown_deadline(grace_s: float = SHUTDOWN_GRACE_S) -> None:
     """Once a stop signal arrived: if the process is still alive ``grace_s`` seconds later,
     write every thread's stack to stderr and exit with status 1 (``faulthandler``), so a
     shutdown stuck in some wait names where it is stuck instead of outliving its parent's
-    patience (like uvicorn's ``--timeout-graceful-shutdown``). Idempotent: a second signal
-    re-arms from then."""
+    patience (like uvicorn's ``--timeout-graceful-shutdown``). Best effort: a stderr with no
+    file behind it leaves the shutdown unbounded (logged) rather than failing the stop."""
     import faulthandler
-    faulthandler.dump_traceback_later(grace_s, exit=True)
+    try:
+        faulthandler.dump_traceback_later(grace_s, exit=True)
+    except (RuntimeError, ValueError, OSError) as e:  # io.UnsupportedOperation is both
+        import logging
+        logging.getLogger(__name__).warning("shutdown not bounded: %s", e)
+
+
+def on_first_signal(stop: Any, grace_s: float = SHUTDOWN_GRACE_S) -> Any:
+    """A signal handler that runs ``stop()`` and arms the shutdown deadline on the first
+    signal only: a second SIGTERM/SIGINT (Ctrl-C on ``serve`` reaches a child, then the
+    launcher's SIGTERM) neither interrupts the shutdown under way nor moves the deadline."""
+    fired = False
+
+    def handler() -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            stop()
+            arm_shutdown_deadline(grace_s)
+    return handler
 
 
 def run_until_signal(coro_factory: Any, grace_s: float = SHUTDOWN_GRACE_S) -> int:
@@ -221,12 +240,9 @@ def run_until_signal(coro_factory: Any, grace_s: float = SHUTDOWN_GRACE_S) -> in
         task = asyncio.ensure_future(coro_factory())
         loop = asyncio.get_running_loop()
 
-        def stop() -> None:
-            arm_shutdown_deadline(grace_s)
-            task.cancel()
-
+        handler = on_first_signal(task.cancel, grace_s)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop)
+            loop.add_signal_handler(sig, handler)
         with contextlib.suppress(asyncio.CancelledError):
             await task
 

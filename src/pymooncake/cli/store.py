@@ -177,14 +177,10 @@ def _run_master(args: argparse.Namespace) -> int:
             raise
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
-        from pymooncake.cli.role_common import arm_shutdown_deadline
-
-        def on_signal() -> None:
-            arm_shutdown_deadline()
-            stop.set()
-
+        from pymooncake.cli.role_common import on_first_signal
+        handler = on_first_signal(stop.set)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
+            loop.add_signal_handler(sig, handler)
         _ready({"port": svc.port, "host": cfg.host,
                 "metadata_url": md.url if md is not None else None,
                 **({"ha": True, "cluster_id": ha.cluster_id} if ha is not None else {})})
