@@ -230,19 +230,22 @@ def on_first_signal(stop: Any, grace_s: float = SHUTDOWN_GRACE_S) -> Any:
     return handler
 
 
+def stop_on_signals(loop: Any, stop: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """SIGTERM and SIGINT on ``loop`` run ``on_first_signal(stop, grace_s)``."""
+    import signal
+    handler = on_first_signal(stop, grace_s)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, handler)
+
+
 def run_until_signal(coro_factory: Any, grace_s: float = SHUTDOWN_GRACE_S) -> int:
     """Run ``coro_factory()`` until it returns or SIGTERM/SIGINT cancels it; the shutdown
     after a signal is bounded by ``grace_s`` (``arm_shutdown_deadline``)."""
     import asyncio
-    import signal
 
     async def main() -> None:
         task = asyncio.ensure_future(coro_factory())
-        loop = asyncio.get_running_loop()
-
-        handler = on_first_signal(task.cancel, grace_s)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, handler)
+        stop_on_signals(asyncio.get_running_loop(), task.cancel, grace_s)
         with contextlib.suppress(asyncio.CancelledError):
             await task
 

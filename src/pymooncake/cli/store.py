@@ -177,10 +177,8 @@ def _run_master(args: argparse.Namespace) -> int:
             raise
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
-        from pymooncake.cli.role_common import on_first_signal
-        handler = on_first_signal(stop.set)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, handler)
+        from pymooncake.cli.role_common import stop_on_signals
+        stop_on_signals(loop, stop.set)
         _ready({"port": svc.port, "host": cfg.host,
                 "metadata_url": md.url if md is not None else None,
                 **({"ha": True, "cluster_id": ha.cluster_id} if ha is not None else {})})

@@ -24,10 +24,15 @@ from typing import Any, TypeVar
 
 from pymooncake.engine.worker.config import (  # noqa: F401 (re-exported)
     WorkerConfig,
+    engine_config,
     model_kv_bytes_per_token,
     worker_sizing,
 )
-from pymooncake.engine.worker.poster import LoopPoster
+from pymooncake.engine.worker.poster import (
+    LoopPoster,
+    set_exception_if_pending,
+    set_result_if_pending,
+)
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
 from pymooncake.rpc import RpcClient, RpcError, RpcServer
@@ -95,29 +100,12 @@ class EngineWorker:
 
     # -- engine ---------------------------------------------------------------------------
     def build_engine(self, role: str, hooks: tuple = (), kv_source: Any = None) -> Any:
-        from pymooncake.engine import Engine, EngineConfig
-        from pymooncake.engine.config import DEFAULT_KV_CAPACITY_TOKENS
+        from pymooncake.engine import Engine
         c = self.config
-        max_seqs = min(c.max_num_seqs, c.prefill_batch) if role == "prefill" else c.max_num_seqs
-        blocks = c.num_kv_blocks
-        if blocks is None:
-            if c.kv_memory_bytes is not None:
-                blocks = max(1, c.kv_memory_bytes // (model_kv_bytes_per_token(
-                    c.model, c.dtype) * c.block_size))
-            else:
-                blocks = -(-max(DEFAULT_KV_CAPACITY_TOKENS, c.max_model_len) // c.block_size)
-        cfg = EngineConfig(block_size=c.block_size, num_kv_blocks=blocks,
-                           max_num_seqs=max_seqs, max_model_len=c.max_model_len,
-                           waiting_order=c.prefill_order if role != "decode" else "fcfs",
-                           decode_step_tokens=c.decode_step_tokens,
-                           decode_step_s=c.decode_step_s, prefill_hold_s=c.prefill_hold_s,
-                           **({} if c.aging_tokens_per_s is None
-                              else {"aging_tokens_per_s": c.aging_tokens_per_s}),
-                           enable_prefix_caching=c.enable_prefix_caching, role=role,
-                           dtype=c.dtype, num_threads=c.num_threads,
-                           **self._step_budget(role))
+        cfg = engine_config(c, role)
         engine = Engine.from_model_name(c.model, cfg, hooks=hooks, kv_source=kv_source)
-        self.sizing = worker_sizing(c, engine.kv.block_nbytes // c.block_size, blocks)
+        self.sizing = worker_sizing(c, engine.kv.block_nbytes // c.block_size,
+                                    cfg.num_kv_blocks)
         logger.info("%s %s: %s", role, c.instance_id, self.sizing.describe(role))
         if role != "decode" and c.startup_profile_tokens:
             self.prefill_profile = self._startup_profile(engine)
@@ -137,14 +125,6 @@ class EngineWorker:
         logger.info("startup prefill profile in %.1f s: %s", time.perf_counter() - t0,
                     ", ".join(f"{n} tok {s:.3f} s" for n, _, s in samples))
         return samples
-
-    def _step_budget(self, role: str) -> dict[str, int]:
-        """``max_num_batched_tokens`` for ``EngineConfig`` (see ``WorkerConfig``)."""
-        from pymooncake.engine.config import EngineConfig
-        budget = self.config.max_num_batched_tokens
-        if budget is None and role == "colocated":
-            budget = EngineConfig().prefill_chunk_tokens
-        return {} if budget is None else {"max_num_batched_tokens": budget}
 
     def _engine_thread(self, started: asyncio.Future[None], go: threading.Event) -> None:
         """Build the engine (``start_resources``) and then run it, both on this one thread.
@@ -402,19 +382,3 @@ class EngineWorker:
             logger.warning("%s: shutdown took %.1f s (RPC %.1f, engine thread %.1f, "
                            "resources %.1f)", self.config.instance_id, t[3] - t[0],
                            t[1] - t[0], t[2] - t[1], t[3] - t[2])
-
-
-def set_result_if_pending(fut: asyncio.Future[Any], r: Any) -> None:
-    """Resolve ``fut`` unless it is done already (cancelled by its caller, say)."""
-    if not fut.done():
-        fut.set_result(r)
-
-
-def set_exception_if_pending(fut: asyncio.Future[Any], e: BaseException) -> None:
-    """Fail ``fut`` unless it is done already."""
-    if not fut.done():
-        fut.set_exception(e)
-
-
-def monotonic() -> float:
-    return time.monotonic()

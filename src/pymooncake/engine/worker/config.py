@@ -128,6 +128,34 @@ class WorkerConfig:
             raise ValueError(f"--threads must be >= 1, got {self.num_threads}")
 
 
+def engine_config(c: WorkerConfig, role: str) -> Any:
+    """The ``EngineConfig`` of a ``role`` worker with config ``c``: its KV blocks (given,
+    else from ``kv_memory_bytes``, else ``DEFAULT_KV_CAPACITY_TOKENS``), batch and step
+    budget (``max_num_batched_tokens``: see there), policies and dtype."""
+    from pymooncake.engine.config import DEFAULT_KV_CAPACITY_TOKENS, EngineConfig
+    max_seqs = min(c.max_num_seqs, c.prefill_batch) if role == "prefill" else c.max_num_seqs
+    blocks = c.num_kv_blocks
+    if blocks is None:
+        if c.kv_memory_bytes is not None:
+            blocks = max(1, c.kv_memory_bytes // (model_kv_bytes_per_token(
+                c.model, c.dtype) * c.block_size))
+        else:
+            blocks = -(-max(DEFAULT_KV_CAPACITY_TOKENS, c.max_model_len) // c.block_size)
+    budget = c.max_num_batched_tokens
+    if budget is None and role == "colocated":
+        budget = EngineConfig().prefill_chunk_tokens
+    return EngineConfig(block_size=c.block_size, num_kv_blocks=blocks,
+                        max_num_seqs=max_seqs, max_model_len=c.max_model_len,
+                        waiting_order=c.prefill_order if role != "decode" else "fcfs",
+                        decode_step_tokens=c.decode_step_tokens,
+                        decode_step_s=c.decode_step_s, prefill_hold_s=c.prefill_hold_s,
+                        **({} if c.aging_tokens_per_s is None
+                           else {"aging_tokens_per_s": c.aging_tokens_per_s}),
+                        enable_prefix_caching=c.enable_prefix_caching, role=role,
+                        dtype=c.dtype, num_threads=c.num_threads,
+                        **({} if budget is None else {"max_num_batched_tokens": budget}))
+
+
 def worker_sizing(c: WorkerConfig, kv_bytes_per_token: int, num_kv_blocks: int) -> Any:
     """The worker's ``KVSizing`` for a model of ``kv_bytes_per_token`` (pure)."""
     from pymooncake.engine.config import size_kv

@@ -1,10 +1,12 @@
-"""``LoopPoster``: callbacks from the engine thread run on the worker's event loop."""
+"""``LoopPoster``: callbacks from the engine thread run on the worker's event loop; and
+the futures they settle, settled only while still pending."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 from collections.abc import Callable
+from typing import Any
 
 from pymooncake.obs.logging import init_logger
 
@@ -36,3 +38,15 @@ class LoopPoster:
                 fn()
             except Exception:  # noqa: BLE001 - as the loop would: log it, run the rest
                 logger.exception("posted callback %r failed", fn)
+
+
+def set_result_if_pending(fut: asyncio.Future[Any], r: Any) -> None:
+    """Resolve ``fut`` unless it is done already (cancelled by its caller, say)."""
+    if not fut.done():
+        fut.set_result(r)
+
+
+def set_exception_if_pending(fut: asyncio.Future[Any], e: BaseException) -> None:
+    """Fail ``fut`` unless it is done already."""
+    if not fut.done():
+        fut.set_exception(e)

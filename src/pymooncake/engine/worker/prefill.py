@@ -28,13 +28,8 @@ from typing import Any
 from pymooncake.engine.hooks import NullHooks, StepContext
 from pymooncake.engine.kv_loader import StoreKVLoader
 from pymooncake.engine.kv_sender import KVSender, LayerwiseKVSender
-from pymooncake.engine.worker.base import (
-    PREFILL_TOKENS,
-    EngineWorker,
-    set_exception_if_pending,
-    set_result_if_pending,
-    to_sampling_params,
-)
+from pymooncake.engine.worker.base import PREFILL_TOKENS, EngineWorker, to_sampling_params
+from pymooncake.engine.worker.poster import set_exception_if_pending, set_result_if_pending
 from pymooncake.engine.worker.stages import StageClock
 from pymooncake.engine.worker.store_puts import StorePuts, stale_store_blocks
 from pymooncake.obs.logging import init_logger
