@@ -305,3 +305,32 @@ def test_one_batch_ship_sends_the_partial_block_and_a_parked_prefill_full_blocks
     assert r.num_sent_blocks == 2
     assert steps[0] == ([PROMPT_LEN - 2 * BS + 1], [(0, 2 * BS, 2, 2)])
     assert toks == refs["parked"]
+
+
+def test_buffer_freed_before_its_kv_was_ready_is_reused_last():
+    """A receive buffer released before ``mark_ready`` (its prefill died or was aborted
+    mid-write, so frames for it may still land) is not given to the next request while other
+    space fits (``kv_receiver.COOL_S``); when nothing else fits it is, at once. A buffer
+    released after its KV was loaded is reused at once as before."""
+    from pymooncake.engine import Engine, EngineConfig
+    from pymooncake.engine.kv_receiver import KVReceiver
+    from pymooncake.transfer import TransferEngine
+
+    eng = Engine.from_model_name("tiny", EngineConfig(num_kv_blocks=16))
+    nb = eng.kv.block_nbytes
+    te = TransferEngine("kvcool", "embedded://").start()
+    try:
+        receiver = KVReceiver(te, eng.kv, 4 * nb)          # room for 4 one-block buffers
+        first = receiver.reserve("aborted", 1)
+        receiver.release("aborted")                         # never ready: cooling
+        assert receiver.free_bytes == 4 * nb
+        others = [receiver.reserve(f"r{i}", 1) for i in range(3)]
+        assert first.addr not in {t.addr for t in others}   # the other space went first
+        last = receiver.reserve("r3", 1)                    # nothing else fits: reused now
+        assert last is not None and last.addr == first.addr
+        assert receiver.reserve("r4", 1) is None
+        receiver.mark_ready("r0", 1)
+        receiver.release("r0")                              # loaded: free at once
+        assert receiver.reserve("r5", 1).addr == others[0].addr
+    finally:
+        te.close()

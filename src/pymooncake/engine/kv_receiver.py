@@ -18,6 +18,7 @@ the load would raise ``KVLoadError``). Mooncake FAST'25 §3.1 step 4.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -37,6 +38,16 @@ if TYPE_CHECKING:
     from pymooncake.engine.request import Request
     from pymooncake.engine.worker.stages import StageClock
     from pymooncake.transfer import TransferEngine
+
+
+COOL_S = 10.0
+"""A receive buffer freed before its KV was ready (an abort, a failed or re-placed prefill)
+is given to another request only this long after (s), or sooner when nothing else fits
+(``KVReceiver.reserve``): its writer may still be sending. A prefill worker killed
+mid-write left TCP frames that the Transfer Engine server still applied after the space
+had gone to another request, which then decoded from a few wrong KV bytes (a wrong token
+in `tests/faults/test_pd_faults.py`). Under arena pressure the space is reused at once,
+so this narrows that window rather than closing it (docs/serving.md, "Known limits")."""
 
 
 @dataclass(slots=True)
@@ -67,6 +78,10 @@ class KVReceiver(NullHooks):
         """Called (on the releasing thread) after a buffer is freed: the decode worker
         wakes the requests queued for receive space."""
         self._slots: dict[str, _Slot] = {}
+        self._cooling: collections.deque[tuple[float, int, int]] = collections.deque()
+        """Buffers freed before their KV was ready: (monotonic free time, offset, bytes),
+        oldest first; reused last (``COOL_S``)."""
+        self._cooling_bytes = 0
         self._lock = threading.Lock()
         self.num_loaded_blocks = 0
         self.clock: StageClock | None = None
@@ -74,7 +89,8 @@ class KVReceiver(NullHooks):
 
     @property
     def free_bytes(self) -> int:
-        return self._alloc.free_bytes
+        """Bytes a ``reserve`` may use: free, or cooling (given out when nothing else fits)."""
+        return self._alloc.free_bytes + self._cooling_bytes
 
     def fits(self, num_blocks: int) -> bool:
         """Whether ``num_blocks`` blocks fit in the empty arena (else they never will)."""
@@ -88,7 +104,11 @@ class KVReceiver(NullHooks):
         with self._lock:
             if request_id in self._slots:
                 raise ValueError(f"request {request_id!r} already has a receive buffer")
+            self._uncool(time.monotonic() - COOL_S)
             off = self._alloc.allocate(num_blocks * self.block_nbytes)
+            if off is None and self._cooling:
+                self._uncool(float("inf"))      # nothing else fits: reuse them now
+                off = self._alloc.allocate(num_blocks * self.block_nbytes)
             if off is None:
                 return None
             self._slots[request_id] = _Slot(off, num_blocks, num_blocks)
@@ -113,10 +133,22 @@ class KVReceiver(NullHooks):
         """Free the request's buffer (loaded, aborted or failed); unknown ids are ignored."""
         with self._lock:
             slot = self._slots.pop(request_id, None)
-            if slot is not None:
+            if slot is not None and slot.ready:
                 self._alloc.free(slot.offset)
+            elif slot is not None:   # its writer may still be sending: reused last
+                nbytes = slot.num_reserved * self.block_nbytes
+                self._cooling.append((time.monotonic(), slot.offset, nbytes))
+                self._cooling_bytes += nbytes
         if slot is not None and self.on_release is not None:
             self.on_release()
+
+    def _uncool(self, freed_before: float) -> None:
+        """Give the allocator back the cooling buffers freed before ``freed_before``
+        (monotonic s). Caller holds the lock."""
+        while self._cooling and self._cooling[0][0] < freed_before:
+            _, off, nbytes = self._cooling.popleft()
+            self._alloc.free(off)
+            self._cooling_bytes -= nbytes
 
     # -- KVLoadSource -------------------------------------------------------------------
     def get_num_matched_tokens(self, req: Request, num_local_computed_tokens: int) -> int:
