@@ -16,6 +16,8 @@ torch = pytest.importorskip("torch")
 
 
 def test_layerwise_sender_writes_each_layer_before_the_next_layer_runs():
+    """``min_batch_bytes=0``: every layer is its own batch (a step moving at least
+    ``MIN_BATCH_BYTES`` a layer behaves so by default)."""
     from pymooncake.engine import Engine, EngineConfig, SamplingParams
     from pymooncake.engine.kv_receiver import KVReceiver
     from pymooncake.engine.kv_sender import KVSender, LayerwiseKVSender
@@ -26,7 +28,7 @@ def test_layerwise_sender_writes_each_layer_before_the_next_layer_runs():
     te = TransferEngine("kvpath", "embedded://").start()
     try:
         receiver = KVReceiver(te, dec.kv, 1 << 20)
-        hook = LayerwiseKVSender(KVSender(te, pre.kv))
+        hook = LayerwiseKVSender(KVSender(te, pre.kv), min_batch_bytes=0)
         submitted: list[float] = []
         orig = hook.after_layer
 
@@ -96,6 +98,64 @@ def test_whole_block_send_keeps_prompt_order_for_any_block_ids():
         te.close()
 
 
+@pytest.mark.parametrize("min_batch_bytes", [None, 3])
+def test_small_layers_are_written_together_and_arrive_exact(min_batch_bytes):
+    """A step whose layers are small goes in batches of at least ``min_batch_bytes``:
+    with the default (1 MiB) a 40-token prompt's 4 layers (2 blocks, 16 KiB a layer on the
+    tiny model) are one batch, submitted after the last layer; with 3 layers' worth, layers
+    0-2 go together after layer 2 and layer 3 after itself. Every block arrives exact."""
+    from pymooncake.engine import Engine, EngineConfig, SamplingParams
+    from pymooncake.engine.kv_receiver import KVReceiver
+    from pymooncake.engine.kv_sender import KVSender, LayerwiseKVSender
+    from pymooncake.identity import block_keys
+    from pymooncake.transfer import TransferEngine
+
+    pre = Engine.from_model_name("tiny", EngineConfig(role="prefill", num_kv_blocks=64))
+    dec = Engine.from_model_name("tiny", EngineConfig(role="decode", num_kv_blocks=64))
+    layer_nbytes = 2 * pre.kv.block_nbytes_per_layer            # 2 full blocks
+    assert layer_nbytes == 2 * 2 * 16 * 2 * 32 * 4              # K/V x 16 tok x 2 heads x 32
+    te = TransferEngine("kvbatch", "embedded://").start()
+    try:
+        receiver = KVReceiver(te, dec.kv, 1 << 20)
+        kw = {} if min_batch_bytes is None else {"min_batch_bytes": min_batch_bytes
+                                                 * layer_nbytes}
+        sender = KVSender(te, pre.kv)
+        hook = LayerwiseKVSender(sender, **kw)
+        batches: list[tuple[int, int]] = []       # (layers in it, after which layer)
+        orig = sender.requests
+        seen: list[int] = []
+
+        def requests(block_ids, target, layers=None, first_block=0):
+            batches.append((len(layers), seen[-1]))
+            return orig(block_ids, target, layers, first_block)
+
+        def after_layer(layer, ctx, kv, _orig=hook.after_layer):
+            seen.append(layer)
+            _orig(layer, ctx, kv)
+
+        sender.requests = requests                 # type: ignore[method-assign]
+        hook.after_layer = after_layer             # type: ignore[method-assign]
+        pre.runner.hooks.append(hook)
+        prompt = [random.Random(4).randrange(256) for _ in range(40)]   # 2 full blocks
+        target = receiver.reserve("r1", 2)
+        hook.add("r1", target)
+        pre.add_request(prompt, SamplingParams(max_tokens=1), "r1")
+        while pre.has_unfinished():
+            pre.step()
+        assert batches == ([(4, 3)] if min_batch_bytes is None else [(3, 2), (1, 3)])
+        sent, err, _ = hook.pop("r1")
+        assert (sent, err) == (2, None)
+        receiver.mark_ready("r1", sent)
+        got = receiver.blocks_of("r1")                 # [L, 2, H, N, bs, d]
+        for j, key in enumerate(block_keys(prompt, pre.namespace)):
+            block = pre.pool.get_cached_block(key, tuple(prompt[j * 16:(j + 1) * 16]))
+            assert torch.equal(got[:, :, :, j],
+                               pre.kv.export_blocks([block.block_id])[:, :, :, 0])
+        receiver.release("r1")
+    finally:
+        te.close()
+
+
 def test_stage_clock_shows_p2d_writes_overlapping_the_prefill():
     """Issue #6 item 7: stage windows with start/end so overlap is visible — the first
     layer's P→D write starts before the last layer's compute ends."""
@@ -111,7 +171,7 @@ def test_stage_clock_shows_p2d_writes_overlapping_the_prefill():
     try:
         receiver = KVReceiver(te, dec.kv, 1 << 20)
         clock = StageClock("prefill", "queue")
-        hook = LayerwiseKVSender(KVSender(te, pre.kv))
+        hook = LayerwiseKVSender(KVSender(te, pre.kv), min_batch_bytes=0)   # per layer
         hook.clock = clock
         pre.runner.hooks[:0] = [clock, hook]
         prompt = [random.Random(5).randrange(256) for _ in range(300)]   # 18 full blocks

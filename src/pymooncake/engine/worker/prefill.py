@@ -336,13 +336,14 @@ class PrefillWorker(EngineWorker):
                                f"no KVTarget for {rid} within {PARKED_MAX_S:.0f} s")
                 self.post(lambda p=p, err=err: set_exception_if_pending(p.future, err))
 
-    def _cached_blocks(self, prompt: list[int]) -> list[int]:
-        """Engine thread: block ids of the prompt's leading full blocks in the prefix cache."""
+    def _cached_blocks(self, prompt: list[int], keys: list[Any] | None = None) -> list[int]:
+        """Engine thread: block ids of the prompt's leading full blocks in the prefix cache
+        (``keys``: the prompt's block keys, when the caller has them already)."""
         from pymooncake.identity import block_keys
         e = self.engine
         bs = e.config.block_size
         block_ids = []
-        for i, k in enumerate(block_keys(prompt, e.namespace)):
+        for i, k in enumerate(block_keys(prompt, e.namespace) if keys is None else keys):
             b = e.pool.get_cached_block(k, tuple(prompt[i * bs:(i + 1) * bs]))
             if b is None:
                 break
@@ -367,7 +368,7 @@ class PrefillWorker(EngineWorker):
         bs = e.config.block_size
         from pymooncake.identity import block_keys
         keys = block_keys(prompt, e.namespace)
-        block_ids = self._cached_blocks(prompt)
+        block_ids = self._cached_blocks(prompt, keys)
         sent = 0
         transfer_s = 0.0
         if p.target is not None:
