@@ -257,3 +257,17 @@ def test_bug_42_fp64_pointwise_and_norm_do_not_depend_on_the_batch() -> None:
         alone = torch.cat([fn(x[i:i + 1]) for i in range(len(x))])
         for start, m in ((0, 120), (1, 1), (3, 50), (7, 113)):
             assert torch.equal(fn(x[start:start + m]), alone[start:start + m]), (start, m)
+
+
+def test_output_carries_the_prompts_block_keys_as_identity_computes_them() -> None:
+    """``RequestOutput.prompt_block_keys``: the keys the engine hashed for its prefix
+    cache, one per full prompt block, equal to ``identity.block_keys`` (the prefill worker
+    puts Store blocks under them without hashing the prompt again); ``()`` for a prompt
+    of less than one block."""
+    engine = make_engine()
+    bs = engine.config.block_size
+    prompt = random_prompts(1, 3 * bs + 5, 3 * bs + 5, seed=11)[0]
+    out = _run(engine, prompt, SamplingParams(max_tokens=2 * bs))   # outputs fill a block
+    assert len(out.prompt_block_keys) == 3
+    assert list(out.prompt_block_keys) == block_keys(prompt, engine.namespace)
+    assert _run(engine, prompt[: bs - 1]).prompt_block_keys == ()

@@ -271,10 +271,13 @@ class Engine:
     def _output(self, req: Request) -> RequestOutput:
         self.requests.pop(req.request_id, None)
         text = self.tokenizer.decode(req.output_token_ids) if self.tokenizer else None
+        n_full = len(req.prompt_token_ids) // self.config.block_size
+        keys = req.known_block_keys
         return RequestOutput(req.request_id, tuple(req.prompt_token_ids),
                              tuple(req.output_token_ids), req.finish_reason or FinishReason.ABORT,
                              max(req.num_cached_tokens, 0), tuple(req.logprobs),
-                             tuple(req.logits), req.num_preemptions, text)
+                             tuple(req.logits), req.num_preemptions, text,
+                             tuple(keys[:n_full]) if len(keys) >= n_full else ())
 
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)

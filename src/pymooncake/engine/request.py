@@ -110,6 +110,11 @@ class Request:
                     self._block_keys.append(BlockKey(prev.hex()))
         return self._block_keys[:n_full]
 
+    @property
+    def known_block_keys(self) -> list[BlockKey]:
+        """The block keys computed so far (``block_keys`` computes the rest on demand)."""
+        return self._block_keys
+
     def block_token_ids(self, index: int) -> list[int]:
         bs = self.namespace.block_size
         return self.all_token_ids[index * bs:(index + 1) * bs]
@@ -132,6 +137,10 @@ class RequestOutput:
     """Float32 ``[vocab]`` tensors per sampling step, when ``return_logits`` was set."""
     num_preemptions: int = 0
     text: str | None = None
+    prompt_block_keys: tuple[BlockKey, ...] = ()
+    """Keys of the prompt's full blocks when the engine computed them while it ran the
+    request (``Request.block_keys``, its hash), else ``()``: callers that need them do
+    not hash the prompt again."""
 
 
 def check_stop(req: Request, token: int, eos_token_ids: tuple[int, ...],

@@ -69,6 +69,20 @@ class _Pending:
     target: KVTarget | None = None
 
 
+STAGING_MIN_TOKENS = 2048
+STAGING_MAX_TOKENS = 8192
+STAGING_BYTES = 32 << 20
+
+
+def staging_blocks(block_size: int, block_nbytes: int) -> int:
+    """Block slots of a prefill worker's Store staging buffer: ``STAGING_MIN_TOKENS`` of
+    KV (at least 64 blocks), more up to ``STAGING_MAX_TOKENS`` while they fit in
+    ``STAGING_BYTES`` (tiny model: 512 blocks, 16 MiB; SmolLM2-135M: 128 blocks)."""
+    lo = max(64, -(-STAGING_MIN_TOKENS // block_size))
+    hi = -(-STAGING_MAX_TOKENS // block_size)
+    return max(lo, min(hi, STAGING_BYTES // block_nbytes))
+
+
 class PrefillWorker(EngineWorker):
     """See module docstring."""
 
@@ -110,10 +124,13 @@ class PrefillWorker(EngineWorker):
             self.store = StoreClient(c.master, c.metadata_url, local_hostname=c.host,
                                      global_segment_size=self.sizing.global_segment_size_bytes,
                                      transfer_engine=self.transfer).start()
-            # staging for a 2k-token prefix: its blocks are read layer group by layer group
+            # staging for a 2k-token prefix (its blocks are read layer group by layer
+            # group) and the puts of a burst of prompts: up to 8k tokens within 32 MiB
+            # (puts take at most half of it; the rest are copied twice: issue 16)
             self.loader = StoreKVLoader(self.store, self.engine.kv,
                                         self.engine.namespace.digest(),
-                                        staging_blocks=max(64, -(-2048 // c.block_size)))
+                                        staging_blocks=staging_blocks(
+                                            c.block_size, self.engine.kv.block_nbytes))
             self.loader.clock = self.clock
             self.engine.scheduler.kv_source = self.loader
             self.engine.runner.hooks.append(self.loader)
@@ -367,7 +384,9 @@ class PrefillWorker(EngineWorker):
         e = self.engine
         bs = e.config.block_size
         from pymooncake.identity import block_keys
-        keys = block_keys(prompt, e.namespace)
+        # the engine's keys when it hashed the prompt (default hash: the Store's keys)
+        keys = (list(out.prompt_block_keys) if out.prompt_block_keys and e.hash_fn is None
+                else block_keys(prompt, e.namespace))
         block_ids = self._cached_blocks(prompt, keys)
         sent = 0
         transfer_s = 0.0
