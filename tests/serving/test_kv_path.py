@@ -156,6 +156,59 @@ def test_small_layers_are_written_together_and_arrive_exact(min_batch_bytes):
         te.close()
 
 
+@pytest.mark.parametrize("min_batch_bytes", [0, None])
+def test_step_that_fails_midway_leaves_its_blocks_unsent_and_the_recompute_sends_them(
+        min_batch_bytes):
+    """A step that stops after layer 1 (its Store load of layer 2 failed, policy
+    ``recompute``) sent some layers at most: its blocks do not count as sent, and the
+    recompute writes every layer of them, so the receive buffer holds exactly the prefill
+    engine's blocks (review of the batched writes: ``sent_blocks`` used to advance anyway,
+    and the recompute then skipped the blocks whose later layers never went)."""
+    from pymooncake.engine import Engine, EngineConfig, SamplingParams
+    from pymooncake.engine.hooks import KVLoadError, NullHooks
+    from pymooncake.engine.kv_receiver import KVReceiver
+    from pymooncake.engine.kv_sender import KVSender, LayerwiseKVSender
+    from pymooncake.identity import block_keys
+    from pymooncake.transfer import TransferEngine
+
+    class FailLayer2Once(NullHooks):
+        failed = False
+
+        def before_layer(self, layer, ctx, kv):
+            if layer == 2 and not self.failed:
+                self.failed = True
+                raise KVLoadError("layer 2 of the load did not arrive", ("r1",))
+
+    pre = Engine.from_model_name("tiny", EngineConfig(role="prefill", num_kv_blocks=64))
+    dec = Engine.from_model_name("tiny", EngineConfig(role="decode", num_kv_blocks=64))
+    te = TransferEngine("kvfail", "embedded://").start()
+    try:
+        receiver = KVReceiver(te, dec.kv, 1 << 20)
+        kw = {} if min_batch_bytes is None else {"min_batch_bytes": min_batch_bytes}
+        hook = LayerwiseKVSender(KVSender(te, pre.kv), **kw)
+        fail = FailLayer2Once()
+        pre.runner.hooks += [hook, fail]
+        prompt = [random.Random(6).randrange(256) for _ in range(40)]   # 2 full blocks
+        target = receiver.reserve("r1", 2)
+        hook.add("r1", target)
+        pre.add_request(prompt, SamplingParams(max_tokens=1), "r1")
+        assert pre.step() == []                       # the failed step: r1 recomputes
+        assert fail.failed and hook.sent_blocks["r1"] == 0
+        while pre.has_unfinished():
+            pre.step()
+        sent, err, _ = hook.pop("r1")
+        assert (sent, err) == (2, None)
+        receiver.mark_ready("r1", sent)
+        got = receiver.blocks_of("r1")                 # [L, 2, H, N, bs, d]
+        for j, key in enumerate(block_keys(prompt, pre.namespace)):
+            block = pre.pool.get_cached_block(key, tuple(prompt[j * 16:(j + 1) * 16]))
+            assert torch.equal(got[:, :, :, j],
+                               pre.kv.export_blocks([block.block_id])[:, :, :, 0])
+        receiver.release("r1")
+    finally:
+        te.close()
+
+
 def test_stage_clock_shows_p2d_writes_overlapping_the_prefill():
     """Issue #6 item 7: stage windows with start/end so overlap is visible — the first
     layer's P→D write starts before the last layer's compute ends."""

@@ -162,6 +162,8 @@ class LayerwiseKVSender(NullHooks):
         """Finished layers of this step not written yet (below ``min_batch_bytes``)."""
         self._layer_nbytes = 0
         """Bytes one layer of this step's writes moves."""
+        self._complete = False
+        """This step's last layer ran and its writes were submitted."""
         self._targets: dict[str, KVTarget] = {}
         self._num_tokens: dict[str, int] = {}
         """Request id → its prompt's length (``add``), when the partial block is shipped."""
@@ -215,6 +217,7 @@ class LayerwiseKVSender(NullHooks):
         self._step = {}
         self._batches = []
         self._layers = []
+        self._complete = False
         bs = kv.block_size
         for s in ctx.seqs:
             target = self._targets.get(s.request_id)
@@ -243,6 +246,7 @@ class LayerwiseKVSender(NullHooks):
             self._submit_layers()
         finally:
             self._charge(t0)
+        self._complete = layer == kv.num_layers - 1
 
     def _submit_layers(self) -> None:
         """Write the finished layers ``_layers`` of every request of the step: one batch
@@ -284,8 +288,10 @@ class LayerwiseKVSender(NullHooks):
 
     def end_step(self, ctx: StepContext, kv: KVTensors) -> None:
         t0 = time.monotonic()
-        if self._layers:        # the step stopped before its last layer: write what ran
-            self._submit_layers()
+        # A step that stopped before its last layer (a failed load, a refused write) sent
+        # only some layers: its blocks stay unsent, and the step's re-run (or the
+        # request's recompute) writes them whole. What it submitted is still waited for.
+        self._layers = []
         deferred = False
         for bid, rids, seg in self._batches:
             blocks = [b for rid in rids
@@ -293,7 +299,7 @@ class LayerwiseKVSender(NullHooks):
             deferred = self._settle_or_defer(bid, rids, seg, blocks) or deferred
         t_end = time.time()
         for rid, (_, _, full) in self._step.items():
-            if rid not in self.errors and rid in self.sent_blocks:
+            if self._complete and rid not in self.errors and rid in self.sent_blocks:
                 self.sent_blocks[rid] = full
                 if self.clock is not None and self._batches and not deferred:
                     self.clock.mark(rid, "p2d_transfer", t_end, t_end)
