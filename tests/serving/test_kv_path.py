@@ -47,7 +47,7 @@ def test_layerwise_sender_writes_each_layer_before_the_next_layer_runs():
         while pre.has_unfinished():
             outs += pre.step()
         assert outs[0].request_id == "r1"
-        sent, err, busy_s = hook.pop("r1")
+        sent, err, busy_s, _ = hook.pop("r1")
         assert (sent, err) == (2, None) and busy_s > 0
         starts = pre.runner.layer_compute_start_s
         n_layers = pre.model.config.num_layers
@@ -143,7 +143,7 @@ def test_small_layers_are_written_together_and_arrive_exact(min_batch_bytes):
         while pre.has_unfinished():
             pre.step()
         assert batches == ([(4, 3)] if min_batch_bytes is None else [(3, 2), (1, 3)])
-        sent, err, _ = hook.pop("r1")
+        sent, err, _, _ = hook.pop("r1")
         assert (sent, err) == (2, None)
         receiver.mark_ready("r1", sent)
         got = receiver.blocks_of("r1")                 # [L, 2, H, N, bs, d]
@@ -196,7 +196,7 @@ def test_step_that_fails_midway_leaves_its_blocks_unsent_and_the_recompute_sends
         assert fail.failed and hook.sent_blocks["r1"] == 0
         while pre.has_unfinished():
             pre.step()
-        sent, err, _ = hook.pop("r1")
+        sent, err, _, _ = hook.pop("r1")
         assert (sent, err) == (2, None)
         receiver.mark_ready("r1", sent)
         got = receiver.blocks_of("r1")                 # [L, 2, H, N, bs, d]
@@ -270,13 +270,14 @@ def _record_steps(engine) -> list[tuple[list[int], list[tuple[int, int, int, int
 
 
 def _decode_after_pd(dec, receiver, rid: str, prompt: list[int], first: int,
-                     num_sent_blocks: int, max_tokens: int):
+                     num_sent_blocks: int, max_tokens: int, digest: int | None = None):
     """The decode worker's part (``DecodeWorker._start``): the prompt's KV is marked ready
-    in ``receiver`` and prompt + first token run on ``dec``; (all tokens, the first one
-    included; ``dec``'s steps as ``_record_steps`` gives them; its output)."""
+    in ``receiver`` (with the sender's ``digest``) and prompt + first token run on
+    ``dec``; (all tokens, the first one included; ``dec``'s steps as ``_record_steps``
+    gives them; its output)."""
     from pymooncake.engine import SamplingParams
     steps = _record_steps(dec)
-    receiver.mark_ready(rid, num_sent_blocks, len(prompt))
+    receiver.mark_ready(rid, num_sent_blocks, len(prompt), digest)
     dec.add_request(prompt + [first], SamplingParams(max_tokens=max_tokens - 1,
                                                      ignore_eos=True), rid)
     outs = []
@@ -330,7 +331,7 @@ def test_whole_prompt_kv_moves_with_its_partial_block_and_decode_computes_one_to
         while pre.has_unfinished():
             outs += pre.step()
         first = outs[0].output_token_ids[0]
-        sent, err, _ = hook.pop("r")
+        sent, err, _, _ = hook.pop("r")
         assert (sent, err) == (3, None)
         toks, steps, out = _decode_after_pd(dec, receiver, "r", prompt, first, sent,
                                             max_tokens)
@@ -342,6 +343,76 @@ def test_whole_prompt_kv_moves_with_its_partial_block_and_decode_computes_one_to
         assert receiver.free_bytes == receiver.capacity_bytes
         assert dec.pool.num_cached_blocks == 2                # full blocks only (307 tokens)
         dec.kv_manager.check_integrity()
+    finally:
+        te.close()
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_decode_checks_the_received_kv_against_the_senders_digest(corrupt):
+    """The layer-wise sender's digest of the 3 blocks it sent (2 full + the partial one)
+    is XXH3-64 of their bytes in receive-buffer order — computed here independently from
+    ``export_blocks`` — and equals the receiver's digest of its buffer. One flipped byte in
+    the buffer (a stale write landing after the space was reused) fails the check after the
+    load: the step is undone, the decode engine recomputes the prompt (300 tokens, no load)
+    and still produces the colocated engine's greedy tokens; the buffer cools."""
+    import xxhash
+
+    from pymooncake.engine import Engine, EngineConfig, SamplingParams
+    from pymooncake.engine.hooks import NullHooks
+    from pymooncake.engine.kv_receiver import KVReceiver
+    from pymooncake.engine.kv_sender import KVSender, LayerwiseKVSender
+    from pymooncake.transfer import TransferEngine
+
+    prompt = [random.Random(8).randrange(256) for _ in range(PROMPT_LEN)]
+    max_tokens = 6
+    ref = _reference(prompt, max_tokens)
+    pre = Engine.from_model_name("tiny", EngineConfig(role="prefill", block_size=BS,
+                                                      num_kv_blocks=16))
+    dec = Engine.from_model_name("tiny", EngineConfig(role="decode", block_size=BS,
+                                                      num_kv_blocks=16))
+    te = TransferEngine("kvsum", "embedded://").start()
+    try:
+        receiver = KVReceiver(te, dec.kv, 8 * dec.kv.block_nbytes)
+        dec.scheduler.kv_source = receiver
+        dec.runner.hooks.append(receiver)
+        hook = LayerwiseKVSender(KVSender(te, pre.kv))
+        pre.runner.hooks.append(hook)
+        table: list[int] = []
+
+        class Table(NullHooks):                 # the request's block table, last step
+            def start_step(self, ctx, kv):
+                table[:] = ctx.seqs[0].block_ids
+
+        pre.runner.hooks.append(Table())
+        target = receiver.reserve("r", 3)
+        hook.add("r", target, PROMPT_LEN)
+        pre.add_request(prompt, SamplingParams(max_tokens=1), "r")
+        outs = []
+        while pre.has_unfinished():
+            outs += pre.step()
+        sent, err, _, digest = hook.pop("r")
+        assert (sent, err) == (3, None)
+        golden = xxhash.xxh3_64(pre.kv.export_blocks(table[:3]).numpy().tobytes()).intdigest()
+        assert digest == golden
+        receiver.mark_ready("r", sent, PROMPT_LEN)
+        assert receiver.digest("r") == golden
+        if corrupt:
+            got = receiver.blocks_of("r")
+            got[3, 1, 1, 2, 100, 7] += 1.0        # last layer, V, head 1, the partial block
+            assert receiver.digest("r") != golden
+        toks, steps, out = _decode_after_pd(dec, receiver, "r", prompt,
+                                            outs[0].output_token_ids[0], sent, max_tokens,
+                                            digest)
+        assert toks == ref
+        assert receiver.num_corrupt == int(corrupt)
+        if corrupt:       # the checked step was undone; the prompt + first token computed
+            assert steps[0][0] == [1] and steps[1] == ([PROMPT_LEN + 1], [])
+            receiver.release("r")                # as the decode worker does at the end
+            assert len(receiver._cooling) == 1    # not ready: reused last (COOL_S)
+            assert receiver.free_bytes == receiver.capacity_bytes
+        else:
+            assert steps[0] == ([1], [(0, PROMPT_LEN, 3, 2)])
+            assert receiver.num_loaded_blocks == 3
     finally:
         te.close()
 

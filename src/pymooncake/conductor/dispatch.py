@@ -281,7 +281,8 @@ class RequestDispatch:
             stage = "decode"
             stream = self.tokens.open(rid, dw.info.instance_id)   # before it can push
             await self.losses.guard(rid, dw.client.call(
-                "start_decode", StartDecode(rid, res.first_token_id, res.num_sent_blocks)))
+                "start_decode", StartDecode(rid, res.first_token_id, res.num_sent_blocks,
+                                            res.kv_digest)))
             t2 = time.monotonic()
             # no span around a yield: the consumer may resume us in another context
             async for f in stream.frames():

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from pymooncake.engine.hooks import KVLoadError, NullHooks, StepContext
+from pymooncake.obs.logging import init_logger
 from pymooncake.rpc.messages import KVTarget
 from pymooncake.store.tiers.dram_segment import OffsetAllocator
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from pymooncake.engine.worker.stages import StageClock
     from pymooncake.transfer import TransferEngine
 
+logger = init_logger(__name__)
 
 COOL_S = 10.0
 """A receive buffer freed before its KV was ready (an abort, a failed or re-placed prefill)
@@ -61,6 +63,8 @@ class _Slot:
     """Prompt tokens whose KV arrived: ``num_blocks`` blocks, the last one possibly
     partial (set by ``mark_ready``)."""
     ready: bool = False
+    digest: int | None = None
+    """The prefill side's ``KVSender.digest`` of the ``num_blocks`` blocks, if sent."""
 
 
 class KVReceiver(NullHooks):
@@ -84,6 +88,8 @@ class KVReceiver(NullHooks):
         self._cooling_bytes = 0
         self._lock = threading.Lock()
         self.num_loaded_blocks = 0
+        self.num_corrupt = 0
+        """Loads whose bytes failed the sender's digest (each recomputed its prompt)."""
         self.clock: StageClock | None = None
         """Where ``decode_load`` windows go (``engine.worker.stages``)."""
 
@@ -116,14 +122,16 @@ class KVReceiver(NullHooks):
                         self.block_nbytes)
 
     def mark_ready(self, request_id: str, num_blocks: int,
-                   num_prompt_tokens: int | None = None) -> None:
+                   num_prompt_tokens: int | None = None, digest: int | None = None) -> None:
         """The first ``num_blocks`` blocks of a ``num_prompt_tokens``-token prompt are in
         the request's buffer, the last one partial when they reach past the prompt's end
         (``None``: whole blocks). The prefill may send fewer than reserved; the rest is
-        recomputed. Raises ``KeyError`` if unknown."""
+        recomputed. ``digest``: the sender's ``KVSender.digest`` of those blocks, checked
+        once they are loaded (``before_layer``). Raises ``KeyError`` if unknown."""
         with self._lock:
             slot = self._slots[request_id]
             slot.num_blocks = max(0, min(slot.num_reserved, num_blocks))
+            slot.digest = digest if slot.num_blocks == num_blocks else None
             arrived = slot.num_blocks * self.kv.block_size
             slot.num_tokens = (arrived if num_prompt_tokens is None
                                else max(0, min(arrived, num_prompt_tokens)))
@@ -159,6 +167,22 @@ class KVReceiver(NullHooks):
         # block size then: the scheduler takes it as all the prompt tokens it is)
         return max(0, slot.num_tokens - num_local_computed_tokens)
 
+    def digest(self, request_id: str) -> int:
+        """XXH3-64 of the request's arrived blocks as they lie in its buffer: per (layer,
+        K/V, KV head) plane, the first ``num_blocks`` blocks' bytes (the order of
+        ``KVSender.digest``). Raises ``KeyError`` if unknown."""
+        import xxhash
+
+        slot = self._slots[request_id]
+        k = self.kv
+        plane = slot.num_reserved * k.block_nbytes_per_layer // 2 // k.num_kv_heads
+        used = slot.num_blocks * k.block_nbytes_per_layer // 2 // k.num_kv_heads
+        h = xxhash.xxh3_64()
+        for i in range(k.num_layers * 2 * k.num_kv_heads):
+            start = slot.offset + i * plane
+            h.update(self._arena[start:start + used])
+        return h.intdigest()
+
     def blocks_of(self, request_id: str) -> torch.Tensor:
         """The request's receive buffer as ``[layer, K/V, kv_head, N, block_size, head_dim]``
         (a view, no copy). Raises ``KeyError`` if unknown."""
@@ -183,6 +207,17 @@ class KVReceiver(NullHooks):
                 self.clock.mark(ld.request_id, "decode_load", t0, time.time())
             if layer == 0:
                 self.num_loaded_blocks += n
+            if layer == kv.num_layers - 1 and slot.digest is not None \
+                    and self.digest(ld.request_id) != slot.digest:
+                # bytes that are not what the prefill sent (a stale write of a dead
+                # writer landed after the space was reused): this step is undone and the
+                # request recomputes its prompt; the buffer cools before reuse
+                self.num_corrupt += 1
+                slot.ready = False
+                logger.warning("request %s: received KV fails its checksum; recomputing "
+                               "the prompt", ld.request_id)
+                raise KVLoadError(f"request {ld.request_id}: received KV fails its "
+                                  "checksum", (ld.request_id,))
             if layer == kv.num_layers - 1:
                 # every layer is in the paged cache now: the buffer is free for the next
                 # request (held until the request finished, it made the arena the limit

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from pymooncake.engine.hooks import NullHooks, StepContext
 from pymooncake.engine.kv_writes import KV_WRITE_TIMEOUT_S, KVWrites
 from pymooncake.rpc.messages import KVTarget
@@ -88,6 +90,25 @@ class KVSender:
                             target.segment, target.addr + plane * dst_stride + pos * run, n * run))
         return out
 
+    def digest(self, block_ids: Sequence[int]) -> int:
+        """XXH3-64 of the bytes ``block_ids`` (prompt blocks 0, 1, … in order) occupy in a
+        receive buffer: per (layer, K/V, KV head) plane, their ``block_size x head_dim``
+        runs one after the other — the order ``KVReceiver.digest`` reads the buffer in
+        (``kv_receiver``). Reads the paged cache, no copy; the decode side verifies the
+        blocks it got against it before decoding from them."""
+        import xxhash
+
+        kv = self.kv
+        run = kv.block_size * kv.head_dim * kv.buffer.element_size()
+        flat = kv.buffer.view(-1).view(torch.uint8).numpy()
+        runs = _runs(block_ids)
+        h = xxhash.xxh3_64()
+        for plane in range(kv.num_layers * 2 * kv.num_kv_heads):
+            base = plane * kv.num_blocks * run
+            for block_id, n in runs:
+                h.update(flat[base + block_id * run:base + (block_id + n) * run])
+        return h.intdigest()
+
     def send(self, block_ids: Sequence[int], target: KVTarget,
              layers: Sequence[int] | None = None, timeout_s: float = KV_WRITE_TIMEOUT_S,
              request_id: str | None = None) -> int:
@@ -113,6 +134,17 @@ class KVSender:
         n = sum(r.length for r in reqs)
         self.bytes_sent += n
         return n
+
+
+def _runs(block_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """``block_ids`` as runs of consecutive ids: (first id, length)."""
+    runs: list[tuple[int, int]] = []
+    for b in block_ids:
+        if runs and runs[-1][0] + runs[-1][1] == b:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((b, 1))
+    return runs
 
 
 class LayerwiseKVSender(NullHooks):
@@ -164,6 +196,10 @@ class LayerwiseKVSender(NullHooks):
         """Bytes one layer of this step's writes moves."""
         self._complete = False
         """This step's last layer ran and its writes were submitted."""
+        self._ends: set[str] = set()
+        """Requests whose prompt's last token is computed in this step."""
+        self.digests: dict[str, int] = {}
+        """Request id → ``KVSender.digest`` of every block sent, once the last is."""
         self._targets: dict[str, KVTarget] = {}
         self._num_tokens: dict[str, int] = {}
         """Request id → its prompt's length (``add``), when the partial block is shipped."""
@@ -199,14 +235,15 @@ class LayerwiseKVSender(NullHooks):
         if num_tokens is not None:
             self._num_tokens[request_id] = num_tokens
 
-    def pop(self, request_id: str) -> tuple[int, str | None, float]:
-        """Forget the request; returns (blocks sent, error or None, busy seconds)."""
+    def pop(self, request_id: str) -> tuple[int, str | None, float, int | None]:
+        """Forget the request; returns (blocks sent, error or None, busy seconds, digest of
+        the sent blocks or None: ``digests``)."""
         self._targets.pop(request_id, None)
         self._num_tokens.pop(request_id, None)
         self._outstanding.pop(request_id, None)
         self.sender.writes.forget(request_id)
         return (self.sent_blocks.pop(request_id, 0), self.errors.pop(request_id, None),
-                self.busy_s.pop(request_id, 0.0))
+                self.busy_s.pop(request_id, 0.0), self.digests.pop(request_id, None))
 
     def _charge(self, t0: float) -> None:
         dt = time.monotonic() - t0
@@ -218,6 +255,7 @@ class LayerwiseKVSender(NullHooks):
         self._batches = []
         self._layers = []
         self._complete = False
+        self._ends = set()
         bs = kv.block_size
         for s in ctx.seqs:
             target = self._targets.get(s.request_id)
@@ -231,6 +269,8 @@ class LayerwiseKVSender(NullHooks):
             first = self.sent_blocks[s.request_id]
             if upto > first:
                 self._step[s.request_id] = (s.block_ids, first, upto)
+                if last:
+                    self._ends.add(s.request_id)
         self._layer_nbytes = (sum(full - first for _, first, full in self._step.values())
                               * kv.block_nbytes_per_layer)
 
@@ -301,6 +341,8 @@ class LayerwiseKVSender(NullHooks):
         for rid, (_, _, full) in self._step.items():
             if self._complete and rid not in self.errors and rid in self.sent_blocks:
                 self.sent_blocks[rid] = full
+                if rid in self._ends:    # every block is sent: what the decode verifies
+                    self.digests[rid] = self.sender.digest(self._step[rid][0][:full])
                 if self.clock is not None and self._batches and not deferred:
                     self.clock.mark(rid, "p2d_transfer", t_end, t_end)
         self._charge(t0)
@@ -342,6 +384,7 @@ class LayerwiseKVSender(NullHooks):
             self.clock.mark(request_id, "p2d_transfer", t, t)
         if request_id not in self.errors:
             self.sent_blocks[request_id] = len(block_ids)
+            self.digests[request_id] = self.sender.digest(block_ids)
         self.busy_s[request_id] = self.busy_s.get(request_id, 0.0) + time.monotonic() - t0
 
     def _settle_or_defer(self, bid: int, rids: tuple[str, ...], seg: str,

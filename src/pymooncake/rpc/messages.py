@@ -188,6 +188,9 @@ class StartDecode(Message):
     """Leading prompt blocks written into the receive buffer (<= the reserved count); the
     last one may be the prompt's partial last block. The decode worker computes the
     prompt tokens they do not cover."""
+    kv_digest: int | None = None
+    """``PrefillResult.kv_digest``: the decode worker checks the receive buffer against it
+    before decoding from it (a mismatch recomputes the prompt); None: not checked."""
 
 
 class PrefillTask(Message):
@@ -236,6 +239,10 @@ class PrefillResult(Message):
     finish_reason: str | None = None
     """``"stop"`` when the first token already ends the request (EOS)."""
     stages: tuple[tuple[str, float, float], ...] = ()
+    kv_digest: int | None = None
+    """XXH3-64 (unsigned) of the ``num_sent_blocks`` blocks as they lie in the receive
+    buffer (``KVSender.digest``), taken from the prefill's paged cache; None when not
+    known (nothing sent, or the last block went before the prompt's end was known)."""
     """``(stage, start, end)`` windows the prefill worker measured (unix seconds):
     ``queue``, ``store_lookup``, ``cache_load``, ``prefill``, ``p2d_transfer``."""
 

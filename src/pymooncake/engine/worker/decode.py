@@ -252,7 +252,7 @@ class DecodeWorker(EngineWorker):
             if (self.receiver is not None and msg.first_token_id is not None
                     and msg.num_ready_blocks > 0):
                 self.receiver.mark_ready(msg.request_id, msg.num_ready_blocks,
-                                         len(task.prompt_token_ids))
+                                         len(task.prompt_token_ids), msg.kv_digest)
             self.engine.add_request(prompt, params, msg.request_id)
             self._sent[msg.request_id] = 0
 

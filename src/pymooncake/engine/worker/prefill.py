@@ -218,7 +218,7 @@ class PrefillWorker(EngineWorker):
             return True
         return await self.on_engine(apply)
 
-    def _forget(self, request_id: str) -> tuple[int, str | None, float]:
+    def _forget(self, request_id: str) -> tuple[int, str | None, float, int | None]:
         self.clock.forget(request_id)
         self._tables.pop(request_id)
         if self.sender is not None:
@@ -227,7 +227,7 @@ class PrefillWorker(EngineWorker):
             self.loader.forget(request_id)
         if self.shipper is not None:
             return self.shipper.pop(request_id)
-        return 0, None, 0.0
+        return 0, None, 0.0, None
 
     def _drop(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
@@ -332,7 +332,8 @@ class PrefillWorker(EngineWorker):
         if p is not None:
             self._resolve(p, out, outcome, (*stages, *write_windows))
 
-    def _resolve(self, p: _Pending, out: Any, layerwise: tuple[int, str | None, float],
+    def _resolve(self, p: _Pending, out: Any,
+                 layerwise: tuple[int, str | None, float, int | None],
                  stages: Stages) -> None:
         """Engine thread: finish ``p`` and hand the result (or error) to its RPC."""
         try:
@@ -367,7 +368,8 @@ class PrefillWorker(EngineWorker):
             block_ids.append(b.block_id)
         return block_ids
 
-    def _finish(self, p: _Pending, out: Any, layerwise: tuple[int, str | None, float],
+    def _finish(self, p: _Pending, out: Any,
+                layerwise: tuple[int, str | None, float, int | None],
                 stages: Stages = ()) -> PrefillResult:
         """Engine thread: the prefill's result, once its KV writes are over (``layerwise``:
         blocks written, error or None, seconds spent on them — layer by layer during the
@@ -390,8 +392,9 @@ class PrefillWorker(EngineWorker):
         block_ids = self._cached_blocks(prompt, keys)
         sent = 0
         transfer_s = 0.0
+        digest = None
         if p.target is not None:
-            sent, err, transfer_s = layerwise
+            sent, err, transfer_s, digest = layerwise
             if err is not None:
                 raise RpcError("KV_TRANSFER_FAILED", err)
         if self.loader is not None and p.task.use_store:
@@ -410,5 +413,5 @@ class PrefillWorker(EngineWorker):
         first = out.output_token_ids[0]
         finish = "stop" if out.finish_reason == FinishReason.STOP else None
         return PrefillResult(p.task.request_id, first, cached, sent, prefill_s, transfer_s,
-                             finish, stages)
+                             finish, stages, digest if sent else None)
 
