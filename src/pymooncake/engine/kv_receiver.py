@@ -48,8 +48,9 @@ is given to another request only this long after (s), or sooner when nothing els
 (``KVReceiver.reserve``): its writer may still be sending. A prefill worker killed
 mid-write left TCP frames that the Transfer Engine server still applied after the space
 had gone to another request, which then decoded from a few wrong KV bytes (a wrong token
-in `tests/faults/test_pd_faults.py`). Under arena pressure the space is reused at once,
-so this narrows that window rather than closing it (docs/serving.md, "Known limits")."""
+in `tests/faults/test_pd_faults.py`). Under arena pressure the space is reused at once;
+there the sender's checksum catches such bytes (``before_layer``: the request recomputes
+its prompt; docs/serving.md, "Known limits")."""
 
 
 @dataclass(slots=True)
