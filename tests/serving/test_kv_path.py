@@ -98,6 +98,22 @@ def test_whole_block_send_keeps_prompt_order_for_any_block_ids():
         te.close()
 
 
+def _assert_received_exact(pre, receiver, hook, rid: str, prompt: list[int],
+                           num_blocks: int) -> None:
+    """``hook`` sent ``num_blocks`` blocks of ``rid`` without error, and the receive buffer
+    holds each exactly as ``pre``'s prefix cache does (block size 16); frees the buffer."""
+    from pymooncake.identity import block_keys
+
+    sent, err, _, _ = hook.pop(rid)
+    assert (sent, err) == (num_blocks, None)
+    receiver.mark_ready(rid, sent)
+    got = receiver.blocks_of(rid)                      # [L, 2, H, N, bs, d]
+    for j, key in enumerate(block_keys(prompt, pre.namespace)):
+        block = pre.pool.get_cached_block(key, tuple(prompt[j * 16:(j + 1) * 16]))
+        assert torch.equal(got[:, :, :, j], pre.kv.export_blocks([block.block_id])[:, :, :, 0])
+    receiver.release(rid)
+
+
 @pytest.mark.parametrize("min_batch_bytes", [None, 3])
 def test_small_layers_are_written_together_and_arrive_exact(min_batch_bytes):
     """A step whose layers are small goes in batches of at least ``min_batch_bytes``:
@@ -107,7 +123,6 @@ def test_small_layers_are_written_together_and_arrive_exact(min_batch_bytes):
     from pymooncake.engine import Engine, EngineConfig, SamplingParams
     from pymooncake.engine.kv_receiver import KVReceiver
     from pymooncake.engine.kv_sender import KVSender, LayerwiseKVSender
-    from pymooncake.identity import block_keys
     from pymooncake.transfer import TransferEngine
 
     pre = Engine.from_model_name("tiny", EngineConfig(role="prefill", num_kv_blocks=64))
@@ -143,15 +158,7 @@ def test_small_layers_are_written_together_and_arrive_exact(min_batch_bytes):
         while pre.has_unfinished():
             pre.step()
         assert batches == ([(4, 3)] if min_batch_bytes is None else [(3, 2), (1, 3)])
-        sent, err, _, _ = hook.pop("r1")
-        assert (sent, err) == (2, None)
-        receiver.mark_ready("r1", sent)
-        got = receiver.blocks_of("r1")                 # [L, 2, H, N, bs, d]
-        for j, key in enumerate(block_keys(prompt, pre.namespace)):
-            block = pre.pool.get_cached_block(key, tuple(prompt[j * 16:(j + 1) * 16]))
-            assert torch.equal(got[:, :, :, j],
-                               pre.kv.export_blocks([block.block_id])[:, :, :, 0])
-        receiver.release("r1")
+        _assert_received_exact(pre, receiver, hook, "r1", prompt, 2)
     finally:
         te.close()
 
@@ -168,7 +175,6 @@ def test_step_that_fails_midway_leaves_its_blocks_unsent_and_the_recompute_sends
     from pymooncake.engine.hooks import KVLoadError, NullHooks
     from pymooncake.engine.kv_receiver import KVReceiver
     from pymooncake.engine.kv_sender import KVSender, LayerwiseKVSender
-    from pymooncake.identity import block_keys
     from pymooncake.transfer import TransferEngine
 
     class FailLayer2Once(NullHooks):
@@ -196,15 +202,7 @@ def test_step_that_fails_midway_leaves_its_blocks_unsent_and_the_recompute_sends
         assert fail.failed and hook.sent_blocks["r1"] == 0
         while pre.has_unfinished():
             pre.step()
-        sent, err, _, _ = hook.pop("r1")
-        assert (sent, err) == (2, None)
-        receiver.mark_ready("r1", sent)
-        got = receiver.blocks_of("r1")                 # [L, 2, H, N, bs, d]
-        for j, key in enumerate(block_keys(prompt, pre.namespace)):
-            block = pre.pool.get_cached_block(key, tuple(prompt[j * 16:(j + 1) * 16]))
-            assert torch.equal(got[:, :, :, j],
-                               pre.kv.export_blocks([block.block_id])[:, :, :, 0])
-        receiver.release("r1")
+        _assert_received_exact(pre, receiver, hook, "r1", prompt, 2)
     finally:
         te.close()
 
@@ -298,31 +296,41 @@ def _reference(prompt: list[int], max_tokens: int) -> list[int]:
     return list(ref.output_token_ids)
 
 
+def _pd_pair(name: str):
+    """A prefill and a decode engine (block size ``BS``) joined by a Transfer Engine: the
+    decode engine loads from a ``KVReceiver`` of 8 blocks, the prefill engine writes with a
+    ``LayerwiseKVSender``; (prefill, decode, transfer engine, receiver, sender hook)."""
+    from pymooncake.engine import Engine, EngineConfig
+    from pymooncake.engine.kv_receiver import KVReceiver
+    from pymooncake.engine.kv_sender import KVSender, LayerwiseKVSender
+    from pymooncake.transfer import TransferEngine
+
+    pre = Engine.from_model_name("tiny", EngineConfig(role="prefill", block_size=BS,
+                                                      num_kv_blocks=16))
+    dec = Engine.from_model_name("tiny", EngineConfig(role="decode", block_size=BS,
+                                                      num_kv_blocks=16))
+    te = TransferEngine(name, "embedded://").start()
+    receiver = KVReceiver(te, dec.kv, 8 * dec.kv.block_nbytes)
+    dec.scheduler.kv_source = receiver
+    dec.runner.hooks.append(receiver)
+    hook = LayerwiseKVSender(KVSender(te, pre.kv))
+    pre.runner.hooks.append(hook)
+    return pre, dec, te, receiver, hook
+
+
 def test_whole_prompt_kv_moves_with_its_partial_block_and_decode_computes_one_token():
     """A 300-token prompt at block size 128: the layer-wise sender ships 3 blocks (the
     last one partial) into a receive buffer of ceil(300 / 128) = 3; the decode engine
     loads all 300 prompt tokens and its first step computes only the first token (1 token,
     a plain decode step), with the greedy tokens of one colocated engine. The partial
     block has no key and is not cached (decoding does not fill it here)."""
-    from pymooncake.engine import Engine, EngineConfig, SamplingParams
-    from pymooncake.engine.kv_receiver import KVReceiver
-    from pymooncake.engine.kv_sender import KVSender, LayerwiseKVSender
-    from pymooncake.transfer import TransferEngine
+    from pymooncake.engine import SamplingParams
 
     prompt = [random.Random(7).randrange(256) for _ in range(PROMPT_LEN)]
     max_tokens = 8
     ref = _reference(prompt, max_tokens)
-    pre = Engine.from_model_name("tiny", EngineConfig(role="prefill", block_size=BS,
-                                                      num_kv_blocks=16))
-    dec = Engine.from_model_name("tiny", EngineConfig(role="decode", block_size=BS,
-                                                      num_kv_blocks=16))
-    te = TransferEngine("kvtail", "embedded://").start()
+    pre, dec, te, receiver, hook = _pd_pair("kvtail")
     try:
-        receiver = KVReceiver(te, dec.kv, 8 * dec.kv.block_nbytes)
-        dec.scheduler.kv_source = receiver
-        dec.runner.hooks.append(receiver)
-        hook = LayerwiseKVSender(KVSender(te, pre.kv))
-        pre.runner.hooks.append(hook)
         target = receiver.reserve("r", -(-PROMPT_LEN // BS))
         assert target is not None and target.num_blocks == 3
         hook.add("r", target, PROMPT_LEN)
@@ -357,26 +365,14 @@ def test_decode_checks_the_received_kv_against_the_senders_digest(corrupt):
     and still produces the colocated engine's greedy tokens; the buffer cools."""
     import xxhash
 
-    from pymooncake.engine import Engine, EngineConfig, SamplingParams
+    from pymooncake.engine import SamplingParams
     from pymooncake.engine.hooks import NullHooks
-    from pymooncake.engine.kv_receiver import KVReceiver
-    from pymooncake.engine.kv_sender import KVSender, LayerwiseKVSender
-    from pymooncake.transfer import TransferEngine
 
     prompt = [random.Random(8).randrange(256) for _ in range(PROMPT_LEN)]
     max_tokens = 6
     ref = _reference(prompt, max_tokens)
-    pre = Engine.from_model_name("tiny", EngineConfig(role="prefill", block_size=BS,
-                                                      num_kv_blocks=16))
-    dec = Engine.from_model_name("tiny", EngineConfig(role="decode", block_size=BS,
-                                                      num_kv_blocks=16))
-    te = TransferEngine("kvsum", "embedded://").start()
+    pre, dec, te, receiver, hook = _pd_pair("kvsum")
     try:
-        receiver = KVReceiver(te, dec.kv, 8 * dec.kv.block_nbytes)
-        dec.scheduler.kv_source = receiver
-        dec.runner.hooks.append(receiver)
-        hook = LayerwiseKVSender(KVSender(te, pre.kv))
-        pre.runner.hooks.append(hook)
         table: list[int] = []
 
         class Table(NullHooks):                 # the request's block table, last step
