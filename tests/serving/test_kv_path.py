@@ -367,6 +367,7 @@ def test_decode_checks_the_received_kv_against_the_senders_digest(corrupt):
 
     from pymooncake.engine import SamplingParams
     from pymooncake.engine.hooks import NullHooks
+    from pymooncake.engine.kv_receiver import KV_CHECKSUM_FAILURES
 
     prompt = [random.Random(8).randrange(256) for _ in range(PROMPT_LEN)]
     max_tokens = 6
@@ -396,11 +397,13 @@ def test_decode_checks_the_received_kv_against_the_senders_digest(corrupt):
             got = receiver.blocks_of("r")
             got[3, 1, 1, 2, 100, 7] += 1.0        # last layer, V, head 1, the partial block
             assert receiver.digest("r") != golden
+        failures = KV_CHECKSUM_FAILURES._value.get()
         toks, steps, out = _decode_after_pd(dec, receiver, "r", prompt,
                                             outs[0].output_token_ids[0], sent, max_tokens,
                                             digest)
         assert toks == ref
         assert receiver.num_corrupt == int(corrupt)
+        assert KV_CHECKSUM_FAILURES._value.get() - failures == int(corrupt)
         if corrupt:       # the checked step was undone; the prompt + first token computed
             assert steps[0][0] == [1] and steps[1] == ([PROMPT_LEN + 1], [])
             receiver.release("r")                # as the decode worker does at the end

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from pymooncake.engine.hooks import KVLoadError, NullHooks, StepContext
+from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
 from pymooncake.rpc.messages import KVTarget
 from pymooncake.store.tiers.dram_segment import OffsetAllocator
@@ -41,6 +42,11 @@ if TYPE_CHECKING:
     from pymooncake.transfer import TransferEngine
 
 logger = init_logger(__name__)
+
+KV_CHECKSUM_FAILURES = metrics.counter(
+    "pymooncake_decode_kv_checksum_failures_total",
+    "P->D transfers whose received KV failed the sender's checksum (each recomputed its "
+    "prompt on the decode worker)")
 
 COOL_S = 10.0
 """A receive buffer freed before its KV was ready (an abort, a failed or re-placed prefill)
@@ -214,6 +220,7 @@ class KVReceiver(NullHooks):
                 # writer landed after the space was reused): this step is undone and the
                 # request recomputes its prompt; the buffer cools before reuse
                 self.num_corrupt += 1
+                KV_CHECKSUM_FAILURES.inc()
                 slot.ready = False
                 logger.warning("request %s: received KV fails its checksum; recomputing "
                                "the prompt", ld.request_id)
