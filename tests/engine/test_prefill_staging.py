@@ -1,5 +1,5 @@
 """The prefill worker's Store staging buffer: 2k tokens of KV at least, up to 8k tokens
-within 32 MiB (``engine.worker.prefill.staging_blocks``; hand-computed sizes)."""
+within 32 MiB (``engine.worker.config.staging_blocks``; hand-computed sizes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 
 
 def test_staging_holds_a_burst_of_small_blocks_and_2k_tokens_of_large_ones():
-    from pymooncake.engine.worker.prefill import staging_blocks
+    from pymooncake.engine.worker.config import staging_blocks
 
     tiny = 16 * 4 * 2 * 2 * 32 * 4          # 16 tokens x 4 layers x K/V x 2 heads x 32 x fp32
     assert tiny == 32 * 1024

@@ -182,10 +182,10 @@ class KVReceiver(NullHooks):
 
         slot = self._slots[request_id]
         k = self.kv
-        plane = slot.num_reserved * k.block_nbytes_per_layer // 2 // k.num_kv_heads
-        used = slot.num_blocks * k.block_nbytes_per_layer // 2 // k.num_kv_heads
+        plane = slot.num_reserved * k.run_nbytes
+        used = slot.num_blocks * k.run_nbytes
         h = xxhash.xxh3_64()
-        for i in range(k.num_layers * 2 * k.num_kv_heads):
+        for i in range(k.num_planes):
             start = slot.offset + i * plane
             h.update(self._arena[start:start + used])
         return h.intdigest()

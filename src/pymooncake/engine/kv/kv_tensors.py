@@ -39,6 +39,17 @@ class KVTensors:
         """Per layer ``[2, kv_heads, num_blocks, block_size, head_dim]`` views (K, V)."""
 
     @property
+    def run_nbytes(self) -> int:
+        """Bytes of one block's run in one (layer, K/V, KV head) plane:
+        ``block_size x head_dim`` elements, contiguous."""
+        return self.block_size * self.head_dim * self.buffer.element_size()
+
+    @property
+    def num_planes(self) -> int:
+        """(layer, K/V, KV head) planes: ``num_layers x 2 x num_kv_heads``."""
+        return self.num_layers * 2 * self.num_kv_heads
+
+    @property
     def block_nbytes_per_layer(self) -> int:
         """Bytes of one block's K plus V in one layer."""
         return 2 * self.block_size * self.num_kv_heads * self.head_dim * self.buffer.element_size()
@@ -52,7 +63,7 @@ class KVTensors:
         """(byte offset in ``buffer``, length in bytes) of each KV head's run of block
         ``block_id``'s K (kind 0) or V (kind 1) in ``layer``: where a transfer reads or
         writes it (one region per KV head)."""
-        run = self.block_size * self.head_dim * self.buffer.element_size()
+        run = self.run_nbytes
         out = []
         for h in range(self.num_kv_heads):
             index = ((layer * 2 + kind) * self.num_kv_heads + h) * self.num_blocks + block_id

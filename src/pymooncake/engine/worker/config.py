@@ -156,6 +156,22 @@ def engine_config(c: WorkerConfig, role: str) -> Any:
                         **({} if budget is None else {"max_num_batched_tokens": budget}))
 
 
+STAGING_MIN_TOKENS = 2048
+STAGING_MAX_TOKENS = 8192
+STAGING_BYTES = 32 << 20
+
+
+def staging_blocks(block_size: int, block_nbytes: int) -> int:
+    """Block slots of a prefill worker's Store staging buffer: ``STAGING_MIN_TOKENS`` of
+    KV (a 2k-token prefix is read from the Store layer group by layer group; at least 64
+    blocks), more up to ``STAGING_MAX_TOKENS`` while they fit in ``STAGING_BYTES``, for the
+    puts of a burst of prompts (they take at most half; the rest are copied twice: issue
+    16). Tiny model: 512 blocks, 16 MiB; SmolLM2-135M: 128 blocks."""
+    lo = max(64, -(-STAGING_MIN_TOKENS // block_size))
+    hi = -(-STAGING_MAX_TOKENS // block_size)
+    return max(lo, min(hi, STAGING_BYTES // block_nbytes))
+
+
 def worker_sizing(c: WorkerConfig, kv_bytes_per_token: int, num_kv_blocks: int) -> Any:
     """The worker's ``KVSizing`` for a model of ``kv_bytes_per_token`` (pure)."""
     from pymooncake.engine.config import size_kv

@@ -7,7 +7,7 @@ included — into the decode worker's receive buffer (``kv_sender.KVSender``, Tr
 Engine WRITEs straight from the paged KV memory) and put the new full blocks into the
 Store. Mooncake FAST'25 §3.1, DESIGN.md §1.
 
-The P→D write is layer-wise by default (``kv_sender.LayerwiseKVSender``: layer ``i`` of
+The P→D write is layer-wise by default (``kv_layerwise.LayerwiseKVSender``: layer ``i`` of
 the step's new full blocks, and of the partial last block in the prompt's last step, is
 submitted right after layer ``i``'s compute, the step waits for its writes at its end);
 ``WorkerConfig.layerwise_kv=False`` ships all layers in one batch right after the prefill
@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pymooncake.engine.hooks import NullHooks, StepContext
+from pymooncake.engine.kv_layerwise import LayerwiseKVSender
 from pymooncake.engine.kv_loader import StoreKVLoader
-from pymooncake.engine.kv_sender import KVSender, LayerwiseKVSender
+from pymooncake.engine.kv_sender import KVSender
 from pymooncake.engine.worker.base import PREFILL_TOKENS, EngineWorker, to_sampling_params
+from pymooncake.engine.worker.config import staging_blocks
 from pymooncake.engine.worker.poster import set_exception_if_pending, set_result_if_pending
 from pymooncake.engine.worker.stages import StageClock
 from pymooncake.engine.worker.store_puts import StorePuts, stale_store_blocks
@@ -67,20 +69,6 @@ class _Pending:
     future: asyncio.Future[PrefillResult]
     start_s: float = field(default_factory=time.monotonic)
     target: KVTarget | None = None
-
-
-STAGING_MIN_TOKENS = 2048
-STAGING_MAX_TOKENS = 8192
-STAGING_BYTES = 32 << 20
-
-
-def staging_blocks(block_size: int, block_nbytes: int) -> int:
-    """Block slots of a prefill worker's Store staging buffer: ``STAGING_MIN_TOKENS`` of
-    KV (at least 64 blocks), more up to ``STAGING_MAX_TOKENS`` while they fit in
-    ``STAGING_BYTES`` (tiny model: 512 blocks, 16 MiB; SmolLM2-135M: 128 blocks)."""
-    lo = max(64, -(-STAGING_MIN_TOKENS // block_size))
-    hi = -(-STAGING_MAX_TOKENS // block_size)
-    return max(lo, min(hi, STAGING_BYTES // block_nbytes))
 
 
 class PrefillWorker(EngineWorker):
@@ -124,9 +112,6 @@ class PrefillWorker(EngineWorker):
             self.store = StoreClient(c.master, c.metadata_url, local_hostname=c.host,
                                      global_segment_size=self.sizing.global_segment_size_bytes,
                                      transfer_engine=self.transfer).start()
-            # staging for a 2k-token prefix (its blocks are read layer group by layer
-            # group) and the puts of a burst of prompts: up to 8k tokens within 32 MiB
-            # (puts take at most half of it; the rest are copied twice: issue 16)
             self.loader = StoreKVLoader(self.store, self.engine.kv,
                                         self.engine.namespace.digest(),
                                         staging_blocks=staging_blocks(
