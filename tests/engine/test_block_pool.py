@@ -44,6 +44,22 @@ def test_lru_reuse_order_and_events() -> None:
     pool.check_integrity()
 
 
+def test_new_blocks_come_in_ascending_ids_so_a_freed_request_is_one_run_again() -> None:
+    pool = BlockPool(8)
+    first = pool.get_new_blocks(5)
+    assert [b.block_id for b in first] == [0, 1, 2, 3, 4]
+    for i, b in enumerate(first):
+        pool.cache_block(b, f"k{i}", (i,))
+    pool.free_blocks(reversed(first))   # tail first, as KVCacheManager.free does
+    # LRU order of the free queue is now 5, 6, 7 (never used), then 4, 3, 2, 1, 0
+    got = pool.get_new_blocks(6)
+    assert {b.block_id for b in got} == {5, 6, 7, 4, 3, 2}   # the LRU's choice, unchanged
+    assert [b.block_id for b in got] == [2, 3, 4, 5, 6, 7]   # ...handed out in id order
+    assert pool.take_events() == [BlockStored((f"k{i}",)) for i in range(5)] + \
+        [BlockRemoved(("k4", "k3", "k2"))]
+    pool.check_integrity()
+
+
 def test_touch_takes_cached_block_off_the_free_queue() -> None:
     pool = BlockPool(2)
     (a,) = pool.get_new_blocks(1)

@@ -55,6 +55,10 @@ class BlockRemoved:
 KVEvent = BlockStored | BlockRemoved
 
 
+def _block_id(block: KVBlock) -> int:
+    return block.block_id
+
+
 class BlockPool:
     """``num_blocks`` blocks; allocation pops the least recently freed block first.
 
@@ -105,6 +109,12 @@ class BlockPool:
     def get_new_blocks(self, num_blocks: int) -> list[KVBlock]:
         """Pop ``num_blocks`` free blocks (LRU first), evicting their keys; ref_cnt = 1.
 
+        The blocks come back in ascending ``block_id`` order: which ones are taken is the
+        LRU's choice, the order among them is free, and ascending ids make a request's
+        blocks consecutive runs again after a request's blocks were freed tail first
+        (``free_blocks``) — a run is one transfer request per KV plane where each block
+        would be one (``kv_sender``, the Store's ``block_regions``).
+
         Raises ``ValueError`` if fewer are free (callers check ``num_free_blocks`` first).
         """
         if num_blocks > len(self._free):
@@ -122,6 +132,7 @@ class BlockPool:
             out.append(block)
         if evicted:
             self._events.append(BlockRemoved(tuple(evicted)))
+        out.sort(key=_block_id)
         return out
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
