@@ -110,6 +110,13 @@ def test_kv_loader_puts_blocks_from_staging_slots(cluster_factory) -> None:
     keys = [str(k) for k in req.block_keys[:3]]
     assert writer.put_blocks(keys, staged) == keys
     assert len(writer._free_slots) == 8  # given back
+    assert writer.num_put_blocks == 3
+    # put again: the master's put_start answers OBJECT_ALREADY_EXISTS in the same round
+    # trip, so the keys count as held, nothing is written, and no batch_exist is asked
+    writer.store.batch_exist = None    # calling it would raise TypeError
+    again = writer.stage_for_put(ids)
+    assert writer.put_blocks(keys, again) == keys
+    assert writer.num_put_blocks == 3 and len(writer._free_slots) == 8
     reader = StoreKVLoader(cl.client(), eng.kv, ns)
     assert _matched(reader, req) == 3 * eng.kv.block_size
     for got, w in zip(_views(reader, "r"), want, strict=True):

@@ -40,6 +40,7 @@ from pymooncake.engine.hooks import KVLoadError, NullHooks, StepContext
 from pymooncake.engine.kv_fetch import BlockFetch, StoreFetcher
 from pymooncake.engine.kv_pacing import LOAD_SHARE, LoadPacer
 from pymooncake.obs.logging import init_logger
+from pymooncake.store.errors import ErrorCode
 
 if TYPE_CHECKING:
     from pymooncake.engine.kv.kv_tensors import KVTensors
@@ -341,33 +342,43 @@ class StoreKVLoader(NullHooks):
 
     def _put_blocks(self, block_keys: Sequence[str],
                     block_bytes: Sequence[bytes | torch.Tensor | StagedBlock]) -> list[str]:
+        # No ``batch_exist`` first: ``put_start`` answers OBJECT_ALREADY_EXISTS for a key
+        # the Store holds (or is being written), in the same round trip, and moves nothing
+        # for it; such keys count as held.
         if not block_keys:
             return []
         skeys = [store_key(self.ns, k) for k in block_keys]
-        try:
-            exists = self.store.batch_exist(skeys)
-        except Exception as e:  # noqa: BLE001
-            logger.warning("store exist failed: %s", e)
-            return []
-        held = [block_keys[i] for i, x in enumerate(exists) if x is True]
-        todo = [i for i, x in enumerate(exists) if x is not True]
-        if not todo:
-            return held
         nb = self.kv.block_nbytes
-        from_slots = [i for i in todo if isinstance(block_bytes[i], StagedBlock)]
-        others = [i for i in todo if not isinstance(block_bytes[i], StagedBlock)]
+        idx = range(len(block_keys))
+        from_slots = [i for i in idx if isinstance(block_bytes[i], StagedBlock)]
+        others = [i for i in idx if not isinstance(block_bytes[i], StagedBlock)]
+        held: list[str] = []
         stored: list[str] = []
-        if from_slots:
-            errs = self.store.batch_put_from(
-                [skeys[i] for i in from_slots],
-                [self._staging_addr + block_bytes[i].slot * nb for i in from_slots],  # type: ignore[union-attr]
-                [nb] * len(from_slots))
-            stored += [block_keys[i] for i, e in zip(from_slots, errs, strict=True) if e is None]
-        if others:
-            values = [block_bytes[i] for i in others]
-            values = [v.view(torch.uint8).reshape(-1).numpy() if isinstance(v, torch.Tensor)
-                      else v for v in values]
-            errs = self.store.batch_put([skeys[i] for i in others], values)
-            stored += [block_keys[i] for i, e in zip(others, errs, strict=True) if e is None]
+        try:
+            if from_slots:
+                errs = self.store.batch_put_from(
+                    [skeys[i] for i in from_slots],
+                    [self._staging_addr + block_bytes[i].slot * nb for i in from_slots],  # type: ignore[union-attr]
+                    [nb] * len(from_slots))
+                _sort_puts(block_keys, from_slots, errs, stored, held)
+            if others:
+                values = [block_bytes[i] for i in others]
+                values = [v.view(torch.uint8).reshape(-1).numpy()
+                          if isinstance(v, torch.Tensor) else v for v in values]
+                errs = self.store.batch_put([skeys[i] for i in others], values)
+                _sort_puts(block_keys, others, errs, stored, held)
+        except Exception as e:  # noqa: BLE001 - master unreachable: only reuse is lost
+            logger.warning("store put failed: %s", e)
         self.num_put_blocks += len(stored)
         return held + stored
+
+
+def _sort_puts(keys: Sequence[str], idx: Sequence[int], errs: Sequence[object],
+               stored: list[str], held: list[str]) -> None:
+    """Sort one ``batch_put*`` answer: ``None`` → ``stored``; OBJECT_ALREADY_EXISTS (the
+    Store has the key already) → ``held``; other errors (no space, a failed write) → neither."""
+    for i, e in zip(idx, errs, strict=True):
+        if e is None:
+            stored.append(keys[i])
+        elif getattr(e, "code", None) == ErrorCode.OBJECT_ALREADY_EXISTS:
+            held.append(keys[i])
