@@ -108,16 +108,52 @@ def test_kv_loader_puts_blocks_from_staging_slots(cluster_factory) -> None:
     writer.discard_staged([*dup, *big])  # not put (a duplicate key): its slot comes back
     assert len(writer._free_slots) == 5
     keys = [str(k) for k in req.block_keys[:3]]
+    asked: list[list[str]] = []
+    exist = writer.store.batch_exist
+    writer.store.batch_exist = lambda ks: (asked.append(list(ks)), exist(ks))[1]
     assert writer.put_blocks(keys, staged) == keys
     assert len(writer._free_slots) == 8  # given back
     assert writer.num_put_blocks == 3
-    # put again: the master's put_start answers OBJECT_ALREADY_EXISTS in the same round
-    # trip, so the keys count as held, nothing is written, and no batch_exist is asked
-    writer.store.batch_exist = None    # calling it would raise TypeError
+    assert asked == []      # new keys: one put round trip, no exist
+    # put again: put_start answers OBJECT_ALREADY_EXISTS, nothing is written, and only
+    # those keys are asked with batch_exist, which says the Store holds them
     again = writer.stage_for_put(ids)
     assert writer.put_blocks(keys, again) == keys
+    assert asked == [[f"kv/{ns[:16]}/{k}" for k in keys]]
     assert writer.num_put_blocks == 3 and len(writer._free_slots) == 8
     reader = StoreKVLoader(cl.client(), eng.kv, ns)
     assert _matched(reader, req) == 3 * eng.kv.block_size
     for got, w in zip(_views(reader, "r"), want, strict=True):
         assert torch.equal(got, w)
+
+
+def test_put_blocks_counts_as_held_only_what_the_store_holds(cluster_factory) -> None:
+    """A key ``put_start`` refuses as existing is held only if ``batch_exist`` agrees: not
+    while another client is still writing it (that write may yet fail), and not when its
+    only replica lies on a segment this client knows has failed (docs/store.md, "exist
+    agrees with get")."""
+    from pymooncake.engine import Engine, EngineConfig
+    from pymooncake.engine.kv_loader import StoreKVLoader, store_key
+
+    from .procs import MiB
+
+    cl = cluster_factory()
+    cl.store_server(32 * MiB)
+    eng = Engine.from_model_name("tiny", EngineConfig(num_kv_blocks=32))
+    ns = eng.namespace.digest()
+    nb = eng.kv.block_nbytes
+    writer = StoreKVLoader(cl.client(), eng.kv, ns, staging_blocks=8)
+    # another client has started a write of "a" and not finished it
+    other = cl.client()
+    h = other.put_start(store_key(ns, "a"), nb)
+    assert writer.put_blocks(["a", "b"], writer.stage_for_put([1, 2])) == ["b"]
+    other.put_revoke(store_key(ns, "a"), h.generation)   # ...and it fails after all
+    assert writer.store.batch_exist([store_key(ns, "a")]) == [False]
+    assert writer.put_blocks(["a"], writer.stage_for_put([1])) == ["a"]  # now put for real
+    # the Store holds "b", but only on a segment this client has seen fail
+    (seg,) = {r.segment for r in writer.store.replica_list(store_key(ns, "b")).replicas}
+    writer.store._bad[seg] = writer.store._clock() + 60.0
+    assert writer.put_blocks(["b"], writer.stage_for_put([2])) == []
+    writer.store._bad.clear()
+    assert writer.put_blocks(["b"], writer.stage_for_put([2])) == ["b"]
+    assert writer.num_put_blocks == 2 and len(writer._free_slots) == 8

@@ -342,9 +342,12 @@ class StoreKVLoader(NullHooks):
 
     def _put_blocks(self, block_keys: Sequence[str],
                     block_bytes: Sequence[bytes | torch.Tensor | StagedBlock]) -> list[str]:
-        # No ``batch_exist`` first: ``put_start`` answers OBJECT_ALREADY_EXISTS for a key
-        # the Store holds (or is being written), in the same round trip, and moves nothing
-        # for it; such keys count as held.
+        # Put first: ``put_start`` refuses a key the Store already has with
+        # OBJECT_ALREADY_EXISTS in the same round trip and writes nothing for it. Only
+        # those keys are then asked with ``batch_exist``, which says whether the Store
+        # really holds them: a write still in progress (another client's, which may
+        # yet fail) or replicas only on a segment this client knows is bad are not held
+        # (docs/store.md, "exist agrees with get"), and it refreshes the held ones' LRU.
         if not block_keys:
             return []
         skeys = [store_key(self.ns, k) for k in block_keys]
@@ -352,21 +355,26 @@ class StoreKVLoader(NullHooks):
         idx = range(len(block_keys))
         from_slots = [i for i in idx if isinstance(block_bytes[i], StagedBlock)]
         others = [i for i in idx if not isinstance(block_bytes[i], StagedBlock)]
-        held: list[str] = []
         stored: list[str] = []
+        held: list[str] = []
+        exists: list[int] = []   # indices put_start refused as OBJECT_ALREADY_EXISTS
         try:
             if from_slots:
                 errs = self.store.batch_put_from(
                     [skeys[i] for i in from_slots],
                     [self._staging_addr + block_bytes[i].slot * nb for i in from_slots],  # type: ignore[union-attr]
                     [nb] * len(from_slots))
-                _sort_puts(block_keys, from_slots, errs, stored, held)
+                _sort_puts(block_keys, from_slots, errs, stored, exists)
             if others:
                 values = [block_bytes[i] for i in others]
                 values = [v.view(torch.uint8).reshape(-1).numpy()
                           if isinstance(v, torch.Tensor) else v for v in values]
                 errs = self.store.batch_put([skeys[i] for i in others], values)
-                _sort_puts(block_keys, others, errs, stored, held)
+                _sort_puts(block_keys, others, errs, stored, exists)
+            if exists:
+                answers = self.store.batch_exist([skeys[i] for i in exists])
+                held = [block_keys[i] for i, x in zip(exists, answers, strict=True)
+                        if x is True]
         except Exception as e:  # noqa: BLE001 - master unreachable: only reuse is lost
             logger.warning("store put failed: %s", e)
         self.num_put_blocks += len(stored)
@@ -374,11 +382,12 @@ class StoreKVLoader(NullHooks):
 
 
 def _sort_puts(keys: Sequence[str], idx: Sequence[int], errs: Sequence[object],
-               stored: list[str], held: list[str]) -> None:
-    """Sort one ``batch_put*`` answer: ``None`` → ``stored``; OBJECT_ALREADY_EXISTS (the
-    Store has the key already) → ``held``; other errors (no space, a failed write) → neither."""
+               stored: list[str], exists: list[int]) -> None:
+    """Sort one ``batch_put*`` answer: ``None`` → ``stored`` (the key); OBJECT_ALREADY_EXISTS
+    → ``exists`` (the index: held or not, ``batch_exist`` tells); other errors (no space,
+    a failed write) → neither."""
     for i, e in zip(idx, errs, strict=True):
         if e is None:
             stored.append(keys[i])
         elif getattr(e, "code", None) == ErrorCode.OBJECT_ALREADY_EXISTS:
-            held.append(keys[i])
+            exists.append(i)

@@ -4,8 +4,9 @@ The engine thread copies a finished prompt's new full blocks out of the paged ca
 the loader's registered staging slots and queues them here (``put``); one thread writes
 them to the Store (``StoreKVLoader.put_blocks``). A put waits while the engine has prompts
 to compute (its RPCs and copies would take CPU and the GIL from them), but never longer
-than ``PUT_DEFER_MAX_S``; what queued up meanwhile goes in the same batch (one exist + one
-put round trip to the master for a whole burst of prefills). The wait sleeps until the
+than ``PUT_DEFER_MAX_S``; what queued up meanwhile goes in the same batch (one put round
+trip to the master for a whole burst of prefills, plus an exist for the keys the Store
+already had: ``StoreKVLoader.put_blocks``). The wait sleeps until the
 engine thread says it has nothing left to compute (``idle``) — it does not poll (a 5 ms
 poll woke the thread 200 times a second while the engine computed, issue 16).
 """
