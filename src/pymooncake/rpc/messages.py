@@ -239,12 +239,12 @@ class PrefillResult(Message):
     finish_reason: str | None = None
     """``"stop"`` when the first token already ends the request (EOS)."""
     stages: tuple[tuple[str, float, float], ...] = ()
+    """``(stage, start, end)`` windows the prefill worker measured (unix seconds):
+    ``queue``, ``store_lookup``, ``cache_load``, ``prefill``, ``p2d_transfer``."""
     kv_digest: int | None = None
     """XXH3-64 (unsigned) of the ``num_sent_blocks`` blocks as they lie in the receive
     buffer (``KVSender.digest``), taken from the prefill's paged cache; None when not
     known (nothing sent, or the last block went before the prompt's end was known)."""
-    """``(stage, start, end)`` windows the prefill worker measured (unix seconds):
-    ``queue``, ``store_lookup``, ``cache_load``, ``prefill``, ``p2d_transfer``."""
 
 
 class TokenFrame(Message):
