@@ -53,3 +53,22 @@ def test_a_prefill_worker_computes_a_prompt_up_to_its_budget_in_one_step() -> No
     # a prompt past the budget is still chunked, at the budget: ceil(2047 / 1024) = 2
     assert _steps_to_prefill(_cfg("prefill"), 2047) == 1
     assert _steps_to_prefill(_cfg("prefill", max_num_batched_tokens=1024), 2047) == 2
+
+
+def test_a_requests_own_chunk_cap_holds_until_it_is_cleared() -> None:
+    """``Request.max_chunk_tokens`` (a prefill worker sets it while a prompt's KV target is
+    on its way): 1,300 tokens at a 2,048 chunk: capped at 512, two steps compute 512 each;
+    the cap cleared, the next step computes the other 276 and finishes the prefill."""
+    eng = Engine.from_model_name("tiny", EngineConfig(
+        num_kv_blocks=256, max_model_len=2048, enable_prefix_caching=False,
+        prefill_chunk_tokens=2048, max_num_seqs=1))
+    rid = eng.add_request([3 + i % 200 for i in range(1300)],
+                          SamplingParams(max_tokens=1, temperature=0.0))
+    req = eng.requests[rid]
+    req.max_chunk_tokens = 512
+    eng.step()
+    assert req.num_computed_tokens == 512
+    eng.step()
+    assert req.num_computed_tokens == 1024          # still capped
+    req.max_chunk_tokens = None
+    assert eng.step() and not eng.has_unfinished()  # the other 276 tokens, finished

@@ -127,7 +127,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="token budget of one engine step (default: one 512-token prefill "
                         "chunk per step when colocated, so decodes are not held up by "
-                        "several prompts; 2048 for prefill/decode workers)")
+                        "several prompts; 2048 for prefill/decode workers). A prefill "
+                        "worker with --prefill-batch 1 also takes a prompt in chunks of "
+                        "this size")
     p.add_argument("--decode-step-tokens", type=int, default=None, metavar="N",
                    help="while requests decode, a step computes at most N tokens (their "
                         "decodes and a prefill chunk): lower TBT, a step without decodes "

@@ -59,6 +59,10 @@ class Request:
         self.num_external_tokens = 0
         """Of the computed tokens, those loaded from an external source in this step."""
         self.allow_external_load = True
+        self.max_chunk_tokens: int | None = None
+        """This request's prefill chunk per step at most, below the engine's
+        ``prefill_chunk_tokens`` (None: that alone). A prefill worker caps a prompt whose
+        KV target has not arrived yet, so the target can join between its chunks."""
         self.num_preemptions = 0
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None

@@ -128,9 +128,12 @@ class Scheduler:
         self.waiting.appendleft(req)
         out.preempted.append(req)
 
-    def _chunk(self, num_tokens: int, budget: int) -> int:
+    def _chunk(self, req: Request, num_tokens: int, budget: int) -> int:
         if self.config.enable_chunked_prefill:
-            return min(num_tokens, budget, self.config.prefill_chunk_tokens)
+            cap = self.config.prefill_chunk_tokens
+            if req.max_chunk_tokens is not None:
+                cap = min(cap, req.max_chunk_tokens)
+            return min(num_tokens, budget, cap)
         return num_tokens if num_tokens <= budget else 0
 
     def schedule(self) -> SchedulerOutput:
@@ -166,7 +169,7 @@ class Scheduler:
             if req.status != RequestStatus.RUNNING:
                 continue    # preempted earlier in this step
             left = req.num_tokens - req.num_computed_tokens
-            n = self._chunk(left, step.room(left, req.num_computed_tokens))
+            n = self._chunk(req, left, step.room(left, req.num_computed_tokens))
             if n <= 0:
                 continue
             while self.kv.allocate_slots(req, n) is None:
@@ -300,7 +303,7 @@ class Scheduler:
                 num_ext = ((req.num_tokens - 1) // bs) * bs - num_local
             num_ext = max(0, num_ext)
         left = req.num_tokens - num_local - num_ext
-        n = self._chunk(left, step.room(left, num_local + num_ext))
+        n = self._chunk(req, left, step.room(left, num_local + num_ext))
         if n <= 0:
             return False
         new_blocks = self.kv.allocate_slots(req, n, computed_blocks, num_ext)

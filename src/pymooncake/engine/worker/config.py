@@ -40,9 +40,10 @@ class WorkerConfig:
     running decode batch waits for at most one chunk's compute between its tokens (with
     SmolLM2 on one core, 2048 prompt tokens in one step made every TBT ~6 s); prefill and
     decode roles keep ``EngineConfig``'s 2048 (a prefill worker computes one prompt at a
-    time, a decode worker has no prompts). A prefill worker's chunk of one prompt is this
-    budget too (not ``EngineConfig.prefill_chunk_tokens``): a prompt up to the budget is
-    one step, with the fixed cost of one step."""
+    time, a decode worker has no prompts). With ``prefill_batch`` 1, a prefill worker's chunk
+    of one prompt is this budget too (not ``EngineConfig.prefill_chunk_tokens``): a prompt up
+    to the budget is one step, with the fixed cost of one step (while its KV target is still
+    on its way, its chunks are ``prefill.TARGET_WAIT_CHUNK_TOKENS``)."""
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
     dtype: str = "float32"
@@ -146,11 +147,12 @@ def engine_config(c: WorkerConfig, role: str) -> Any:
     budget = c.max_num_batched_tokens
     if budget is None and role == "colocated":
         budget = EngineConfig().prefill_chunk_tokens
-    # a prefill worker has no decodes to protect and (prefill_batch 1) no other prompt to
-    # let in between chunks: a chunk shorter than its step budget only adds steps, each
-    # with its fixed cost (the per-layer hooks, a new oneDNN shape for the tail)
+    # a prefill worker of one prompt at a time (prefill_batch 1) has no decodes to protect
+    # and no other prompt to let in between chunks: a chunk shorter than its step budget
+    # only adds steps, each with its fixed cost (the per-layer hooks, a new oneDNN shape
+    # for the tail). With prefill_batch > 1 the prompts share steps in 512-token chunks.
     chunk = ({"prefill_chunk_tokens": budget or EngineConfig().max_num_batched_tokens}
-             if role == "prefill" else {})
+             if role == "prefill" and c.prefill_batch == 1 else {})
     return EngineConfig(block_size=c.block_size, num_kv_blocks=blocks,
                         max_num_seqs=max_seqs, max_model_len=c.max_model_len,
                         waiting_order=c.prefill_order if role != "decode" else "fcfs",

@@ -45,6 +45,11 @@ Stages = tuple[tuple[str, float, float], ...]
 PARKED_MAX_S = 30.0
 """Longest a finished ``target_follows`` prefill waits for its ``SetTarget`` before it
 fails (the Conductor sends one or aborts the request; this bounds a lost message)."""
+TARGET_WAIT_CHUNK_TOKENS = 512
+"""Prefill chunk of a ``target_follows`` prompt while its ``KVTarget`` has not arrived
+(tokens; ``Request.max_chunk_tokens``). The target comes a decode admission round trip
+after the prompt (~3 ms), well within one such chunk; from then on the prompt's chunks are
+the step budget (``engine_config``: a prefill worker's chunk is its budget)."""
 
 
 class BlockTables(NullHooks):
@@ -171,6 +176,13 @@ class PrefillWorker(EngineWorker):
             except ValueError as e:
                 self._forget(task.request_id)
                 raise RpcError("INVALID_REQUEST", str(e)) from None
+            if task.target_follows and task.target is None and self.layerwise is not None:
+                # its KVTarget is on its way (the decode admission runs meanwhile): chunks
+                # of TARGET_WAIT_CHUNK_TOKENS until it is here, so the layers after the
+                # first chunk are written as they are computed (a whole prompt done in one
+                # step before it came would be parked and shipped in one batch after)
+                self.engine.requests[task.request_id].max_chunk_tokens = (
+                    TARGET_WAIT_CHUNK_TOKENS)
             self._pending[task.request_id] = _Pending(task, fut, target=task.target)
 
         await self.on_engine(add)
@@ -200,6 +212,9 @@ class PrefillWorker(EngineWorker):
             p.target = msg.target
             if self.layerwise is not None:
                 self.layerwise.add(msg.request_id, msg.target, len(p.task.prompt_token_ids))
+            req = self.engine.requests.get(msg.request_id)
+            if req is not None:     # the rest of the prompt in the step budget's chunks
+                req.max_chunk_tokens = None
             return True
         return await self.on_engine(apply)
 
