@@ -254,30 +254,24 @@ def test_decode_checks_the_received_kv_against_the_senders_digest(corrupt):
         te.close()
 
 
-def test_one_batch_ship_sends_the_partial_block_and_a_parked_prefill_full_blocks_only():
-    """``PrefillWorker`` with layer-wise writes off (as a CPP instance runs): a prefill
-    whose ``KVTarget`` is set when it ends ships all 3 blocks right after it (the partial
-    one from the step that just ended) and the decode side computes 1 token; a
-    ``target_follows`` prefill that ended before its ``SetTarget`` (parked) ships from the
-    prefix cache, so the 2 full blocks only, and the decode side computes the 44-token
-    tail with the first token (45). Both give one colocated engine's greedy tokens."""
+def _set_and_parked(w, seeds: tuple[int, int], max_tokens: int):
+    """Run ``PrefillWorker`` ``w`` on its own engine thread with two prompts of PROMPT_LEN
+    tokens: "set", whose ``KVTarget`` comes with it, then "parked", a ``target_follows``
+    prompt whose ``SetTarget`` is sent once it is parked; a decode engine (block size BS)
+    then decodes each from what was shipped. Returns per request its ``PrefillResult``,
+    the ``_decode_after_pd`` triple and its steps on ``w``'s engine (tokens per step), and
+    the reference (one colocated engine's greedy tokens)."""
     import asyncio
     import threading
 
     from pymooncake.engine import Engine, EngineConfig
     from pymooncake.engine.kv_receiver import KVReceiver
-    from pymooncake.engine.worker.base import WorkerConfig
-    from pymooncake.engine.worker.prefill import PrefillWorker
     from pymooncake.rpc.messages import PrefillTask, SamplingOptions, SetTarget
 
     prompts = {rid: [random.Random(seed).randrange(256) for _ in range(PROMPT_LEN)]
-               for rid, seed in (("set", 11), ("parked", 12))}
-    max_tokens = 6
+               for rid, seed in zip(("set", "parked"), seeds, strict=True)}
     refs = {rid: _reference(p, max_tokens) for rid, p in prompts.items()}
     greedy = SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    w = PrefillWorker(WorkerConfig(
-        "ptail", "prefill", "127.0.0.1:1", metadata_url="embedded://ptail",
-        num_kv_blocks=16, block_size=BS, layerwise_kv=False, startup_profile_tokens=0))
     dec = Engine.from_model_name("tiny", EngineConfig(role="decode", block_size=BS,
                                                       num_kv_blocks=16))
 
@@ -288,16 +282,18 @@ def test_one_batch_ship_sends_the_partial_block_and_a_parked_prefill_full_blocks
         t = threading.Thread(target=w._engine_thread, args=(started, go), daemon=True)
         t.start()
         await started            # start_resources ran on the engine thread
+        pre_steps = _record_steps(w.engine)
         go.set()
         try:
-            assert w.layerwise is None
             receiver = KVReceiver(w.transfer, dec.kv, 8 * dec.kv.block_nbytes)
             dec.scheduler.kv_source = receiver
             dec.runner.hooks.append(receiver)
             targets = {rid: receiver.reserve(rid, 3) for rid in prompts}
-            res = {}
+            res, chunks = {}, {}
             res["set"] = await asyncio.wait_for(w._prefill(PrefillTask(
                 "set", tuple(prompts["set"]), greedy, targets["set"], use_store=False)), 30)
+            chunks["set"] = [n for n, _ in pre_steps]
+            pre_steps.clear()
             call = asyncio.ensure_future(w._prefill(PrefillTask(
                 "parked", tuple(prompts["parked"]), greedy, None, use_store=False,
                 target_follows=True)))
@@ -306,26 +302,44 @@ def test_one_batch_ship_sends_the_partial_block_and_a_parked_prefill_full_blocks
                     break
                 await asyncio.sleep(0.01)
             assert "parked" in w._parked and not call.done()
+            chunks["parked"] = [n for n, _ in pre_steps]
             assert await w._set_target(SetTarget("parked", targets["parked"]))
             res["parked"] = await asyncio.wait_for(call, 30)
             return {rid: (r, _decode_after_pd(dec, receiver, rid, prompts[rid],
                                               r.first_token_id, r.num_sent_blocks,
-                                              max_tokens))
+                                              max_tokens), chunks[rid], refs[rid])
                     for rid, r in res.items()}
         finally:
             w._stop.set()
             await asyncio.to_thread(t.join, 5.0)
             w.close_resources()
 
-    got = asyncio.run(main())
-    r, (toks, steps, _) = got["set"]
+    return asyncio.run(main())
+
+
+def test_one_batch_ship_sends_the_partial_block_and_a_parked_prefill_full_blocks_only():
+    """``PrefillWorker`` with layer-wise writes off (as a CPP instance runs): a prefill
+    whose ``KVTarget`` is set when it ends ships all 3 blocks right after it (the partial
+    one from the step that just ended) and the decode side computes 1 token; a
+    ``target_follows`` prefill that ended before its ``SetTarget`` (parked) ships from the
+    prefix cache, so the 2 full blocks only, and the decode side computes the 44-token
+    tail with the first token (45). Both give one colocated engine's greedy tokens."""
+    from pymooncake.engine.worker.base import WorkerConfig
+    from pymooncake.engine.worker.prefill import PrefillWorker
+
+    w = PrefillWorker(WorkerConfig(
+        "ptail", "prefill", "127.0.0.1:1", metadata_url="embedded://ptail",
+        num_kv_blocks=16, block_size=BS, layerwise_kv=False, startup_profile_tokens=0))
+    got = _set_and_parked(w, (11, 12), 6)
+    assert w.layerwise is None
+    r, (toks, steps, _), _, ref = got["set"]
     assert r.num_sent_blocks == 3
     assert steps[0] == ([1], [(0, PROMPT_LEN, 3, 2)])
-    assert toks == refs["set"]
-    r, (toks, steps, _) = got["parked"]
+    assert toks == ref
+    r, (toks, steps, _), _, ref = got["parked"]
     assert r.num_sent_blocks == 2
     assert steps[0] == ([PROMPT_LEN - 2 * BS + 1], [(0, 2 * BS, 2, 2)])
-    assert toks == refs["parked"]
+    assert toks == ref
 
 
 def test_buffer_freed_before_its_kv_was_ready_is_reused_last():
@@ -365,76 +379,23 @@ def test_prefill_worker_takes_a_prompt_in_one_step_and_a_targetless_one_in_cappe
     ``TARGET_WAIT_CHUNK_TOKENS`` (patched to one 128-token block) while its target has not
     come — here it never comes before the prompt ends, so it is parked and ships its full
     blocks. Both give one colocated engine's greedy tokens."""
-    import asyncio
-    import threading
-
-    from pymooncake.engine import Engine, EngineConfig
-    from pymooncake.engine.kv_receiver import KVReceiver
     from pymooncake.engine.worker import prefill as prefill_mod
     from pymooncake.engine.worker.base import WorkerConfig
     from pymooncake.engine.worker.prefill import PrefillWorker
-    from pymooncake.rpc.messages import PrefillTask, SamplingOptions, SetTarget
 
     monkeypatch.setattr(prefill_mod, "TARGET_WAIT_CHUNK_TOKENS", BS)
-    prompts = {rid: [random.Random(seed).randrange(256) for _ in range(PROMPT_LEN)]
-               for rid, seed in (("set", 21), ("parked", 22))}
-    max_tokens = 5
-    refs = {rid: _reference(p, max_tokens) for rid, p in prompts.items()}
-    greedy = SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     w = PrefillWorker(WorkerConfig(
         "pchunk", "prefill", "127.0.0.1:1", metadata_url="embedded://pchunk",
         num_kv_blocks=16, block_size=BS, startup_profile_tokens=0))
-    dec = Engine.from_model_name("tiny", EngineConfig(role="decode", block_size=BS,
-                                                      num_kv_blocks=16))
-
-    async def main() -> tuple[dict[str, tuple], dict[str, list[list[int]]]]:
-        w.loop = asyncio.get_running_loop()
-        started: asyncio.Future[None] = w.loop.create_future()
-        go = threading.Event()
-        t = threading.Thread(target=w._engine_thread, args=(started, go), daemon=True)
-        t.start()
-        await started
-        assert w.layerwise is not None and w.engine.config.prefill_chunk_tokens == 2048
-        pre_steps = _record_steps(w.engine)
-        go.set()
-        try:
-            receiver = KVReceiver(w.transfer, dec.kv, 8 * dec.kv.block_nbytes)
-            dec.scheduler.kv_source = receiver
-            dec.runner.hooks.append(receiver)
-            targets = {rid: receiver.reserve(rid, 3) for rid in prompts}
-            res, chunks = {}, {}
-            res["set"] = await asyncio.wait_for(w._prefill(PrefillTask(
-                "set", tuple(prompts["set"]), greedy, targets["set"], use_store=False)), 30)
-            chunks["set"] = [n for n, _ in pre_steps]
-            pre_steps.clear()
-            call = asyncio.ensure_future(w._prefill(PrefillTask(
-                "parked", tuple(prompts["parked"]), greedy, None, use_store=False,
-                target_follows=True)))
-            for _ in range(3000):
-                if "parked" in w._parked:
-                    break
-                await asyncio.sleep(0.01)
-            assert "parked" in w._parked and not call.done()
-            chunks["parked"] = [n for n, _ in pre_steps]
-            assert await w._set_target(SetTarget("parked", targets["parked"]))
-            res["parked"] = await asyncio.wait_for(call, 30)
-            return {rid: (r, _decode_after_pd(dec, receiver, rid, prompts[rid],
-                                              r.first_token_id, r.num_sent_blocks,
-                                              max_tokens))
-                    for rid, r in res.items()}, chunks
-        finally:
-            w._stop.set()
-            await asyncio.to_thread(t.join, 5.0)
-            w.close_resources()
-
-    got, chunks = asyncio.run(main())
-    assert chunks["set"] == [[PROMPT_LEN]]                       # one step
-    assert chunks["parked"] == [[BS], [BS], [PROMPT_LEN - 2 * BS]]   # capped chunks
-    r, (toks, steps, _) = got["set"]
-    assert r.num_sent_blocks == 3                                # layer-wise, partial too
+    got = _set_and_parked(w, (21, 22), 5)
+    assert w.layerwise is not None and w.engine.config.prefill_chunk_tokens == 2048
+    r, (toks, steps, _), chunks, ref = got["set"]
+    assert chunks == [[PROMPT_LEN]]                               # one step
+    assert r.num_sent_blocks == 3                                 # layer-wise, partial too
     assert steps[0] == ([1], [(0, PROMPT_LEN, 3, 2)])
-    assert toks == refs["set"]
-    r, (toks, steps, _) = got["parked"]
+    assert toks == ref
+    r, (toks, steps, _), chunks, ref = got["parked"]
+    assert chunks == [[BS], [BS], [PROMPT_LEN - 2 * BS]]          # capped chunks
     assert r.num_sent_blocks == 2
     assert steps[0] == ([PROMPT_LEN - 2 * BS + 1], [(0, 2 * BS, 2, 2)])
-    assert toks == refs["parked"]
+    assert toks == ref

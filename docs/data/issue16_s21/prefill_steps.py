@@ -1,12 +1,16 @@
-"""Prefill CPU for the same prompts: steps of up to BUDGET tokens (several prompts at once)."""
+"""Prefill CPU for the same prompts: steps of up to BUDGET tokens (several prompts at once).
+Usage: prefill_steps.py BUDGET PER [CHUNK]"""
 import random, sys, time
 import torch
 from pymooncake.engine import Engine, EngineConfig
 from pymooncake.engine.sampling import SamplingParams
 budget = int(sys.argv[1]); per = int(sys.argv[2])
+# optional CHUNK (session 22): prefill_chunk_tokens, default the engine's 512
+chunk = {"prefill_chunk_tokens": int(sys.argv[3])} if len(sys.argv) > 3 else {}
 torch.set_num_threads(1)
 eng = Engine.from_model_name("tiny", EngineConfig(num_kv_blocks=4096, max_model_len=8192,
-                             max_num_batched_tokens=budget, enable_prefix_caching=False))
+                             max_num_batched_tokens=budget, enable_prefix_caching=False,
+                             **chunk))
 random.seed(0)
 prompts = [[random.randrange(3, 250) for _ in range(random.randrange(200, 700))] for _ in range(120)]
 def run(ps):
