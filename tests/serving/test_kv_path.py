@@ -373,12 +373,10 @@ def test_buffer_freed_before_its_kv_was_ready_is_reused_last():
 
 def test_prefill_worker_takes_a_prompt_in_one_step_and_a_targetless_one_in_capped_chunks(
         monkeypatch):
-    """``PrefillWorker`` (layer-wise writes on, prefill_batch 1): a prompt whose ``KVTarget``
-    came with it is one engine step (its chunk is the 2,048-token step budget), and the
-    decode side computes 1 token; a ``target_follows`` prompt runs in chunks of
-    ``TARGET_WAIT_CHUNK_TOKENS`` (patched to one 128-token block) while its target has not
-    come — here it never comes before the prompt ends, so it is parked and ships its full
-    blocks. Both give one colocated engine's greedy tokens."""
+    """``PrefillWorker`` (layer-wise writes, prefill_batch 1): a prompt with its ``KVTarget``
+    is one step (chunk = the 2,048-token budget), the decode side computes 1 token; a
+    ``target_follows`` one runs in ``TARGET_WAIT_CHUNK_TOKENS`` chunks (patched to 128) until
+    its target comes — never, here: parked, it ships full blocks. Both match greedy."""
     from pymooncake.engine.worker import prefill as prefill_mod
     from pymooncake.engine.worker.base import WorkerConfig
     from pymooncake.engine.worker.prefill import PrefillWorker

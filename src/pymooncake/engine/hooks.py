@@ -100,3 +100,19 @@ class NullHooks:
 
     def end_step(self, ctx: StepContext, kv: KVTensors) -> None:
         return None
+
+
+class BlockTables(NullHooks):
+    """Engine hook (a prefill worker's one-batch shipping): each request's block ids as of
+    its latest step, so the prompt's partial last block — never in the prefix cache, which
+    keys full blocks only — can be shipped right after the step that ended the request."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, tuple[int, ...]] = {}
+
+    def start_step(self, ctx: StepContext, kv: KVTensors) -> None:
+        for s in ctx.seqs:
+            self.tables[s.request_id] = s.block_ids
+
+    def pop(self, request_id: str) -> tuple[int, ...]:
+        return self.tables.pop(request_id, ())

@@ -46,7 +46,7 @@ def open_metadata(url: str = "embedded://") -> MetadataStore:
 
         return EmbeddedMetadata(url[len("embedded://"):] or "default")
     if url.startswith("http://"):
-        from pymooncake.metadata.http import HttpMetadata
+        from pymooncake.metadata.http_client import HttpMetadata
 
         return HttpMetadata(url)
     if url.startswith("etcd://"):

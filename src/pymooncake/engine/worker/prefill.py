@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pymooncake.engine.hooks import NullHooks, StepContext
+from pymooncake.engine.hooks import BlockTables
 from pymooncake.engine.kv_layerwise import LayerwiseKVSender
 from pymooncake.engine.kv_loader import StoreKVLoader
 from pymooncake.engine.kv_sender import KVSender
@@ -46,26 +46,9 @@ PARKED_MAX_S = 30.0
 """Longest a finished ``target_follows`` prefill waits for its ``SetTarget`` before it
 fails (the Conductor sends one or aborts the request; this bounds a lost message)."""
 TARGET_WAIT_CHUNK_TOKENS = 512
-"""Prefill chunk of a ``target_follows`` prompt while its ``KVTarget`` has not arrived
-(tokens; ``Request.max_chunk_tokens``). The target comes a decode admission round trip
-after the prompt (~3 ms), well within one such chunk; from then on the prompt's chunks are
-the step budget (``engine_config``: a prefill worker's chunk is its budget)."""
-
-
-class BlockTables(NullHooks):
-    """Engine hook (one-batch shipping): each request's block ids as of its latest step, so
-    the prompt's partial last block — never in the prefix cache, which keys full blocks
-    only — can be shipped right after the step that ended the request."""
-
-    def __init__(self) -> None:
-        self.tables: dict[str, tuple[int, ...]] = {}
-
-    def start_step(self, ctx: StepContext, kv: Any) -> None:
-        for s in ctx.seqs:
-            self.tables[s.request_id] = s.block_ids
-
-    def pop(self, request_id: str) -> tuple[int, ...]:
-        return self.tables.pop(request_id, ())
+"""Chunk (tokens; ``Request.max_chunk_tokens``) of a ``target_follows`` prompt until its
+``KVTarget`` comes (a decode admission round trip, ~3 ms): its later layers are then
+written as computed, not parked and shipped after; then chunks of the step budget."""
 
 
 @dataclass(slots=True)
@@ -177,12 +160,8 @@ class PrefillWorker(EngineWorker):
                 self._forget(task.request_id)
                 raise RpcError("INVALID_REQUEST", str(e)) from None
             if task.target_follows and task.target is None and self.layerwise is not None:
-                # its KVTarget is on its way (the decode admission runs meanwhile): chunks
-                # of TARGET_WAIT_CHUNK_TOKENS until it is here, so the layers after the
-                # first chunk are written as they are computed (a whole prompt done in one
-                # step before it came would be parked and shipped in one batch after)
-                self.engine.requests[task.request_id].max_chunk_tokens = (
-                    TARGET_WAIT_CHUNK_TOKENS)
+                req = self.engine.requests[task.request_id]     # (lifted by _set_target)
+                req.max_chunk_tokens = TARGET_WAIT_CHUNK_TOKENS
             self._pending[task.request_id] = _Pending(task, fut, target=task.target)
 
         await self.on_engine(add)
@@ -212,9 +191,8 @@ class PrefillWorker(EngineWorker):
             p.target = msg.target
             if self.layerwise is not None:
                 self.layerwise.add(msg.request_id, msg.target, len(p.task.prompt_token_ids))
-            req = self.engine.requests.get(msg.request_id)
-            if req is not None:     # the rest of the prompt in the step budget's chunks
-                req.max_chunk_tokens = None
+            if (req := self.engine.requests.get(msg.request_id)) is not None:
+                req.max_chunk_tokens = None     # the rest in the step budget's chunks
             return True
         return await self.on_engine(apply)
 
