@@ -12,6 +12,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from urllib.parse import SplitResult, urlsplit
 
 from pymooncake.metadata.base import (
     MAX_TXN_OPS,
@@ -180,3 +181,20 @@ class KvState:
     def next_deadline_s(self) -> float | None:
         """The earliest lease deadline, for a reaper's sleep; ``None`` without leases."""
         return min((lease.deadline_s for lease in self._leases.values()), default=None)
+
+
+def split_backend_url(url: str, scheme: str, example: str, head: str | None = None
+                      ) -> tuple[SplitResult, int | None]:
+    """``urlsplit`` of a metadata backend's ``url`` (of ``head``, its first part, when
+    given) and its port (None when absent). Raises ``ValueError`` naming ``url`` and the
+    expected form ``example`` for a port that is not a number in 0..65535, another scheme
+    than ``scheme``, or no host."""
+    parts = urlsplit(url if head is None else head)
+    try:
+        port = parts.port
+    except ValueError as e:
+        raise ValueError(f"{scheme} metadata url {url!r} has a bad port ({e}); it must look "
+                         f"like {example} with a numeric port") from None
+    if parts.scheme != scheme or not parts.hostname:
+        raise ValueError(f"{scheme} metadata url must look like {example}, got {url!r}")
+    return parts, port

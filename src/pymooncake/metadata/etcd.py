@@ -12,7 +12,6 @@ import contextlib
 import math
 import threading
 from collections.abc import Sequence
-from urllib.parse import urlsplit
 
 from pymooncake.metadata.base import (
     EventKind,
@@ -22,7 +21,7 @@ from pymooncake.metadata.base import (
     MetadataError,
     WatchEvent,
 )
-from pymooncake.metadata.core import check_txn
+from pymooncake.metadata.core import check_txn, split_backend_url
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -85,14 +84,8 @@ class EtcdMetadata:
     """
 
     def __init__(self, url: str, timeout_s: float = 5.0) -> None:
-        parts = urlsplit(url.split(",")[0])
-        try:
-            port = parts.port
-        except ValueError as e:  # a port that is not a number in 0..65535
-            raise ValueError(f"etcd metadata url {url!r} has a bad port ({e}); it must look "
-                             "like etcd://host:port with a numeric port") from None
-        if parts.scheme != "etcd" or not parts.hostname:
-            raise ValueError(f"etcd metadata url must look like etcd://host:port, got {url!r}")
+        parts, port = split_backend_url(url, "etcd", "etcd://host:port",
+                                        head=url.split(",")[0])
         self.url = url
         self.host = parts.hostname
         self.port = port or 2379

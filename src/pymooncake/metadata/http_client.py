@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
-from urllib.parse import urlsplit
 
 import httpx
 import msgpack
@@ -21,7 +20,7 @@ from pymooncake.metadata.base import (
     WatchCompacted,
     WatchEvent,
 )
-from pymooncake.metadata.core import check_txn
+from pymooncake.metadata.core import check_txn, split_backend_url
 from pymooncake.metadata.http import WATCH_POLL_S
 
 
@@ -58,15 +57,7 @@ class HttpMetadata:
     """
 
     def __init__(self, url: str, timeout_s: float = 5.0) -> None:
-        parts = urlsplit(url)
-        try:
-            port = parts.port
-        except ValueError as e:  # a port that is not a number in 0..65535
-            raise ValueError(f"http metadata url {url!r} has a bad port ({e}); it must look "
-                             "like http://host:port/metadata with a numeric port") from None
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"http metadata url must look like http://host:port/metadata, "
-                             f"got {url!r}")
+        parts, port = split_backend_url(url, "http", "http://host:port/metadata")
         self.url = url
         self._base = f"http://{parts.hostname}:{port or 80}"
         self._path = parts.path or "/metadata"
