@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -184,6 +185,58 @@ GEMV gets 16-24 (30 layers' distinct weights, cache-cold: ``/tmp``-free check in
 docs/benchmarks.md, "oneDNN at M = 1")."""
 
 
+ONEDNN_BUCKET_MIN_ROWS = 64
+"""oneDNN GEMMs of more rows than this run on a row count rounded up to a bucket
+(``onednn_rows``); up to it, on their own row count (decode batches: few distinct)."""
+
+
+def onednn_rows(m: int) -> int:
+    """The row count a oneDNN GEMM of ``m`` rows runs on: ``m`` up to
+    ``ONEDNN_BUCKET_MIN_ROWS``, above it ``m`` rounded up to a multiple of 1/32 of the
+    power of two at or above ``m`` (16 buckets an octave, at most 1/16 more rows).
+
+    oneDNN builds, JIT-compiles and caches one primitive per GEMM shape, and a prefill
+    step's row count is its prompt's, different nearly every step: each new count cost a
+    primitive build (about 1.2 ms per weight shape on the tiny model) and ~0.46 MiB that
+    oneDNN's 1,024-entry primitive cache kept (the tiny model's four shapes at 200 new row
+    counts: +371 MiB), and cycling through more shapes than the cache holds rebuilt them
+    again. Buckets bound the shapes to ~16 an octave (docs/benchmarks.md, "Issue 16,
+    session 23")."""
+    if m <= ONEDNN_BUCKET_MIN_ROWS:
+        return m
+    g = 1 << max(0, (m - 1).bit_length() - 5)
+    return -(-m // g) * g
+
+
+def _row_buckets_enabled() -> bool:
+    return os.environ.get("PYMOONCAKE_ONEDNN_ROW_BUCKETS", "1").strip().lower() not in (
+        "0", "false", "no", "off")
+
+
+_PAD = threading.local()
+
+
+def _padded_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` ``[m, k]`` copied into the first ``m`` rows of a ``[rows, k]`` tensor whose
+    other rows are zero (this thread's staging buffer per ``(k, dtype)``, grown to the
+    largest ``rows`` asked and reused; GEMM rows are independent, so the extra rows change
+    no real row's result, and zeros keep stale values, denormal or not finite, out of the
+    GEMM). Nothing returned from a GEMM aliases it."""
+    m, k = x.shape
+    key = (k, x.dtype)
+    bufs = getattr(_PAD, "bufs", None)
+    if bufs is None:
+        bufs = _PAD.bufs = {}
+    buf = bufs.get(key)
+    if buf is None or buf.shape[0] < rows:
+        with torch.inference_mode(False):  # a normal tensor: usable in and out of the mode
+            buf = bufs[key] = torch.zeros(rows, k, dtype=x.dtype)
+    with torch.no_grad():  # never part of an autograd graph
+        buf[:m].copy_(x)
+        buf[m:rows].zero_()
+    return buf[:rows]
+
+
 ONEDNN_BIAS_ALIGN = 16
 """A Linear with a bias is prepacked only when its output width is a multiple of this: with
 torch 2.13's oneDNN, ``mkldnn._linear_pointwise`` with a bias and a width of 4099 or 4100
@@ -235,9 +288,19 @@ class Linear(nn.Linear):
         if (packed is not None and x.dtype == torch.float32 and x.dim() >= 2
                 and x.numel() >= ONEDNN_MIN_ROWS * x.shape[-1]
                 and self._onednn_key == (self.weight.data_ptr(), self.weight._version)):
-            return torch.ops.mkldnn._linear_pointwise(
-                x.contiguous(), packed, self.bias, "none", [], "")
+            return self._onednn(x.contiguous(), packed)
         return F.linear(x, self.weight, self.bias)
+
+    def _onednn(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        """The prepacked oneDNN GEMM of contiguous ``x`` ``[..., in]``; a 2-D ``x`` of more
+        than ``ONEDNN_BUCKET_MIN_ROWS`` rows runs padded to ``onednn_rows`` rows and the
+        result is the first ``m`` rows (a contiguous view)."""
+        m = x.shape[0]
+        rows = onednn_rows(m) if x.dim() == 2 else m
+        if rows == m or not _row_buckets_enabled():
+            return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(
+            _padded_rows(x, rows), packed, self.bias, "none", [], "")[:m]
 
     def packed(self) -> torch.Tensor | None:
         """The oneDNN-packed weight while it matches the parameter, else ``None``."""
@@ -247,12 +310,16 @@ class Linear(nn.Linear):
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``linear(x) + residual`` in one oneDNN call (binary post-op; the same float32
-        sum as adding afterwards). ``x`` ``[T, in]``, ``residual`` ``[T, out]`` float32."""
+        sum as adding afterwards). ``x`` ``[T, in]``, ``residual`` ``[T, out]`` float32.
+        A ``T`` that ``onednn_rows`` rounds up runs padded, the add done after the GEMM."""
         packed = self.packed()
         if packed is None:
             return self.forward(x) + residual
+        x = x.contiguous()
+        if x.dim() == 2 and onednn_rows(x.shape[0]) != x.shape[0] and _row_buckets_enabled():
+            return self._onednn(x, packed).add_(residual)   # padded rows: add afterwards
         return torch.ops.mkldnn._linear_pointwise.binary(
-            x.contiguous(), residual, packed, self.bias, "add")
+            x, residual, packed, self.bias, "add")
 
 
 class SwiGLU(nn.Module):
@@ -280,8 +347,18 @@ class SwiGLU(nn.Module):
         packed = self.gate_up_proj.packed()
         if packed is None or not kernels.available():
             return self.forward(x) + residual
-        gate_up = torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none",
-                                                     [], "")
+        x = x.contiguous()
+        m = x.shape[0]
+        rows = onednn_rows(m) if x.dim() == 2 else m
+        down = self.down_proj.packed()
+        if rows != m and down is not None and _row_buckets_enabled():
+            # padded once: the zero rows stay zero through SiLU-multiply into the down GEMM
+            gate_up = torch.ops.mkldnn._linear_pointwise(_padded_rows(x, rows), packed, None,
+                                                         "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(
+                kernels.silu_mul(gate_up), down, self.down_proj.bias, "none", [], ""
+            )[:m].add_(residual)
+        gate_up = self.gate_up_proj._onednn(x, packed)
         return self.down_proj.forward_add(kernels.silu_mul(gate_up), residual)
 
 

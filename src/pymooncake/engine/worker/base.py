@@ -139,6 +139,8 @@ class EngineWorker:
         assert self.loop is not None
         loop = self.loop
         try:
+            from pymooncake.engine.malloc_tuning import tune_malloc
+            tune_malloc()  # before the engine's first allocations (the model, the KV cache)
             self.start_resources()
         except BaseException as e:  # noqa: BLE001 - raised by serve()
             loop.call_soon_threadsafe(set_exception_if_pending, started, e)
