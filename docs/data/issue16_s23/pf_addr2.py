@@ -1,4 +1,4 @@
-"""bench serving global-cache; perf-record page faults (with data addresses) of prefill-0 and decode-0 over the replay."""
+"""bench serving global-cache; perf-record page faults (-d: data addresses) and the mmap/munmap/madvise/brk/mprotect syscalls of prefill-0 and decode-0 over the replay."""
 import sys, subprocess, shutil
 from pymooncake.cli import cluster as C
 PERF = []
