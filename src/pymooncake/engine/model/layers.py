@@ -197,11 +197,11 @@ def onednn_rows(m: int) -> int:
 
     oneDNN builds, JIT-compiles and caches one primitive per GEMM shape, and a prefill
     step's row count is its prompt's, different nearly every step: each new count cost a
-    primitive build (about 1.2 ms per weight shape on the tiny model) and ~0.46 MiB that
-    oneDNN's 1,024-entry primitive cache kept (the tiny model's four shapes at 200 new row
-    counts: +371 MiB), and cycling through more shapes than the cache holds rebuilt them
-    again. Buckets bound the shapes to ~16 an octave (docs/benchmarks.md, "Issue 16,
-    session 23")."""
+    primitive build (about 1.4 ms per weight shape on the tiny model, page faults
+    included) and ~0.46 MiB that oneDNN's 1,024-entry primitive cache kept (the tiny
+    model's four shapes at 200 new row counts: +371 MiB), and cycling through more shapes
+    than the cache holds rebuilt them again. Buckets bound the shapes to 16 an octave
+    (docs/benchmarks.md, "Issue 16, session 23")."""
     if m <= ONEDNN_BUCKET_MIN_ROWS:
         return m
     g = 1 << max(0, (m - 1).bit_length() - 5)
