@@ -196,3 +196,37 @@ def test_fits_keep_coefficients_nonnegative() -> None:
     assert fit_prefill_estimator(pre, with_overhead=True).quadratic_s < 0   # unconstrained
     est_p = fit_prefill_estimator(pre, with_overhead=True, nonnegative=True)
     assert min(est_p.quadratic_s, est_p.linear_s, est_p.overhead_s) >= 0
+
+
+def test_nonnegative_prefill_fit_keeps_a_per_token_cost() -> None:
+    """Overhead-bound prompts whose times look convex (the CI failure of
+    ``test_calibrate_cpu_threads``: ``prefill.linear_s: must be > 0, got 0.0``): the
+    nonnegative fit is the best of the least-squares fits that keep ``linear_s`` > 0 — here
+    checked against numpy's ``lstsq`` over each such subset of terms."""
+    np = pytest.importorskip("numpy")
+    pts = [(32, 0), (32, 16), (128, 0), (128, 64), (256, 0), (256, 128)]
+    # convex beyond n²: an exact fit needs a negative per-token term
+    pre = [(n, p, 2e-3 + 6e-9 * (n * n - p * p) - 2e-7 * (n - p)) for n, p in pts]
+    assert fit_prefill_estimator(pre, with_overhead=True).linear_s < 0
+    est = fit_prefill_estimator(pre, with_overhead=True, nonnegative=True)
+    assert est.linear_s > 0 and est.quadratic_s >= 0 and est.overhead_s >= 0
+    # independent: weighted (relative) least squares over the subsets holding the n−p column
+    w = np.array([1 / t for *_, t in pre])
+    feats = np.array([[n * n - p * p, n - p, 1.0] for n, p, _ in pre]) * w[:, None]
+    y = np.array([t for *_, t in pre]) * w
+    best = None
+    for cols in ([1], [0, 1], [1, 2], [0, 1, 2]):
+        x = np.linalg.lstsq(feats[:, cols], y, rcond=None)[0]
+        if (x < 0).any() or x[cols.index(1)] <= 0:
+            continue
+        sse = float(((feats[:, cols] @ x - y) ** 2).sum())
+        if best is None or sse < best[0]:
+            full = np.zeros(3)
+            full[cols] = x
+            best = (sse, full)
+    assert best is not None
+    got = (est.quadratic_s, est.linear_s, est.overhead_s)
+    assert got == pytest.approx(tuple(best[1]), rel=1e-6, abs=1e-15)
+    # and the prices stay close to the timings (within 10 % at every point)
+    for n, p, t in pre:
+        assert est.prefill_s(n, p) == pytest.approx(t, rel=0.10)
