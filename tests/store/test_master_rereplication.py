@@ -206,3 +206,24 @@ def test_without_a_metadata_server_it_warns_only_when_objects_are_under_replicat
         assert len(caplog.records) == 1, caplog.records
         assert caplog.records[0].getMessage().startswith(f"{len(lost)} objects lost replicas")
         assert M_UNDER._value.get() == len(lost) > 0 and rr._task is None
+
+
+def test_copier_prepare_imports_the_data_path_at_start_up() -> None:
+    """``ReplicaCopier.prepare`` (run by ``pymooncake master``) loads what the first copy
+    needs — the Transfer Engine and the metadata client of its URL — in a fresh process;
+    without a metadata URL it loads nothing."""
+    import subprocess
+    import sys
+    code = (
+        "import sys\n"
+        "from pymooncake.store.master.copier import ReplicaCopier\n"
+        "mods = ('httpx', 'pymooncake.store.datapath', 'pymooncake.metadata.http_client')\n"
+        "c = ReplicaCopier(None)\n"
+        "c.prepare()\n"
+        "print([m in sys.modules for m in mods])\n"
+        "c.metadata_url = 'http://127.0.0.1:1/metadata'\n"
+        "c.prepare()\n"
+        "print([m in sys.modules for m in mods])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split("\n")
+    assert out[0] == "[False, False, False]" and out[1] == "[True, True, True]"

@@ -48,7 +48,7 @@ def test_metrics_and_malformed_requests() -> None:
                     raise AssertionError("accepted")
                 except RpcError as e:
                     assert e.code == "INVALID_ARGUMENT"
-            svc._update_gauges(now["t"] * 1000)
+            # (no explicit refresh: every render() below is a scrape, which computes them)
             # 3 slots, 4 puts: the LRU unpinned, unleased object (nsA/k1) was evicted
             assert sample("pymooncake_store_objects") == 3
             assert sample("pymooncake_store_used_bytes", tier="dram") == 3 * 4096
@@ -61,5 +61,48 @@ def test_metrics_and_malformed_requests() -> None:
         finally:
             await c.close()
             await svc.stop()
+
+    asyncio.run(main())
+
+
+def test_gauges_are_computed_per_scrape_on_the_loop_and_never_on_the_tick() -> None:
+    """The object-table scan runs once per collection (a scrape from another thread hands
+    it to the event loop), never on the tick loop; a stopped master drops its hook."""
+    async def main() -> None:
+        svc = MasterService(MasterConfig(port=0), tick_interval_s=0.01)
+        calls: list[int] = []
+        real_stats = svc.core.stats
+
+        def counting_stats(now_ms: float) -> dict[str, object]:
+            import threading
+            calls.append(threading.get_ident())
+            return real_stats(now_ms)
+        svc.core.stats = counting_stats  # type: ignore[method-assign]
+        await svc.start()
+        c = RpcClient("127.0.0.1", svc.port)
+        try:
+            await c.call("mount_segment", {"client_id": "c", "segment": "s", "host": "h",
+                                           "base_addr": 4096, "size_bytes": 8 * 4096})
+            for i in range(5):
+                h = await c.call("put_start", {"client_id": "c", "key": f"scrape/k{i}",
+                                               "size_bytes": 4096, "config": {}})
+                await c.call("put_end", {"client_id": "c", "key": f"scrape/k{i}",
+                                         "generation": h["generation"]})
+            await asyncio.sleep(0.3)          # ~30 ticks
+            assert calls == []
+            import threading
+            loop_thread = threading.get_ident()
+            text = (await asyncio.to_thread(metrics.render)).decode()   # another thread
+            assert len(calls) == 1 and calls[0] == loop_thread
+            fams = {s.name: s.value for fam in text_string_to_metric_families(text)
+                    for s in fam.samples if not s.labels}
+            assert fams["pymooncake_store_objects"] == 5
+            assert sample("pymooncake_store_namespace_bytes", namespace="scrape") == 5 * 4096
+            assert len(calls) == 2          # that render() was a scrape too
+        finally:
+            await c.close()
+            await svc.stop()
+        metrics.render()
+        assert len(calls) == 2              # stopped: no longer refreshed
 
     asyncio.run(main())

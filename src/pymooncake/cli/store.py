@@ -167,6 +167,7 @@ def _run_master(args: argparse.Namespace) -> int:
                               args.host):
                     md = MetadataHttpServer(args.host, args.http_metadata_server_port).start()
             svc.copier.metadata_url = args.metadata or (md.url if md is not None else None)
+            svc.copier.prepare()
             if cfg.metrics_port is not None:
                 with _binding("--metrics-port", cfg.metrics_port, cfg.host):
                     metrics.serve_metrics(cfg.metrics_port, cfg.host)

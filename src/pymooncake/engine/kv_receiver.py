@@ -208,8 +208,10 @@ class KVReceiver(NullHooks):
             first = ld.first_token // kv.block_size
             n = len(ld.block_ids)
             t0 = time.time()
+            # a strided view of the receive buffer: index_copy_ reads it in place (no
+            # contiguous staging copy per layer)
             data = self.blocks_of(ld.request_id)[layer, :, :, first:first + n]
-            kv.import_layer(layer, ld.block_ids, data.contiguous())
+            kv.import_layer(layer, ld.block_ids, data)
             if self.clock is not None:
                 self.clock.mark(ld.request_id, "decode_load", t0, time.time())
             if layer == 0:

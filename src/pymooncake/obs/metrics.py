@@ -7,6 +7,12 @@ with the unit as a suffix (``_seconds``, ``_bytes``, ``_total``), following the 
 naming guide. ``serve_metrics(port)`` exposes the registry over HTTP (``/metrics``);
 ``render()`` gives the text exposition format for an existing HTTP server.
 
+Values that cost a scan to compute (the master's objects per namespace, pins, leases) are
+not kept current on a timer: ``on_collect(fn)`` runs ``fn`` each time the registry is
+collected (a ``/metrics`` scrape, ``render()``), before any metric is read, so the scan
+costs one pass per scrape and nothing while nobody scrapes (prometheus_client's
+guidance for expensive values: compute them at collection).
+
 ``loop_counter``/``loop_histogram`` are for one thread's hot path (the RPC server's event
 loop, tens of thousands of calls a second): their labelled children are plain Python
 numbers that the caller bumps in place (``child.value += 1``, ``child.observe(s)``), with
@@ -20,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -33,8 +39,45 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
-REGISTRY = CollectorRegistry(auto_describe=True)
+from pymooncake.obs.logging import init_logger
+
+logger = init_logger(__name__)
+
+class _Registry(CollectorRegistry):
+    """``CollectorRegistry`` that runs the ``on_collect`` refreshers before collecting."""
+
+    def __init__(self) -> None:
+        super().__init__(auto_describe=True)
+        self._refreshers: list[Callable[[], None]] = []
+        self._refresh_lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        with self._refresh_lock:
+            fns = list(self._refreshers)
+        for fn in fns:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a failed refresh serves the last values
+                logger.exception("metrics refresh %r failed", fn)
+        yield from super().collect()
+
+
+REGISTRY = _Registry()
 _lock = threading.Lock()
+
+
+def on_collect(fn: Callable[[], None]) -> Callable[[], None]:
+    """Run ``fn`` (no arguments; any thread: the one collecting) before every collection
+    of ``REGISTRY``; returns a function that removes it again. ``fn`` should set gauges;
+    an exception it raises is logged and the previous values are served."""
+    with REGISTRY._refresh_lock:
+        REGISTRY._refreshers.append(fn)
+
+    def remove() -> None:
+        with REGISTRY._refresh_lock:
+            if fn in REGISTRY._refreshers:
+                REGISTRY._refreshers.remove(fn)
+    return remove
 _metrics: dict[str, Counter | Gauge | Histogram | LoopCounter | LoopHistogram] = {}
 
 # Latency buckets (seconds) from 50 µs to 60 s, for RPCs, transfers, TTFT and TBT.

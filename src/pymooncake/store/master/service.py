@@ -12,6 +12,10 @@ the storage process that owns the segment (``ssd_spill`` / ``ssd_load`` / ``ssd_
 A put that finds no room while spills are in flight waits for them once and retries; a get
 of an object held only on SSD loads it back into its owner's DRAM first (promotion).
 
+The object-table gauges (objects, bytes per tier and namespace, leases, pins,
+fragmentation) are computed when the metrics registry is collected (``metrics.on_collect``:
+a scrape), on the event loop, never on a timer.
+
 This module holds the service's lifecycle, the call plumbing (``_call``, ``_each``,
 ``_after``), the tick loop and gauges; the handler table and handlers are mixed in from
 ``service_handlers``, the SSD work (spills, promotion) from ``service_ssd``.
@@ -20,7 +24,9 @@ This module holds the service's lifecycle, the call plumbing (``_call``, ``_each
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,16 +45,16 @@ from pymooncake.store.master.service_handlers import M_LOOKUPS, HandlerMethods
 from pymooncake.store.master.service_ssd import PROMOTE_WAIT_S, SsdMethods
 
 # re-exported from here (they were defined in this module before the split)
-__all__ = ["GAUGE_INTERVAL_S", "M_LOOKUPS", "PROMOTE_WAIT_S", "MasterService", "run_master"]
+__all__ = ["GAUGE_REFRESH_TIMEOUT_S", "M_LOOKUPS", "PROMOTE_WAIT_S", "MasterService", "run_master"]
 
 logger = init_logger(__name__)
 
-GAUGE_INTERVAL_S = 5.0
-"""The object-table gauges (objects, bytes per namespace, pins, fragmentation) are refreshed
-at most this often: computing them scans every object, and at the 0.1 s tick that scan was
-most of the master's CPU with a few thousand KV blocks stored (py-spy, bench serving). At
-1 s it was still a fifth of a P/D replay's master CPU (0.13 of 0.64 CPU-s with ~8k blocks,
-py-spy --gil); Prometheus scrapes every 15-60 s."""
+GAUGE_REFRESH_TIMEOUT_S = 2.0
+"""How long a scrape waits for the event loop to compute the object-table gauges (a scan
+of every object) before it serves the previous values. They used to be refreshed every
+5 s on the tick loop: ~0.8 µs an object each time, a fifth of the master's CPU in a P/D
+replay with ~7.5k KV blocks stored (yappi, issue 16 session 24) whether or not anything
+scraped, and a stall of the loop that grows with the table."""
 
 M_OBJECTS = metrics.gauge("pymooncake_store_objects", "Objects in the master's table")
 M_BYTES = metrics.gauge("pymooncake_store_used_bytes", "Bytes used, by tier", ["tier"])
@@ -88,7 +94,9 @@ class MasterService(HandlerMethods, SsdMethods):
         self.ha: HaController | None = None
         self._clock = clock
         self.tick_interval_s = tick_interval_s or min(0.1, config.client_ttl_s / 4)
-        self._gauges_ms = float("-inf")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._unhook_gauges: Callable[[], None] | None = None
         self._stall_logged = float("-inf")
         self.server = RpcServer(config.host, config.port, poll_s=config.rpc_poll_s)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -122,6 +130,8 @@ class MasterService(HandlerMethods, SsdMethods):
                 await self.server.stop()
                 raise
         self._ticker = asyncio.ensure_future(self._tick_loop())
+        self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
+        self._unhook_gauges = metrics.on_collect(self._refresh_gauges)
         logger.info("store master listening on %s:%d%s", self.config.host, self.server.port,
                     " (HA follower until elected)" if self.ha else "")
 
@@ -133,6 +143,9 @@ class MasterService(HandlerMethods, SsdMethods):
         self.core = core
 
     async def stop(self) -> None:
+        if self._unhook_gauges is not None:
+            self._unhook_gauges()
+            self._unhook_gauges = None
         if self._ticker is not None:  # (bounded; our own cancellation goes through)
             await cancel_and_wait(self._ticker, "master tick loop")
         for t in list(self._tasks) + list(self._spills):
@@ -228,11 +241,38 @@ class MasterService(HandlerMethods, SsdMethods):
                 self.core.tick(now)
                 self._after()
                 self.rereplicator.poke(now / 1000.0)
-                if now - self._gauges_ms >= GAUGE_INTERVAL_S * 1000.0:
-                    self._gauges_ms = now
-                    self._update_gauges(now)
             except Exception:  # never let the ticker die
                 logger.exception("master tick failed")
+
+    def _refresh_gauges(self) -> None:
+        """``metrics.on_collect`` hook (the scraping thread): ``_update_gauges`` on the event
+        loop, which owns the tables, waiting at most ``GAUGE_REFRESH_TIMEOUT_S``; directly
+        when called on the loop itself (``metrics.render()`` from a handler or a test).
+        A follower (HA) leaves the gauges alone, as its tick loop does."""
+        loop = self._loop
+        if loop is None or (self.ha is not None and not self.ha.leading):
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._update_gauges(self.now_ms())
+            return
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                self._update_gauges(self.now_ms())
+                done.set_result(None)
+            except BaseException as e:  # noqa: BLE001 - handed to the scraping thread
+                done.set_exception(e)
+        try:
+            loop.call_soon_threadsafe(run)
+        except RuntimeError:        # the loop is closed: the master has stopped
+            return
+        try:
+            done.result(timeout=GAUGE_REFRESH_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            logger.warning("metrics scrape: the master's event loop did not compute the "
+                           "gauges within %.1f s; serving the previous values",
+                           GAUGE_REFRESH_TIMEOUT_S)
 
     def _update_gauges(self, now_ms: float) -> None:
         st = self.core.stats(now_ms)
