@@ -4,6 +4,7 @@ objects, bytes per tier, evictions by reason, leases/pins and per-namespace capa
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -74,7 +75,6 @@ def test_gauges_are_computed_per_scrape_on_the_loop_and_never_on_the_tick() -> N
         real_stats = svc.core.stats
 
         def counting_stats(now_ms: float) -> dict[str, object]:
-            import threading
             calls.append(threading.get_ident())
             return real_stats(now_ms)
         svc.core.stats = counting_stats  # type: ignore[method-assign]
@@ -90,7 +90,6 @@ def test_gauges_are_computed_per_scrape_on_the_loop_and_never_on_the_tick() -> N
                                          "generation": h["generation"]})
             await asyncio.sleep(0.3)          # ~30 ticks
             assert calls == []
-            import threading
             loop_thread = threading.get_ident()
             text = (await asyncio.to_thread(metrics.render)).decode()   # another thread
             assert len(calls) == 1 and calls[0] == loop_thread
@@ -99,10 +98,34 @@ def test_gauges_are_computed_per_scrape_on_the_loop_and_never_on_the_tick() -> N
             assert fams["pymooncake_store_objects"] == 5
             assert sample("pymooncake_store_namespace_bytes", namespace="scrape") == 5 * 4096
             assert len(calls) == 2          # that render() was a scrape too
+            # a filtered scrape (/metrics?name[]=...) is refreshed as well
+            from prometheus_client import generate_latest
+            h = await c.call("put_start", {"client_id": "c", "key": "scrape/k5",
+                                           "size_bytes": 4096, "config": {}})
+            await c.call("put_end", {"client_id": "c", "key": "scrape/k5",
+                                     "generation": h["generation"]})
+            only = generate_latest(metrics.REGISTRY.restricted_registry(
+                ["pymooncake_store_objects"])).decode()
+            assert len(calls) == 3 and "pymooncake_store_objects 6.0" in only
+            # scrapes while the loop is blocked time out and queue one scan, not one each
+            import pymooncake.store.master.service as service_mod
+            old_timeout = service_mod.GAUGE_REFRESH_TIMEOUT_S
+            service_mod.GAUGE_REFRESH_TIMEOUT_S = 0.1
+            try:
+                scraper = threading.Thread(target=lambda: [metrics.render() for _ in range(3)])
+                scraper.start()
+                import time
+                time.sleep(0.6)             # the loop is blocked; 3 scrapes give up
+                scraper.join(5)
+                assert not scraper.is_alive() and len(calls) == 3
+                await asyncio.sleep(0.05)   # the loop runs the one queued scan
+                assert len(calls) == 4
+            finally:
+                service_mod.GAUGE_REFRESH_TIMEOUT_S = old_timeout
         finally:
             await c.close()
             await svc.stop()
         metrics.render()
-        assert len(calls) == 2              # stopped: no longer refreshed
+        assert len(calls) == 4              # stopped: no longer refreshed
 
     asyncio.run(main())

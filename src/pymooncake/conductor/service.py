@@ -39,6 +39,7 @@ from pymooncake.conductor.policy import (
     PrefillEstimator,
     fit_prefill_estimator,
 )
+from pymooncake.conductor.policy.estimators import LINEAR_FLOOR_S
 from pymooncake.conductor.replication import HotBlockReplicator
 from pymooncake.conductor.request_stages import (
     ORPHAN_ABORTS,
@@ -313,7 +314,7 @@ class Conductor(RequestDispatch):
                 est = fit_prefill_estimator(samples, with_overhead=True, nonnegative=True)
         except ValueError:
             return
-        if est.quadratic_s <= 0 and est.linear_s <= 0:
+        if est.quadratic_s <= 0 and est.linear_s <= LINEAR_FLOOR_S:
             return
         self.estimators = dataclasses.replace(self.estimators, prefill=est)
         self.num_profile_fits += 1

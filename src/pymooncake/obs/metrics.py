@@ -51,7 +51,8 @@ class _Registry(CollectorRegistry):
         self._refreshers: list[Callable[[], None]] = []
         self._refresh_lock = threading.Lock()
 
-    def collect(self) -> Iterator[Metric]:
+    def refresh(self) -> None:
+        """Run the ``on_collect`` refreshers (each failure is logged, not raised)."""
         with self._refresh_lock:
             fns = list(self._refreshers)
         for fn in fns:
@@ -59,7 +60,16 @@ class _Registry(CollectorRegistry):
                 fn()
             except Exception:  # noqa: BLE001 - a failed refresh serves the last values
                 logger.exception("metrics refresh %r failed", fn)
+
+    def collect(self) -> Iterator[Metric]:
+        self.refresh()
         yield from super().collect()
+
+    def restricted_registry(self, names: Any) -> Any:
+        """As ``CollectorRegistry``'s (a ``/metrics?name[]=…`` scrape), refreshed first: its
+        ``collect`` reads the collectors directly, not through ``collect`` above."""
+        self.refresh()
+        return super().restricted_registry(names)
 
 
 REGISTRY = _Registry()

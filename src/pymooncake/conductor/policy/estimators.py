@@ -104,6 +104,13 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
     return x
 
 
+LINEAR_FLOOR_S = 1e-12
+"""The least per-token prefill cost (seconds a token) a nonnegative fit gives: a
+picosecond, far below any real token's GEMMs (~1e-6 s and up on a CPU), so a fit that
+found none predicts the same times but is never a free token (CI, session 24:
+``sim calibrate-cpu`` on the tiny model fitted ``linear_s`` 0.0 on a loaded runner)."""
+
+
 def fit_prefill_estimator(samples: Sequence[tuple[int, int, float]], *,
                           with_overhead: bool = False, relative: bool = True,
                           nonnegative: bool = False) -> PrefillEstimator:
@@ -113,10 +120,10 @@ def fit_prefill_estimator(samples: Sequence[tuple[int, int, float]], *,
     Features are ``n² − p²``, ``n − p`` and (``with_overhead``) 1. ``relative`` minimises the
     relative residuals (each sample weighted by ``1/seconds``, so short prompts count as much
     as long ones); otherwise absolute seconds. ``nonnegative`` keeps every coefficient
-    >= 0 (noisy timings can otherwise give a negative term) and ``linear_s`` > 0: every
-    prompt token costs its weight GEMMs, so a fit that prices it at 0 (noise on a model
-    whose prompts are overhead-bound can make ``quadratic + overhead`` the closest curve)
-    is refused for the best one with a per-token term. Raises ``ValueError`` with
+    >= 0 (noisy timings can otherwise give a negative term) and ``linear_s`` at least
+    ``LINEAR_FLOOR_S``: on overhead-bound prompts noise can make ``quadratic + overhead``
+    the closest curve, and a per-token cost of exactly 0 is refused by a calibration file
+    (``sim.calibration``); the floor keeps that fit's predictions. Raises ``ValueError`` with
     fewer samples than parameters, a bad sample (``seconds <= 0`` when relative) or a
     singular system.
     """
@@ -130,7 +137,11 @@ def fit_prefill_estimator(samples: Sequence[tuple[int, int, float]], *,
         w = 1.0 / t if relative else 1.0
         f = [float(n * n - p * p) * w, float(n - p) * w] + ([w] if with_overhead else [])
         rows.append((f, float(t) * w))
-    x = _nnls(rows, required=(1,))[0] if nonnegative else _lstsq(rows)[0]
+    if nonnegative:   # linear_s = LINEAR_FLOOR_S + x1, x1 >= 0: fit what the floor leaves
+        x = _nnls([(f, t - LINEAR_FLOOR_S * f[1]) for f, t in rows])[0]
+        x[1] += LINEAR_FLOOR_S
+    else:
+        x = _lstsq(rows)[0]
     return PrefillEstimator(x[0], x[1], x[2] if with_overhead else 0.0)
 
 
@@ -146,23 +157,18 @@ def _lstsq(rows: Sequence[tuple[list[float], float]]) -> tuple[list[float], floa
     return x, sse
 
 
-def _nnls(rows: Sequence[tuple[list[float], float]], required: Sequence[int] = ()
-          ) -> tuple[list[float], float]:
+def _nnls(rows: Sequence[tuple[list[float], float]]) -> tuple[list[float], float]:
     """Least squares with every coefficient >= 0: the best of the unconstrained fits over
-    the subsets of columns whose coefficients all come out >= 0 (exact for a few columns).
-    The columns in ``required`` are in every subset and must come out > 0."""
+    the subsets of columns whose coefficients all come out >= 0 (exact for a few columns)."""
     k = len(rows[0][0])
     best: tuple[list[float], float] | None = None
     for mask in range(1, 1 << k):
         cols = [j for j in range(k) if mask >> j & 1]
-        if any(j not in cols for j in required):
-            continue
         try:
             xs, sse = _lstsq([([f[j] for j in cols], t) for f, t in rows])
         except ValueError:
             continue
-        if (min(xs) < 0 or any(xs[cols.index(j)] <= 0 for j in required)
-                or (best is not None and sse >= best[1])):
+        if min(xs) < 0 or (best is not None and sse >= best[1]):
             continue
         x = [0.0] * k
         for j, v in zip(cols, xs, strict=True):

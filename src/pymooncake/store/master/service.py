@@ -97,6 +97,8 @@ class MasterService(HandlerMethods, SsdMethods):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._unhook_gauges: Callable[[], None] | None = None
+        self._gauges_pending: concurrent.futures.Future[None] | None = None
+        self._gauges_lock = threading.Lock()
         self._stall_logged = float("-inf")
         self.server = RpcServer(config.host, config.port, poll_s=config.rpc_poll_s)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -248,6 +250,8 @@ class MasterService(HandlerMethods, SsdMethods):
         """``metrics.on_collect`` hook (the scraping thread): ``_update_gauges`` on the event
         loop, which owns the tables, waiting at most ``GAUGE_REFRESH_TIMEOUT_S``; directly
         when called on the loop itself (``metrics.render()`` from a handler or a test).
+        While one scan is queued (the loop busy), later scrapes wait for that one rather
+        than queue more.
         A follower (HA) leaves the gauges alone, as its tick loop does."""
         loop = self._loop
         if loop is None or (self.ha is not None and not self.ha.leading):
@@ -255,18 +259,22 @@ class MasterService(HandlerMethods, SsdMethods):
         if threading.get_ident() == self._loop_thread:
             self._update_gauges(self.now_ms())
             return
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        with self._gauges_lock:   # scrapes while one scan is queued wait for that one
+            done = self._gauges_pending
+            if done is None or done.done():
+                done = concurrent.futures.Future()
 
-        def run() -> None:
-            try:
-                self._update_gauges(self.now_ms())
-                done.set_result(None)
-            except BaseException as e:  # noqa: BLE001 - handed to the scraping thread
-                done.set_exception(e)
-        try:
-            loop.call_soon_threadsafe(run)
-        except RuntimeError:        # the loop is closed: the master has stopped
-            return
+                def run(done: concurrent.futures.Future[None] = done) -> None:
+                    try:
+                        self._update_gauges(self.now_ms())
+                        done.set_result(None)
+                    except BaseException as e:  # noqa: BLE001 - to the scraping thread
+                        done.set_exception(e)
+                try:
+                    loop.call_soon_threadsafe(run)
+                except RuntimeError:        # the loop is closed: the master has stopped
+                    return
+                self._gauges_pending = done
         try:
             done.result(timeout=GAUGE_REFRESH_TIMEOUT_S)
         except concurrent.futures.TimeoutError:
