@@ -43,6 +43,7 @@ from pymooncake.obs.logging import init_logger
 
 logger = init_logger(__name__)
 
+
 class _Registry(CollectorRegistry):
     """``CollectorRegistry`` that runs the ``on_collect`` refreshers before collecting."""
 
@@ -88,6 +89,8 @@ def on_collect(fn: Callable[[], None]) -> Callable[[], None]:
             if fn in REGISTRY._refreshers:
                 REGISTRY._refreshers.remove(fn)
     return remove
+
+
 _metrics: dict[str, Counter | Gauge | Histogram | LoopCounter | LoopHistogram] = {}
 
 # Latency buckets (seconds) from 50 µs to 60 s, for RPCs, transfers, TTFT and TBT.

@@ -52,9 +52,9 @@ logger = init_logger(__name__)
 GAUGE_REFRESH_TIMEOUT_S = 2.0
 """How long a scrape waits for the event loop to compute the object-table gauges (a scan
 of every object) before it serves the previous values. They used to be refreshed every
-5 s on the tick loop: ~0.8 µs an object each time, a fifth of the master's CPU in a P/D
-replay with ~7.5k KV blocks stored (yappi, issue 16 session 24) whether or not anything
-scraped, and a stall of the loop that grows with the table."""
+5 s on the tick loop, whether or not anything scraped: in a P/D replay with ~7.5k KV
+blocks stored, 0.25 of the master main thread's 1.69 CPU-s under yappi (issue 16,
+session 24), and a stall of the loop that grows with the table."""
 
 M_OBJECTS = metrics.gauge("pymooncake_store_objects", "Objects in the master's table")
 M_BYTES = metrics.gauge("pymooncake_store_used_bytes", "Bytes used, by tier", ["tier"])
