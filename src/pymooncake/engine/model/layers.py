@@ -209,6 +209,7 @@ def onednn_rows(m: int) -> int:
 
 
 def _row_buckets_enabled() -> bool:
+    """Env ``PYMOONCAKE_ONEDNN_ROW_BUCKETS`` not ``0`` (read when a weight is packed)."""
     return os.environ.get("PYMOONCAKE_ONEDNN_ROW_BUCKETS", "1").strip().lower() not in (
         "0", "false", "no", "off")
 
@@ -267,6 +268,7 @@ class Linear(nn.Linear):
 
     _onednn_weight: torch.Tensor | None = None
     _onednn_key: tuple[int, int] | None = None
+    _row_buckets: bool = False
 
     def pack_onednn(self) -> bool:
         """Prepack the float32 weight for oneDNN (``mkldnn._reorder_linear_weight``, the op
@@ -279,6 +281,7 @@ class Linear(nn.Linear):
             return False  # oneDNN's biased kernel is pathological at such widths (see below)
         self._onednn_weight = torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
         self._onednn_key = (w.data_ptr(), self.weight._version)
+        self._row_buckets = _row_buckets_enabled()
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -296,11 +299,17 @@ class Linear(nn.Linear):
         than ``ONEDNN_BUCKET_MIN_ROWS`` rows runs padded to ``onednn_rows`` rows and the
         result is the first ``m`` rows (a contiguous view)."""
         m = x.shape[0]
-        rows = onednn_rows(m) if x.dim() == 2 else m
-        if rows == m or not _row_buckets_enabled():
+        rows = self.bucket_rows(x)
+        if rows == m:
             return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
         return torch.ops.mkldnn._linear_pointwise(
             _padded_rows(x, rows), packed, self.bias, "none", [], "")[:m]
+
+    def bucket_rows(self, x: torch.Tensor) -> int:
+        """The row count this layer's oneDNN GEMM runs ``x`` on: ``onednn_rows`` of a 2-D
+        ``x``'s rows when row buckets were on at packing, else its own row count."""
+        m = x.shape[0]
+        return onednn_rows(m) if self._row_buckets and x.dim() == 2 else m
 
     def packed(self) -> torch.Tensor | None:
         """The oneDNN-packed weight while it matches the parameter, else ``None``."""
@@ -316,7 +325,7 @@ class Linear(nn.Linear):
         if packed is None:
             return self.forward(x) + residual
         x = x.contiguous()
-        if x.dim() == 2 and onednn_rows(x.shape[0]) != x.shape[0] and _row_buckets_enabled():
+        if self.bucket_rows(x) != x.shape[0]:
             return self._onednn(x, packed).add_(residual)   # padded rows: add afterwards
         return torch.ops.mkldnn._linear_pointwise.binary(
             x, residual, packed, self.bias, "add")
@@ -349,9 +358,9 @@ class SwiGLU(nn.Module):
             return self.forward(x) + residual
         x = x.contiguous()
         m = x.shape[0]
-        rows = onednn_rows(m) if x.dim() == 2 else m
+        rows = self.gate_up_proj.bucket_rows(x)
         down = self.down_proj.packed()
-        if rows != m and down is not None and _row_buckets_enabled():
+        if rows != m and down is not None:
             # padded once: the zero rows stay zero through SiLU-multiply into the down GEMM
             gate_up = torch.ops.mkldnn._linear_pointwise(_padded_rows(x, rows), packed, None,
                                                          "none", [], "")
