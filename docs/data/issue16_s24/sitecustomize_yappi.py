@@ -10,7 +10,7 @@ if _me and "pymooncake" in _argv:
     import yappi
     yappi.set_clock_type("cpu")
     def _start(*a):
-        yappi.clear_stats(); yappi.start(builtins=True, profile_threads=True)
+        yappi.clear_stats(); yappi.start(builtins=True, profile_threads=os.environ.get("PMK_YAPPI_THREADS", "1") != "0")
     def _stop(*a):
         yappi.stop()
         tag = os.environ.get("PMK_YAPPI_TAG", "x")
