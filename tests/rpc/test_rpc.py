@@ -362,11 +362,12 @@ def test_sync_client_polls_for_quick_answers_and_falls_back_to_sleeping() -> Non
         proc.wait(10)
 
 
-def test_server_polls_after_a_request_for_poll_s_then_sleeps() -> None:
+def test_server_polls_while_requests_come_within_poll_s_then_sleeps() -> None:
     """``RpcServer(poll_s=...)`` keeps its loop polling for the next request for ``poll_s``
-    after each read that brought frames (issue 16: a busy client's next request finds the
-    server awake), answers requests that come while it polls, and stops polling when the
-    window has passed; ``poll_s=0`` never polls; out-of-range values are refused."""
+    after a read that brought frames within ``poll_s`` of the one before (issue 16: busy
+    clients' next request finds the server awake), answers requests that come while it
+    polls, and stops polling when the window has passed; a request after a quiet spell
+    starts no poll; ``poll_s=0`` never polls; out-of-range values are refused."""
     for bad in (-1e-6, 1.5):
         with pytest.raises(ValueError, match="poll_s"):
             RpcServer("127.0.0.1", 0, poll_s=bad)
@@ -383,13 +384,19 @@ def test_server_polls_after_a_request_for_poll_s_then_sleeps() -> None:
         try:
             assert polling.polls == 0
             assert await a.call("echo", 1) == 1
+            await asyncio.sleep(0.01)
+            assert polling.polls == 0                 # one request after a quiet spell
+            assert await a.call("echo", 2) == 2       # 10 ms after it: within poll_s
             await asyncio.sleep(0.01)                 # inside the window: polling
             assert polling.polls > 0
-            assert await a.call("echo", 2) == 2       # answered while polling
+            assert await a.call("echo", 3) == 3       # answered while polling
             await asyncio.sleep(0.15)                 # the window has passed
             settled = polling.polls
             await asyncio.sleep(0.1)
             assert polling.polls == settled           # asleep again: no more turns
+            assert await a.call("echo", 4) == 4       # after a quiet spell: no poll
+            await asyncio.sleep(0.02)
+            assert polling.polls == settled
             assert [await b.call("echo", i) for i in range(5)] == list(range(5))
             await asyncio.sleep(0.05)
             assert quiet.polls == 0

@@ -60,3 +60,18 @@ def test_bench_store_refuses_a_master_poll_out_of_range():
                        capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "--rpc-poll 0.5: must be in [0, 0.01] seconds" in r.stderr
+
+
+def test_bench_store_segment_holds_every_object_of_a_run():
+    """All objects of one size are put before any is read back, so the segment must hold
+    them all: 128 × 1 MiB = 128 MiB (the run that lost its first key to eviction when the
+    segment was sized for 8 objects: 64 MiB); 16 MiB objects are capped at 256 MiB a run."""
+    from pymooncake.bench.store import _objects, _segment_for
+
+    MiB = 1 << 20
+    assert _objects(1 * MiB, 128) == 128
+    assert _objects(16 * MiB, 128) == 16
+    assert _objects(64 << 10, 2) == 4
+    assert _segment_for([64 << 10, 1 * MiB], 128) >= 128 * MiB + 16 * MiB
+    assert _segment_for([16 * MiB], 128) >= 256 * MiB + 16 * MiB
+    assert _segment_for([4 << 10], 4) == 64 * MiB

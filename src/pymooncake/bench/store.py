@@ -97,8 +97,16 @@ def _run_ops(put: Callable[[str, bytes], Any], get: Callable[[str], bytes],
              "cpu_s_per_op": (c2 - c1) / count})
 
 
+def _objects(size: int, count: int) -> int:
+    """Objects of ``size`` bytes one run puts (all of them before it reads any back)."""
+    return max(4, min(count, (256 * MiB) // size))
+
+
 def _segment_for(sizes: list[int], count: int) -> int:
-    return max(64 * MiB, 2 * max(sizes) * min(count, 8) + 16 * MiB)
+    """A segment that holds every object of the largest size's run at once with room to
+    spare (an object evicted before it is read back would fail the run), at least 64 MiB."""
+    need = max(size * _objects(size, count) for size in sizes)
+    return max(64 * MiB, need + need // 8 + 16 * MiB)
 
 
 def _bench_pymooncake(sizes: list[int], count: int, mode: str) -> dict[int, tuple[dict, dict]]:
@@ -116,7 +124,7 @@ def _bench_pymooncake(sizes: list[int], count: int, mode: str) -> dict[int, tupl
                              transfer_config=TransferConfig(transports=("local", "tcp"))).start()
         try:
             for size in sizes:
-                n = max(4, min(count, (256 * MiB) // size))
+                n = _objects(size, count)
                 out[size] = _run_ops(client.put, client.get,
                                      lambda k: client.remove(k, force=True), size, n, mode)
         finally:
@@ -147,7 +155,7 @@ def _bench_mooncake(sizes: list[int], count: int, mode: str) -> dict[int, tuple[
                 raise RuntimeError(f"Mooncake setup returned {rc}")
             try:
                 for size in sizes:
-                    n = max(4, min(count, (256 * MiB) // size))
+                    n = _objects(size, count)
 
                     def put(k: str, v: bytes) -> None:
                         if store.put(k, v) != 0:

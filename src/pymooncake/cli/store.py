@@ -18,6 +18,7 @@ import threading
 
 from pymooncake.cli.common import add_json_flag, emit, unusable_dir
 from pymooncake.cli.store_flags import flag_message
+from pymooncake.store.config import DEFAULT_RPC_POLL_S
 
 
 def _size(text: str) -> int:
@@ -61,9 +62,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "replicas a failure took (default 256 MiB, a pass every 0.5 s)")
     m.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus /metrics on this port")
-    m.add_argument("--rpc-poll", type=float, default=0.0, metavar="S",
-                   help="after a request, poll this long for the next one before sleeping "
-                   "(s in [0, 0.01], default 0 = never poll)")
+    m.add_argument("--rpc-poll", type=float, default=DEFAULT_RPC_POLL_S, metavar="S",
+                   help="while requests come at most S apart, poll this long after each for "
+                   "the next one before sleeping (s in [0, 0.01], default "
+                   f"{DEFAULT_RPC_POLL_S:g}; 0 = never poll)")
     m.add_argument("--enable-http-metadata-server", action="store_true",
                    help="also serve a Mooncake-style HTTP metadata server (as Mooncake's)")
     m.add_argument("--http-metadata-server-port", type=int, default=8080)
@@ -351,8 +353,9 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
                    "benchmark: is_exist, batch_is_exist, get_size, remove through the same "
                    "Python API on both sides (0 = skip; its ops per kind: --metadata-ops)")
     b.add_argument("--no-mooncake", action="store_true", help="skip Mooncake's own store")
-    b.add_argument("--rpc-poll", type=float, default=0.0, metavar="S",
-                   help="our master's --rpc-poll in every cluster of the run (s, default 0)")
+    b.add_argument("--rpc-poll", type=float, default=None, metavar="S",
+                   help="our master's --rpc-poll in every cluster of the run (s; default: "
+                   "the master's own)")
     b.add_argument("--repeat", type=int, default=1,
                    help="interleaved rounds (ours, Mooncake, ...); medians with min/max")
     b.add_argument("--mooncake-path", default=None, metavar="DIR",
@@ -381,11 +384,12 @@ def _run_bench(args: argparse.Namespace) -> int:
     modes = args.mode or ["embedded", "remote"]
     if args.metadata_clients < 0:
         raise UsageError("--metadata-clients must be >= 0")
-    if not 0 <= args.rpc_poll <= 0.01:
+    if args.rpc_poll is not None and not 0 <= args.rpc_poll <= 0.01:
         raise UsageError(f"--rpc-poll {args.rpc_poll}: must be in [0, 0.01] seconds")
     from pymooncake.bench import store_procs as bench_procs
 
-    bench_procs.MASTER_FLAGS[:] = ["--rpc-poll", repr(args.rpc_poll)] if args.rpc_poll else []
+    bench_procs.MASTER_FLAGS[:] = ([] if args.rpc_poll is None
+                                   else ["--rpc-poll", repr(args.rpc_poll)])
     result = bench.run(sizes, args.count, modes, metadata_ops=args.metadata_ops,
                        with_mooncake=not args.no_mooncake, repeat=args.repeat)
     from pymooncake.bench import store_meta
