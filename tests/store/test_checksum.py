@@ -3,20 +3,27 @@ with the object (``put_end``, read answers, the HA journal) and refusing a malfo
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+
 import blake3
 import numpy as np
 import pytest
 import xxhash
 
+from pymooncake.store import checksum as checksum_mod
 from pymooncake.store.checksum import (
     CHUNK,
     COPY_PIECE,
     DIGEST,
     FUSED_MIN,
+    PARALLEL_MIN,
     checksum_len,
     chunk_span,
     copy_verified,
     digests,
+    digests_begin,
     n_chunks,
     verify,
     well_formed,
@@ -96,6 +103,54 @@ def test_copy_verified_copies_exactly_and_refuses_any_flip(n: int) -> None:
         assert copy_verified(addr, n, s) is None, at
         src[at] ^= 0x01
     assert copy_verified(addr, n, s) == src.tobytes()
+
+
+@pytest.mark.parametrize("n", [1000, PARALLEL_MIN - 1, PARALLEL_MIN, 3 * PARALLEL_MIN + 99])
+def test_digests_begin_equals_digests_and_hashes_large_values_on_the_helper(n: int) -> None:
+    """``digests_begin(buf)()`` is ``digests(buf)`` (XXH3-64 per chunk, checked against
+    xxhash directly); from ``PARALLEL_MIN`` on the hash runs on the ``pmk-checksum``
+    thread, below it on the caller's."""
+    buf = _value(n + 1, n)
+    seen: list[str] = []
+    real = checksum_mod._chunk_digests
+    checksum_mod._chunk_digests = lambda mv: (seen.append(threading.current_thread().name),
+                                              real(mv))[1]
+    try:
+        got = digests_begin(buf)()
+    finally:
+        checksum_mod._chunk_digests = real
+    want = bytes([1]) + b"".join(xxhash.xxh3_64_digest(buf[o:o + CHUNK])
+                                 for o in range(0, n, CHUNK))
+    assert got == want == digests(buf)
+    assert len(seen) == 1
+    assert seen[0].startswith("pmk-checksum") == (n >= PARALLEL_MIN), seen
+
+
+def test_checksum_helper_works_in_a_forked_child() -> None:
+    """A child forked after the helper thread started gets its own helper (the parent's
+    thread does not exist there): its large hash and verified copy finish and are right."""
+    n = PARALLEL_MIN + CHUNK
+    buf = _value(7, n)
+    want = digests_begin(buf)()  # the parent's helper is running now
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only when both answers are right, never return
+        ok = False
+        try:
+            src = np.frombuffer(bytearray(buf), dtype=np.uint8)
+            ok = (digests_begin(buf)() == want
+                  and copy_verified(src.ctypes.data, n, want) == buf)
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's checksum did not finish in 20 s")
 
 
 @pytest.mark.parametrize(("off", "n", "span"), [

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from pymooncake.rpc import to_wire
-from pymooncake.store.checksum import digests, view_at
+from pymooncake.store.checksum import digests_begin, view_at
 from pymooncake.store.client_base import DEFAULT_CONFIG, PUT_LATENCY
 from pymooncake.store.client_master import MasterOps
 from pymooncake.store.client_memory import MemoryOps, check_lists
@@ -133,12 +133,15 @@ class PutOps(MasterOps, MemoryOps):
                     handles[i] = r
         moves, owners = [], []
         staged: list[Callable[[], None]] = []
-        sums: dict[int, bytes] = {}  # the bytes' checksum, sent with put_end (issue 17)
+        # the bytes' checksum, sent with put_end (issue 17); a large value's is hashed on
+        # the checksum helper thread while this thread copies it
+        pending: dict[int, Callable[[], bytes]] = {}
         try:
             for i, h in handles.items():
                 src = sources[i]
                 src_addr = src if isinstance(src, int) else None
-                sums[i] = digests(src if src_addr is None else view_at(src_addr, sizes[i]))
+                pending[i] = digests_begin(src if src_addr is None
+                                           else view_at(src_addr, sizes[i]))
                 for rep in h.replicas:
                     local = (self._local_view(rep.addr, sizes[i])
                              if rep.segment == self.segment_name else None)
@@ -156,7 +159,8 @@ class PutOps(MasterOps, MemoryOps):
                     owners.append(i)
             self._started_dp("put")
             results = self._dp.run(moves)
-        finally:
+        finally:  # every hash waited for, even on an error: it reads the caller's memory
+            sums = {i: result() for i, result in pending.items()}
             for release in staged:
                 release()
         failed: dict[int, str] = {}
