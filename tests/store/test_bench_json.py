@@ -75,3 +75,18 @@ def test_bench_store_segment_holds_every_object_of_a_run():
     assert _segment_for([64 << 10, 1 * MiB], 128) >= 128 * MiB + 16 * MiB
     assert _segment_for([16 * MiB], 128) >= 256 * MiB + 16 * MiB
     assert _segment_for([4 << 10], 4) == 64 * MiB
+
+
+def test_bench_store_ratio_quartiles_by_hand():
+    """The per-round ratios' median and quartiles (inclusive method, as the Transfer Engine
+    bench's verdicts): sorted 0.8 0.9 1.0 1.1 1.2 1.3 1.5 — the median is the 4th, the
+    first quartile sits halfway between the 2nd and 3rd (position 6 × 0.25 = 1.5), the
+    third halfway between the 5th and 6th (6 × 0.75 = 4.5)."""
+    from pymooncake.bench.store import ROW_KEYS, ratio_fields
+
+    got = ratio_fields([1.0, 1.2, 0.8, 1.5, 1.1, 1.3, 0.9])
+    want = {"ratio": 1.1, "ratio_min": 0.8, "ratio_max": 1.5, "ratio_q1": 0.95,
+            "ratio_q3": 1.25}
+    assert got.keys() == want.keys() and set(got) <= set(ROW_KEYS)
+    for k, v in want.items():
+        assert abs(got[k] - v) < 1e-12, (k, got[k])

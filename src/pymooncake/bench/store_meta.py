@@ -173,8 +173,7 @@ def run(ops: int = 20_000, clients: int = 4, batch: int = 16, repeat: int = 3,
             extra = {"mooncake_ops_per_s": float(np.median(theirs)),
                      "mooncake_throughput_min": min(theirs),
                      "mooncake_throughput_max": max(theirs),
-                     "ratio": float(np.median(ratios)), "ratio_min": min(ratios),
-                     "ratio_max": max(ratios)}
+                     **store_bench.ratio_fields(ratios)}
         rows.append(store_bench._row(
             op=op, mode="metadata_ops", ops_per_s=float(np.median(ours)),
             throughput_min=min(ours), throughput_max=max(ours), num_clients=clients,
@@ -190,7 +189,8 @@ def human(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         theirs = r["mooncake_ops_per_s"]
         ratio = "" if r["ratio"] is None else (
-            f"  ratio {r['ratio']:.2f} [{r['ratio_min']:.2f}-{r['ratio_max']:.2f}]")
+            f"  ratio {r['ratio']:.2f} [{r['ratio_min']:.2f}-{r['ratio_max']:.2f}, quartiles "
+            f"{r['ratio_q1']:.2f}-{r['ratio_q3']:.2f}]")
         lines.append(f"metadata {r['op']:14} ({r['num_clients']} in flight): "
                      f"{r['ops_per_s']:.0f} ops/s"
                      + (f"  mooncake {theirs:.0f}" if theirs else "") + ratio
