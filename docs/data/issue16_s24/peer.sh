@@ -2,9 +2,10 @@
 cd /work/main
 export LD_LIBRARY_PATH=/tmp/mcdeb/root/lib/x86_64-linux-gnu:/tmp/mcdeb/root/usr/lib/x86_64-linux-gnu
 P=.venv/bin/pymooncake
-O=/tmp/s24/peer
+O=${OUT:-/tmp/s24/peer}  # session 25: OUT=/tmp/s25/peer COUNT=1024
+export PATH=/tmp/mcvenv/bin:$PATH  # mooncake_master for the metadata bench
 echo "start $(date -u +%H:%M:%S)" > $O/times.txt
-$P bench store --size 64K --size 1M --size 16M --count 128 --repeat 7 --metadata-ops 20000 \
+$P bench store --size 64K --size 1M --size 16M --count ${COUNT:-128} --repeat 7 --metadata-ops 20000 \
     --metadata-clients 4 --mooncake-path /tmp/mcvenv/lib/python3.11/site-packages --json > $O/store.json 2> $O/store.err
 echo "store $(date -u +%H:%M:%S)" >> $O/times.txt
 M="--mooncake-python /tmp/mcvenv/bin/python"
