@@ -257,7 +257,8 @@ def run(sizes: list[int], count: int, modes: list[str], metadata_ops: int = 20_0
                     mt, mt_lo, mt_hi = _spread([x["throughput_bytes_per_s"] for x in theirs])
                     ratios = [a["throughput_bytes_per_s"] / b["throughput_bytes_per_s"]
                               for a, b in zip(ours, theirs, strict=True)]
-                    extra = {**ratio_fields(ratios),"mooncake_cpu_s_per_op": _spread(
+                    extra = {**ratio_fields(ratios),
+                             "mooncake_cpu_s_per_op": _spread(
                                  [x["cpu_s_per_op"] for x in theirs])[0],
                              "mooncake_throughput_bytes_per_s": mt,
                              "mooncake_throughput_min": mt_lo, "mooncake_throughput_max": mt_hi,
