@@ -73,10 +73,9 @@ def _worker(side: str, addr: str, md: str, wid: int, n: int, batch: int, keys: l
                     ok &= s.is_exist(keys[i % len(keys)]) == 1
                 done = n
             elif op == "batch_is_exist":
-                calls = n
-                for i in range(calls):
-                    ok &= all(x == 1 for x in s.batch_is_exist(groups[i]))
-                done = calls * batch
+                for group in groups:
+                    ok &= all(x == 1 for x in s.batch_is_exist(group))
+                done = n * batch
             elif op == "get_size":
                 for i in range(n):
                     ok &= s.get_size(keys[i % len(keys)]) == VALUE_BYTES

@@ -18,7 +18,7 @@ import threading
 
 from pymooncake.cli.common import add_json_flag, emit, unusable_dir
 from pymooncake.cli.store_flags import flag_message
-from pymooncake.store.config import DEFAULT_RPC_POLL_S
+from pymooncake.store.config import DEFAULT_RPC_POLL_S, MasterConfig
 
 
 def _size(text: str) -> int:
@@ -63,9 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus /metrics on this port")
     m.add_argument("--rpc-poll", type=float, default=DEFAULT_RPC_POLL_S, metavar="S",
-                   help="while requests come at most S apart, poll this long after each for "
-                   "the next one before sleeping (s in [0, 0.01], default "
-                   f"{DEFAULT_RPC_POLL_S:g}; 0 = never poll)")
+                   help="while requests come at most S apart, poll S after each before "
+                   f"sleeping (s in [0, 0.01], default {DEFAULT_RPC_POLL_S:g}; 0 = never)")
     m.add_argument("--enable-http-metadata-server", action="store_true",
                    help="also serve a Mooncake-style HTTP metadata server (as Mooncake's)")
     m.add_argument("--http-metadata-server-port", type=int, default=8080)
@@ -130,7 +129,6 @@ def _run_master(args: argparse.Namespace) -> int:
     import asyncio
 
     from pymooncake.cli.main import UsageError
-    from pymooncake.store.config import MasterConfig
     from pymooncake.store.master.service import MasterService
 
     try:
@@ -354,8 +352,7 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
                    "Python API on both sides (0 = skip; its ops per kind: --metadata-ops)")
     b.add_argument("--no-mooncake", action="store_true", help="skip Mooncake's own store")
     b.add_argument("--rpc-poll", type=float, default=None, metavar="S",
-                   help="our master's --rpc-poll in every cluster of the run (s; default: "
-                   "the master's own)")
+                   help="our master's --rpc-poll in every cluster (default: its own)")
     b.add_argument("--repeat", type=int, default=1,
                    help="interleaved rounds (ours, Mooncake, ...); medians with min/max")
     b.add_argument("--mooncake-path", default=None, metavar="DIR",
@@ -388,8 +385,8 @@ def _run_bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--rpc-poll {args.rpc_poll}: must be in [0, 0.01] seconds")
     from pymooncake.bench import store_procs as bench_procs
 
-    bench_procs.MASTER_FLAGS[:] = ([] if args.rpc_poll is None
-                                   else ["--rpc-poll", repr(args.rpc_poll)])
+    bench_procs.MASTER_FLAGS[:] = [] if args.rpc_poll is None else ["--rpc-poll",
+                                                                     repr(args.rpc_poll)]
     result = bench.run(sizes, args.count, modes, metadata_ops=args.metadata_ops,
                        with_mooncake=not args.no_mooncake, repeat=args.repeat)
     from pymooncake.bench import store_meta

@@ -93,13 +93,11 @@ class RpcServer:
         self._conns: set[_Conn] = set()
         self.port: int = port
         self.poll_s = poll_s
-        """While requests come at most this far apart (s), keep the event loop polling
-        (non-blocking, the CPU handed to any other runnable thread between two looks) for
-        this long after each before it may sleep in the kernel again: the next request of
-        busy clients finds the server awake instead of waking it (a wake-up costs more than
-        the request on a VM's CPUs). A request that comes after a longer quiet spell does
-        not start a poll, so an idle or lightly used server never spins. 0: never poll.
-        The symmetric of ``SyncRpcClient.poll_s``."""
+        """While requests come at most this far apart (s), poll (non-blocking, yielding
+        the CPU between looks) this long after each before sleeping in the kernel: busy
+        clients' next request finds the server awake (a wake-up costs more than the request
+        on a VM's CPUs); after a quiet spell no poll starts, so an idle server never spins.
+        0: never poll. The symmetric of ``SyncRpcClient.poll_s``."""
         self._last_frame = float("-inf")
         self._polling = False
         self.polls = 0
@@ -144,12 +142,10 @@ class RpcServer:
     # -- polling -------------------------------------------------------------------
 
     def _frames_seen(self) -> None:
-        """A read brought frames: if the one before came within ``poll_s``, poll for the
-        next ones for ``poll_s`` (see there)."""
-        now = time.monotonic()
-        busy = now - self._last_frame < self.poll_s
+        """A read brought frames: poll if the one before came within ``poll_s``."""
+        now, last = time.monotonic(), self._last_frame
         self._last_frame = now
-        if busy and not self._polling:
+        if now - last < self.poll_s and not self._polling:
             self._polling = True
             asyncio.get_running_loop().call_soon(self._poll)
 
