@@ -1,7 +1,8 @@
 """``tcp`` transport: a framed binary protocol straight between registered buffers.
 
-Per slice the initiator sends a 36-byte request header, followed for a WRITE by the
-payload (``sendmsg`` of memoryviews over the registered memory: no intermediate bytes);
+Per wire request — a slice, or a run of contiguous slices of one request that a path
+took together (``runs``) — the initiator sends a 36-byte request header, followed for a
+WRITE by the payload (``sendmsg`` of memoryviews over the registered memory: no intermediate bytes);
 the target ``recv_into``s the payload straight into its registered range and answers a
 28-byte reply header (followed for a READ by the payload, received straight into the
 initiator's registered range)::
@@ -41,6 +42,7 @@ from pymooncake.transfer.transports.wire import (
     REP_MAGIC,
     REQ,
     REQ_MAGIC,
+    SERVER_MAX_SLICE_BYTES,
     ST_CRC,
     ST_OK,
     STATUS_CODES,
@@ -88,64 +90,96 @@ def is_stale(conn: TcpConnection) -> bool:
     return bool(readable)
 
 
+def runs(slices: Sequence[Slice], max_bytes: int = SERVER_MAX_SLICE_BYTES
+         ) -> list[tuple[int, int, int]]:
+    """``[(first, count, length), ...]``: the window cut into wire requests. Consecutive
+    slices of one request that continue each other on both ends (the path took them
+    together) travel as one request whose payload is their views in a row, up to
+    ``max_bytes``: the slices stay the unit of path choice and retry (DESIGN.md §4), the
+    wire pays its per-request cost (a header, a reply, a target's turn) once a run."""
+    out: list[tuple[int, int, int]] = []
+    prev: Slice | None = None
+    for i, s in enumerate(slices):
+        if (prev is not None and s.op is prev.op and s.request_index == prev.request_index
+                and s.batch_id == prev.batch_id
+                and s.local_addr == prev.local_addr + prev.length
+                and s.target_addr == prev.target_addr + prev.length
+                and out[-1][2] + s.length <= max_bytes):
+            first, count, length = out[-1]
+            out[-1] = (first, count + 1, length + s.length)
+        else:
+            out.append((i, 1, s.length))
+        prev = s
+    return out
+
+
 def run_window(conn: TcpConnection, slices: Sequence[Slice], checksum: bool,
                first_seq: int, poll_s: float = 0.0) -> list[tuple[StatusCode, str]]:
-    """Send a window of slices and read their replies in order (polling for the first
-    reply up to ``poll_s`` before sleeping: ``RecvBuffer.poll``).
+    """Send a window of slices (contiguous slices of a request as one wire request:
+    ``runs``) and read their replies in order (polling for the first reply up to
+    ``poll_s`` before sleeping: ``RecvBuffer.poll``).
 
     Returns one ``(code, message)`` per slice (a refusal by the target is a result, not a
-    path error). Raises :class:`PathError` when the link breaks, with how many slices
-    completed before it.
+    path error; a run's answer is each of its slices'). Raises :class:`PathError` when
+    the link breaks, with how many slices completed before it.
     """
     sock, reader = conn.sock, conn.reader
-    last = len(slices) - 1
+    cut = runs(slices)
+    last = len(cut) - 1
+    views = [s.view if s.view is not None else view_at(s.local_addr, s.length)
+             for s in slices]
     bufs: list[memoryview | bytes] = []
-    for i, s in enumerate(slices):
-        flags = (FLAG_CRC if checksum else 0) | (FLAG_MORE if i < last else 0)
+    for j, (first, count, length) in enumerate(cut):
+        flags = (FLAG_CRC if checksum else 0) | (FLAG_MORE if j < last else 0)
+        s = slices[first]
         if s.op is TransferOp.WRITE:
-            view = s.view if s.view is not None else view_at(s.local_addr, s.length)
-            crc = zlib.crc32(view) if checksum else 0
-            bufs.append(REQ.pack(REQ_MAGIC, 1, flags, 0, first_seq + i, s.target_addr,
-                                 s.length, crc))
-            bufs.append(view)
+            crc = 0
+            if checksum:
+                for v in views[first:first + count]:
+                    crc = zlib.crc32(v, crc)
+            bufs.append(REQ.pack(REQ_MAGIC, 1, flags, 0, first_seq + j, s.target_addr,
+                                 length, crc))
+            bufs.extend(views[first:first + count])
         else:
-            bufs.append(REQ.pack(REQ_MAGIC, 0, flags, 0, first_seq + i, s.target_addr,
-                                 s.length, 0))
+            bufs.append(REQ.pack(REQ_MAGIC, 0, flags, 0, first_seq + j, s.target_addr,
+                                 length, 0))
     results: list[tuple[StatusCode, str]] = []
     try:
         sendmsg_all(sock, bufs)
         # a large READ first: poll for its header only, the payload then lands straight
         # in the destination (RecvBuffer.read_into bypasses the buffer) instead of a
         # buffer-full being copied out of the receive buffer
-        first = slices[0]
-        reader.poll(poll_s, REP.size if first.op is TransferOp.READ
-                    and first.length >= RECV_BUFFER_BYTES // 2 else 0)
-        for i, s in enumerate(slices):
-            magic, status, rflags, msg_len, seq, length, crc = reader.read_struct(REP)
-            if magic != REP_MAGIC or seq != first_seq + i:
+        reader.poll(poll_s, REP.size if slices[0].op is TransferOp.READ
+                    and cut[0][2] >= RECV_BUFFER_BYTES // 2 else 0)
+        for j, (first, count, length) in enumerate(cut):
+            magic, status, rflags, msg_len, seq, rlength, crc = reader.read_struct(REP)
+            if magic != REP_MAGIC or seq != first_seq + j:
                 raise ConnectionError("reply out of sequence (corrupted link)")
             msg = ""
             if msg_len:
                 mbuf = bytearray(msg_len)
                 reader.read_into(memoryview(mbuf))
                 msg = mbuf.decode(errors="replace")
-            if status == ST_OK and s.op is TransferOp.READ:
-                if length != s.length:
+            if status == ST_OK and slices[first].op is TransferOp.READ:
+                if rlength != length:
                     raise ConnectionError("reply length differs from the request")
-                view = s.view if s.view is not None else view_at(s.local_addr, s.length)
-                reader.read_into(view)
-                if checksum and zlib.crc32(view) != crc:
+                got = 0
+                for v in views[first:first + count]:
+                    reader.read_into(v)
+                    if checksum:
+                        got = zlib.crc32(v, got)
+                if checksum and got != crc:
                     status, msg = ST_CRC, "checksum mismatch on read"
             if status == ST_OK and not msg:
-                results.append(_OK)
+                results.extend([_OK] * count)
                 continue
             code = STATUS_CODES.get(status, StatusCode.INTERNAL)
             if code is StatusCode.CHECKSUM_MISMATCH and not msg:
                 msg = "checksum mismatch on write"
-            results.append((code, msg))
+            results.extend([(code, msg)] * count)
             if rflags & FLAG_CLOSING and status != ST_OK:
                 conn.closed_by_peer = True
-                if i < last:  # the rest of the window must go on another connection
+                if j < last:  # the rest of the window must go on another connection
                     raise PathError("the target closed the session after refusing a slice",
                                     results, StatusCode.CONNECTION_ERROR, refused=True)
                 break
