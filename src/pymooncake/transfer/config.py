@@ -22,8 +22,11 @@ class TransferConfig:
     """Requests are cut into slices of at least this size (except a shorter tail)."""
     max_slice_bytes: int = 1024 * 1024
     """...and at most this size (Mooncake slices at 64 KiB–1 MiB)."""
-    window_bytes: int = 8 * 1024 * 1024
-    """Bytes of slices a path sends before it reads their replies (pipelining)."""
+    window_bytes: int = 16 * 1024 * 1024
+    """Bytes of slices a path sends before it reads their replies (pipelining). With
+    16 MiB, a batch of two 16 MiB requests over two paths is one window a path, sent as
+    one wire request (a run, ``tcp.runs``); with 8 MiB it moved ~3 % less a second
+    (docs/benchmarks.md, issue 16 session 26)."""
     window_slices: int = 64
     """Most slices in flight on one path."""
     slice_timeout_s: float = 5.0

@@ -46,6 +46,7 @@ from pymooncake.transfer.transports.wire import (
     ST_CRC,
     ST_OK,
     STATUS_CODES,
+    RecvBuffer,
     TcpConnection,
     sendmsg_all,
     timeval,
@@ -115,51 +116,133 @@ def runs(slices: Sequence[Slice], max_bytes: int = SERVER_MAX_SLICE_BYTES
 
 def run_window(conn: TcpConnection, slices: Sequence[Slice], checksum: bool,
                first_seq: int, poll_s: float = 0.0) -> list[tuple[StatusCode, str]]:
-    """Send a window of slices (contiguous slices of a request as one wire request:
-    ``runs``) and read their replies in order (polling for the first reply up to
-    ``poll_s`` before sleeping: ``RecvBuffer.poll``).
+    """Send a window of slices and read their replies in order (polling for the first
+    reply up to ``poll_s`` before sleeping: ``RecvBuffer.poll``). Contiguous slices of
+    one request go as one wire request (``runs``); a window of small requests, each its
+    own slice (the usual case), goes slice by slice without that cut.
 
     Returns one ``(code, message)`` per slice (a refusal by the target is a result, not a
     path error; a run's answer is each of its slices'). Raises :class:`PathError` when
     the link breaks, with how many slices completed before it.
     """
+    n = len(slices)
+    if n > 1 and len({s.request_index for s in slices}) < n:  # a request split here
+        cut = runs(slices)
+        if len(cut) < n:
+            return _run_cut(conn, slices, cut, checksum, first_seq, poll_s)
+    return _run_slices(conn, slices, checksum, first_seq, poll_s)
+
+
+def _refused(conn: TcpConnection, status: int, rflags: int, msg: str, count: int,
+             more: bool, results: list[tuple[StatusCode, str]]) -> bool:
+    """Record a wire request's failed answer for its ``count`` slices; True when the target
+    closed the session with it (the window ends; ``PathError(refused=True)`` when ``more``
+    requests of the window were sent)."""
+    code = STATUS_CODES.get(status, StatusCode.INTERNAL)
+    if code is StatusCode.CHECKSUM_MISMATCH and not msg:
+        msg = "checksum mismatch on write"
+    results.extend([(code, msg)] * count)
+    if rflags & FLAG_CLOSING and status != ST_OK:
+        conn.closed_by_peer = True
+        if more:  # the rest of the window must go on another connection
+            raise PathError("the target closed the session after refusing a slice",
+                            results, StatusCode.CONNECTION_ERROR, refused=True)
+        return True
+    return False
+
+
+def _reply_msg(reader: RecvBuffer, msg_len: int) -> str:
+    if not msg_len:
+        return ""
+    mbuf = bytearray(msg_len)
+    reader.read_into(memoryview(mbuf))
+    return mbuf.decode(errors="replace")
+
+
+def _run_slices(conn: TcpConnection, slices: Sequence[Slice], checksum: bool,
+                first_seq: int, poll_s: float) -> list[tuple[StatusCode, str]]:
+    """``run_window``, one wire request per slice."""
     sock, reader = conn.sock, conn.reader
-    cut = runs(slices)
-    last = len(cut) - 1
-    views = [s.view if s.view is not None else view_at(s.local_addr, s.length)
-             for s in slices]
+    last = len(slices) - 1
     bufs: list[memoryview | bytes] = []
-    for j, (first, count, length) in enumerate(cut):
-        flags = (FLAG_CRC if checksum else 0) | (FLAG_MORE if j < last else 0)
-        s = slices[first]
+    for i, s in enumerate(slices):
+        flags = (FLAG_CRC if checksum else 0) | (FLAG_MORE if i < last else 0)
         if s.op is TransferOp.WRITE:
-            crc = 0
-            if checksum:
-                for v in views[first:first + count]:
-                    crc = zlib.crc32(v, crc)
-            bufs.append(REQ.pack(REQ_MAGIC, 1, flags, 0, first_seq + j, s.target_addr,
-                                 length, crc))
-            bufs.extend(views[first:first + count])
+            view = s.view if s.view is not None else view_at(s.local_addr, s.length)
+            crc = zlib.crc32(view) if checksum else 0
+            bufs.append(REQ.pack(REQ_MAGIC, 1, flags, 0, first_seq + i, s.target_addr,
+                                 s.length, crc))
+            bufs.append(view)
         else:
-            bufs.append(REQ.pack(REQ_MAGIC, 0, flags, 0, first_seq + j, s.target_addr,
-                                 length, 0))
+            bufs.append(REQ.pack(REQ_MAGIC, 0, flags, 0, first_seq + i, s.target_addr,
+                                 s.length, 0))
     results: list[tuple[StatusCode, str]] = []
     try:
         sendmsg_all(sock, bufs)
         # a large READ first: poll for its header only, the payload then lands straight
         # in the destination (RecvBuffer.read_into bypasses the buffer) instead of a
         # buffer-full being copied out of the receive buffer
+        first = slices[0]
+        reader.poll(poll_s, REP.size if first.op is TransferOp.READ
+                    and first.length >= RECV_BUFFER_BYTES // 2 else 0)
+        for i, s in enumerate(slices):
+            magic, status, rflags, msg_len, seq, length, crc = reader.read_struct(REP)
+            if magic != REP_MAGIC or seq != first_seq + i:
+                raise ConnectionError("reply out of sequence (corrupted link)")
+            msg = _reply_msg(reader, msg_len) if msg_len else ""
+            if status == ST_OK and s.op is TransferOp.READ:
+                if length != s.length:
+                    raise ConnectionError("reply length differs from the request")
+                view = s.view if s.view is not None else view_at(s.local_addr, s.length)
+                reader.read_into(view)
+                if checksum and zlib.crc32(view) != crc:
+                    status, msg = ST_CRC, "checksum mismatch on read"
+            if status == ST_OK and not msg:
+                results.append(_OK)
+            elif _refused(conn, status, rflags, msg, 1, i < last, results):
+                break
+    except (TimeoutError, BlockingIOError) as e:  # BlockingIOError: SO_RCVTIMEO/SNDTIMEO
+        raise PathError(f"timed out: {e}", results, StatusCode.TIMEOUT) from e
+    except OSError as e:  # ConnectionError, reset, broken pipe, closed socket
+        raise PathError(f"connection error: {e!r}", results,
+                        StatusCode.CONNECTION_ERROR) from e
+    return results
+
+
+def _run_cut(conn: TcpConnection, slices: Sequence[Slice], cut: list[tuple[int, int, int]],
+             checksum: bool, first_seq: int, poll_s: float) -> list[tuple[StatusCode, str]]:
+    """``run_window``, one wire request per run of ``cut`` (``runs``): a WRITE's payload is
+    its slices' views in a row, a READ's reply payload is received into them in turn,
+    and the CRC covers the run."""
+    sock, reader = conn.sock, conn.reader
+    views = [s.view if s.view is not None else view_at(s.local_addr, s.length)
+             for s in slices]
+    last = len(cut) - 1
+    bufs: list[memoryview | bytes] = []
+    for j, (first, count, length) in enumerate(cut):
+        flags = (FLAG_CRC if checksum else 0) | (FLAG_MORE if j < last else 0)
+        s, mine = slices[first], views[first:first + count]
+        if s.op is TransferOp.WRITE:
+            crc = 0
+            if checksum:
+                for v in mine:
+                    crc = zlib.crc32(v, crc)
+            bufs.append(REQ.pack(REQ_MAGIC, 1, flags, 0, first_seq + j, s.target_addr,
+                                 length, crc))
+            bufs.extend(mine)
+        else:
+            bufs.append(REQ.pack(REQ_MAGIC, 0, flags, 0, first_seq + j, s.target_addr,
+                                 length, 0))
+    results: list[tuple[StatusCode, str]] = []
+    try:
+        sendmsg_all(sock, bufs)
         reader.poll(poll_s, REP.size if slices[0].op is TransferOp.READ
                     and cut[0][2] >= RECV_BUFFER_BYTES // 2 else 0)
         for j, (first, count, length) in enumerate(cut):
             magic, status, rflags, msg_len, seq, rlength, crc = reader.read_struct(REP)
             if magic != REP_MAGIC or seq != first_seq + j:
                 raise ConnectionError("reply out of sequence (corrupted link)")
-            msg = ""
-            if msg_len:
-                mbuf = bytearray(msg_len)
-                reader.read_into(memoryview(mbuf))
-                msg = mbuf.decode(errors="replace")
+            msg = _reply_msg(reader, msg_len)
             if status == ST_OK and slices[first].op is TransferOp.READ:
                 if rlength != length:
                     raise ConnectionError("reply length differs from the request")
@@ -172,20 +255,11 @@ def run_window(conn: TcpConnection, slices: Sequence[Slice], checksum: bool,
                     status, msg = ST_CRC, "checksum mismatch on read"
             if status == ST_OK and not msg:
                 results.extend([_OK] * count)
-                continue
-            code = STATUS_CODES.get(status, StatusCode.INTERNAL)
-            if code is StatusCode.CHECKSUM_MISMATCH and not msg:
-                msg = "checksum mismatch on write"
-            results.extend([(code, msg)] * count)
-            if rflags & FLAG_CLOSING and status != ST_OK:
-                conn.closed_by_peer = True
-                if j < last:  # the rest of the window must go on another connection
-                    raise PathError("the target closed the session after refusing a slice",
-                                    results, StatusCode.CONNECTION_ERROR, refused=True)
+            elif _refused(conn, status, rflags, msg, count, j < last, results):
                 break
-    except (TimeoutError, BlockingIOError) as e:  # BlockingIOError: SO_RCVTIMEO/SNDTIMEO
+    except (TimeoutError, BlockingIOError) as e:
         raise PathError(f"timed out: {e}", results, StatusCode.TIMEOUT) from e
-    except OSError as e:  # ConnectionError, reset, broken pipe, closed socket
+    except OSError as e:
         raise PathError(f"connection error: {e!r}", results,
                         StatusCode.CONNECTION_ERROR) from e
     return results
