@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import socket
 import time
 
 import numpy as np
@@ -18,6 +19,8 @@ from pymooncake.transfer import (
     TransferState,
     aggregate_status,
 )
+from pymooncake.transfer.transports.tcp import STALE_CHECK_IDLE_S, is_stale
+from pymooncake.transfer.transports.wire import TcpConnection
 
 pytestmark = pytest.mark.integration
 
@@ -67,8 +70,10 @@ def make_engine(metadata_url: str, **cfg: object) -> TransferEngine:
 
 def test_path_killed_mid_transfer_slices_retried_on_other_path(metadata_url: str,
                                                                 spawn_peer) -> None:  # noqa: ANN001
-    # The peer drops the first connection that has served 10 slices, mid-slice.
-    peer = spawn_peer("flaky", size=8 * MiB, drop_after_slices=10)
+    # The peer drops the first connection that has served 3 wire requests, in the middle
+    # of the 4th. A window's 8 contiguous 64 KiB slices of the request are one wire request
+    # (tcp.runs): 8 MiB is 16 of them over the 2 connections, so one serves at least 8.
+    peer = spawn_peer("flaky", size=8 * MiB, drop_after_slices=3)
     eng = make_engine(metadata_url)
     try:
         src = np.random.default_rng(11).integers(0, 256, 8 * MiB, dtype=np.uint8)
@@ -146,6 +151,42 @@ def test_bug_36_stale_connection_after_idle_gap_then_dead_peer(metadata_url: str
         assert elapsed <= eng.config.failure_bound_s
     finally:
         eng.close()
+
+
+def test_bug_36_connection_closed_right_after_use_is_reopened(metadata_url: str,
+                                                              spawn_peer) -> None:  # noqa: ANN001
+    """A pooled connection back for less than ``tcp.STALE_CHECK_IDLE_S`` is reused without
+    the staleness look; one the peer closed at once fails its window, which goes again on
+    a fresh connection: still OK, byte-exact, counted as a reconnect."""
+    peer = spawn_peer("bug36-now", size=16 * MiB)
+    eng = make_engine(metadata_url, slice_timeout_s=2.0)
+    try:
+        buf = np.random.default_rng(362).integers(0, 256, 16 * MiB, dtype=np.uint8)
+        addr = eng.register_memory(buf)
+        assert eng.transfer_sync(TransferOp.WRITE, addr, peer.name, peer.addr, 8 * MiB).ok
+        assert int(peer.ask("drop")) == 2
+        reconnects0 = metric("pymooncake_transfer_stale_reconnects_total")
+        st = eng.transfer_sync(TransferOp.WRITE, addr + 8 * MiB, peer.name,
+                               peer.addr + 8 * MiB, 8 * MiB)
+        assert st.ok, st.reason
+        assert peer.digest(peer.addr, 16 * MiB) == digest(buf)
+        assert metric("pymooncake_transfer_stale_reconnects_total") >= reconnects0 + 1
+    finally:
+        eng.close()
+
+
+def test_stale_look_is_skipped_for_a_just_released_connection() -> None:
+    a, b = socket.socketpair()
+    try:
+        conn = TcpConnection(a)
+        b.close()  # the peer closed: readable (EOF)
+        conn.idle_since = time.monotonic()
+        assert not is_stale(conn)  # back just now: not looked at
+        assert is_stale(conn, min_idle_s=0.0)
+        conn.idle_since = time.monotonic() - 2 * STALE_CHECK_IDLE_S
+        assert is_stale(conn)
+    finally:
+        a.close()
 
 
 def test_bug_37_invalid_fragments_give_non_ok_aggregate(metadata_url: str,

@@ -236,11 +236,13 @@ class TcpPaths:
                 m.reconnects_total.labels(lane.label).inc()
             return self._one_failed(ch, lane, s, e.code, f"path {lane.label} to {ch.name}: {e}",
                                     not reused)
+        now = time.monotonic()
         if conn.closed_by_peer:
             self.pool.discard(lane.key, conn)
         else:
+            conn.idle_since = now
             self.pool.release(lane.key, conn)
-        lane.latency_metric.observe(time.monotonic() - t0)
+        lane.latency_metric.observe(now - t0)
         if code is StatusCode.OK:
             lane.bytes_metric.inc(s.length)
             lane.slices_metric.inc()
@@ -321,11 +323,13 @@ class TcpPaths:
             self._path_failed(ch, lane, window, e.results, e.code,
                               f"path {lane.label} to {ch.name}: {e}", mark_down=not reused)
             return
+        now = time.monotonic()
         if conn.closed_by_peer:
             self.pool.discard(key, conn)
         else:
+            conn.idle_since = now
             self.pool.release(key, conn)
-        lane.latency_metric.observe(time.monotonic() - t0)
+        lane.latency_metric.observe(now - t0)
         self._account(window, results, lane)
 
     def _account(self, window: Sequence[Slice], results: Sequence[tuple[StatusCode, str]],

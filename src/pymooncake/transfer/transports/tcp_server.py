@@ -56,8 +56,9 @@ class TcpDataServer:
     within ``read_timeout_s`` plus one second per MiB in all; otherwise the session is
     dropped. An idle connection (between requests) may stay open.
 
-    ``fault_drop_after_slices`` (tests only): after that many slices on one connection,
-    the server closes that connection in the middle of the next slice, once.
+    ``fault_drop_after_slices`` (tests only): after that many wire requests on one
+    connection (a slice, or a run of contiguous slices: ``tcp.runs``), the server closes
+    that connection in the middle of the next one, once.
     """
 
     def __init__(self, host: str, port: int, registry: MemoryRegistry, *,

@@ -157,6 +157,8 @@ class TcpConnection:
         self.reader = RecvBuffer(sock)
         self.closed_by_peer = False
         """The target refused a slice and closed the session: do not pool it again."""
+        self.idle_since = 0.0
+        """``time.monotonic()`` when it last went back to the pool (``tcp.is_stale``)."""
 
     def close(self) -> None:
         """Shut the socket down (waking a thread blocked on it) and close it."""
