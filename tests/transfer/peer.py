@@ -51,7 +51,8 @@ def main() -> None:
     engine.server.fault_drop_after_slices = args.drop_after_slices
     if args.delay_per_slice_ms:
         delay_s = args.delay_per_slice_ms / 1000
-        engine.server.on_slice = lambda op, n: time.sleep(delay_s)
+        # per 64 KiB served: a run of contiguous slices is one wire request (tcp.runs)
+        engine.server.on_slice = lambda op, n: time.sleep(delay_s * max(1, n >> 16))
     print(json.dumps({"name": args.name, "addr": addr, "length": args.size,
                       "shm_addr": shm_addr, "port": engine.tcp_port,
                       "pid": os.getpid()}), flush=True)

@@ -36,7 +36,7 @@ def test_a_failed_read_writes_nothing_after_its_status_is_final() -> None:
         dst = np.zeros(N, dtype=np.uint8)
         src_addr, dst_addr = tgt.register_memory(src), ini.register_memory(dst)
         assert tgt.server is not None
-        tgt.server.fault_drop_after_slices = 3     # one slice fails (no retries left)
+        tgt.server.fault_drop_after_slices = 3     # one run of 2 slices fails (no retries left)
         bid = ini.allocate_batch(1)
         ini.submit(bid, [TransferRequest(TransferOp.READ, dst_addr, tgt.name, src_addr, N)])
         [st] = ini.wait(bid, timeout_s=30)

@@ -19,6 +19,7 @@ from pymooncake.transfer import (
     TransferState,
     aggregate_status,
 )
+from pymooncake.transfer.transports import tcp
 from pymooncake.transfer.transports.tcp import STALE_CHECK_IDLE_S, is_stale
 from pymooncake.transfer.transports.wire import TcpConnection
 
@@ -95,8 +96,8 @@ def test_path_killed_mid_transfer_slices_retried_on_other_path(metadata_url: str
 
 
 def test_peer_killed_mid_transfer_fails_within_bound(metadata_url: str, spawn_peer) -> None:  # noqa: ANN001
-    # The peer serves slowly (5 ms a slice: 128 slices over 2 paths ≈ 0.3 s) so the kill
-    # lands mid-transfer.
+    # The peer serves slowly (5 ms per 64 KiB: 128 slices over 2 paths ≈ 0.3 s) so the
+    # kill lands mid-transfer.
     peer = spawn_peer("victim", size=8 * MiB, delay_per_slice_ms=5)
     eng = make_engine(metadata_url)
     try:
@@ -153,11 +154,13 @@ def test_bug_36_stale_connection_after_idle_gap_then_dead_peer(metadata_url: str
         eng.close()
 
 
-def test_bug_36_connection_closed_right_after_use_is_reopened(metadata_url: str,
-                                                              spawn_peer) -> None:  # noqa: ANN001
+def test_bug_36_connection_closed_right_after_use_is_reopened(
+        metadata_url: str, spawn_peer, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """A pooled connection back for less than ``tcp.STALE_CHECK_IDLE_S`` is reused without
-    the staleness look; one the peer closed at once fails its window, which goes again on
-    a fresh connection: still OK, byte-exact, counted as a reconnect."""
+    the staleness look (here 60 s: never looked at); one the peer closed meanwhile fails its
+    window, which goes again at once on a fresh connection: OK, byte-exact, counted as a
+    reconnect and a retry."""
+    monkeypatch.setattr(tcp, "STALE_CHECK_IDLE_S", 60.0)
     peer = spawn_peer("bug36-now", size=16 * MiB)
     eng = make_engine(metadata_url, slice_timeout_s=2.0)
     try:
@@ -165,12 +168,15 @@ def test_bug_36_connection_closed_right_after_use_is_reopened(metadata_url: str,
         addr = eng.register_memory(buf)
         assert eng.transfer_sync(TransferOp.WRITE, addr, peer.name, peer.addr, 8 * MiB).ok
         assert int(peer.ask("drop")) == 2
+        time.sleep(0.2)  # the peer's FIN has arrived: a look would have seen it
         reconnects0 = metric("pymooncake_transfer_stale_reconnects_total")
+        retries0 = metric("pymooncake_transfer_retries_total")
         st = eng.transfer_sync(TransferOp.WRITE, addr + 8 * MiB, peer.name,
                                peer.addr + 8 * MiB, 8 * MiB)
         assert st.ok, st.reason
         assert peer.digest(peer.addr, 16 * MiB) == digest(buf)
         assert metric("pymooncake_transfer_stale_reconnects_total") >= reconnects0 + 1
+        assert metric("pymooncake_transfer_retries_total") > retries0  # not looked at
     finally:
         eng.close()
 

@@ -49,7 +49,8 @@ class TransferConfig:
     less than waking that thread and handing the GIL back); larger ones go to the copy
     thread and overlap the caller's work. 0: always the copy thread."""
     checksum: bool = False
-    """CRC32 per slice, checked on the receiving side (tests turn it on)."""
+    """CRC32 per wire request (a slice or a run of slices, ``tcp.runs``), checked on the
+    receiving side (tests turn it on)."""
     metadata_timeout_s: float = 5.0
     """Longest a metadata call (publish/resolve a segment) may take."""
     segment_ttl_s: float = 10.0
@@ -73,8 +74,9 @@ class TransferConfig:
                              f"{self.min_slice_bytes} and {self.max_slice_bytes}")
         if self.max_slice_bytes > 64 * 1024 * 1024:
             raise ValueError(f"max_slice_bytes must be <= 64 MiB, got {self.max_slice_bytes}")
-        if self.window_slices < 1 or self.window_bytes < self.max_slice_bytes:
-            raise ValueError("window_slices must be >= 1 and window_bytes >= max_slice_bytes")
+        if self.window_slices < 1 or not self.max_slice_bytes <= self.window_bytes <= 64 << 20:
+            raise ValueError("window_slices must be >= 1 and max_slice_bytes <= window_bytes "
+                             f"<= 64 MiB, got {self.window_slices} and {self.window_bytes}")
         for name in ("slice_timeout_s", "connect_timeout_s", "metadata_timeout_s",
                      "segment_ttl_s"):
             if not getattr(self, name) > 0:

@@ -81,17 +81,19 @@ STALE_CHECK_IDLE_S = 0.01
 """A pooled connection idle for less than this (s) is reused without ``is_stale``'s look."""
 
 
-def is_stale(conn: TcpConnection, min_idle_s: float = STALE_CHECK_IDLE_S) -> bool:
+def is_stale(conn: TcpConnection, min_idle_s: float | None = None) -> bool:
     """True when an idle pooled connection was closed by the peer (EOF or error pending).
 
     An idle connection of this protocol has nothing to read, so readability means the
-    peer closed or reset it. One back in the pool for less than ``min_idle_s`` (since
-    ``conn.idle_since``) is taken as live without looking: the look is a system call and a
-    GIL hand-off a window (at 4 KiB x 128, ~2 % of the throughput), and a peer that closed
-    it that recently fails the window, which goes again at once on a fresh connection
-    (``paths.TcpPaths._run_window``, BUG-36).
+    peer closed or reset it. One back in the pool for less than ``min_idle_s`` (default
+    ``STALE_CHECK_IDLE_S``; since ``conn.idle_since``) is taken as live without looking:
+    the look is a system call and a GIL hand-off a window (at 4 KiB x 128, ~2 % of the
+    throughput). A peer that closed it that recently fails the window, which goes again
+    at once on a fresh connection as a connection that breaks during a window does
+    (``paths.TcpPaths._run_window``, BUG-36; its slices count one retry).
     """
-    if time.monotonic() - conn.idle_since < min_idle_s:
+    limit = STALE_CHECK_IDLE_S if min_idle_s is None else min_idle_s
+    if time.monotonic() - conn.idle_since < limit:
         return False
     if not conn.reader.empty:
         return True

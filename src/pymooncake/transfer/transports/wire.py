@@ -1,7 +1,8 @@
 """The tcp transport's wire: header formats, buffered exact reads, gathered sends.
 
-Per slice the initiator sends a 36-byte request header, followed for a WRITE by the
-payload; the target answers a 28-byte reply header, followed for a READ by the payload::
+Per wire request (a slice, or a run of contiguous slices of one request: ``tcp.runs``)
+the initiator sends a 36-byte request header, followed for a WRITE by the payload; the
+target answers a 28-byte reply header, followed for a READ by the payload::
 
     request  !4s B  B     H   Q    Q     Q      I
              PMTQ op flags 0  seq  addr  length crc32
