@@ -115,3 +115,26 @@ def test_a_refused_run_refuses_each_of_its_slices(target) -> None:
         assert seen == []
     finally:
         conn.close()
+
+
+def test_the_target_never_writes_a_range_unregistered_since_its_last_request() -> None:
+    """The target reuses the previous request's region only while its registry is the same
+    snapshot: after an unregister, a request into that memory is refused (BUG-64)."""
+    mem = np.zeros(1 << 20, dtype=np.uint8)
+    reg = MemoryRegistry()
+    reg.add(MemoryRegion(mem.ctypes.data, mem.nbytes, mem))
+    server = TcpDataServer("127.0.0.1", 0, reg)
+    conn = open_connection("127.0.0.1", server.port, 2.0, 5.0)
+    try:
+        src = np.full(64 * KiB, 5, dtype=np.uint8)
+        one = _slices(TransferOp.WRITE, src, mem.ctypes.data, 64 * KiB, count=1)
+        assert run_window(conn, one, True, 1) == [(StatusCode.OK, "")]
+        assert int(mem[:64 * KiB].sum()) == 5 * 64 * KiB
+        reg.remove(mem.ctypes.data)
+        src[:] = 9
+        (code, msg), = run_window(conn, one, True, 2)
+        assert code is StatusCode.INVALID_ARGUMENT and "outside every registered" in msg
+        assert int(mem[:64 * KiB].sum()) == 5 * 64 * KiB  # untouched
+    finally:
+        conn.close()
+        server.close()
