@@ -146,24 +146,8 @@ class TcpDataServer:
                     status = ST_OK
                     if flags & FLAG_CRC and zlib.crc32(view) != crc:
                         status = ST_CRC
-                    rep = REP.pack(REP_MAGIC, status, 0, 0, seq, 0, 0)
-                    if self.on_slice is not None:
-                        self.on_slice(op, length)
-                    if flags & FLAG_MORE:  # held: the window's replies go out together
-                        pending.append(rep)
-                        pending_bytes += REP.size
-                        if pending_bytes >= REPLY_FLUSH_BYTES:
-                            sendmsg_all(conn, pending)
-                            pending.clear()
-                            pending_bytes = 0
-                    elif pending:
-                        pending.append(rep)
-                        sendmsg_all(conn, pending)
-                        pending.clear()
-                        pending_bytes = 0
-                    else:
-                        conn.sendall(rep)
-                    continue
+                    reply: list[memoryview | bytes] = [REP.pack(REP_MAGIC, status, 0, 0, seq,
+                                                                0, 0)]
                 else:
                     rcrc = zlib.crc32(view) if flags & FLAG_CRC else 0
                     reply = [REP.pack(REP_MAGIC, ST_OK, flags & FLAG_CRC, 0, seq, length,
