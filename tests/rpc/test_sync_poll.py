@@ -82,3 +82,96 @@ def test_send_stamps_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
     before = time.monotonic()
     c._send("ping", None, c.timeout_s)
     assert sent and before <= c._sent_at <= time.monotonic()
+
+
+# -- the poll budget follows this client's answer time (issue 16, session 27) -------------
+
+def test_the_poll_budget_is_four_answer_times_between_poll_s_and_the_cap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rpc_client, "REPLY_POLL_MAX_S", 300e-6)
+    c = SyncRpcClient("127.0.0.1", 1, poll_s=50e-6)
+    assert c.poll_budget_s() == 50e-6                     # no answer yet
+    for rtt, budget in ((5e-6, 50e-6),                    # 4 x 5 us < poll_s
+                        (20e-6, 80e-6), (60e-6, 240e-6),
+                        (100e-6, 300e-6),                 # 400 us, capped
+                        (300e-6, 300e-6),                 # at the cap still polled
+                        (301e-6, 50e-6), (2e-3, 50e-6)):  # slower answers: poll_s only
+        c.rtt_s = rtt
+        assert c.poll_budget_s() == pytest.approx(budget), rtt
+    monkeypatch.setattr(rpc_client, "REPLY_POLL_MAX_S", 0.0)  # adaptation off
+    c.rtt_s = 60e-6
+    assert c.poll_budget_s() == 50e-6
+    monkeypatch.setattr(rpc_client, "REPLY_POLL_MAX_S", 300e-6)
+    off = SyncRpcClient("127.0.0.1", 1, poll_s=0.0)       # polling off stays off
+    off.rtt_s = 60e-6
+    assert off.poll_budget_s() == 0.0
+
+
+def test_the_poll_lasts_the_budget(events: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a clock that each look moves on by 10 us, a never-answered poll looks budget /
+    10 us times: 5 for ``poll_s`` (50 us), 30 for a 300 us budget."""
+    now = [1000.0]
+    monkeypatch.setattr(rpc_client.time, "monotonic", lambda: now[0])
+
+    class SlowSock(FakeSock):
+        def recv(self, want: int, flags: int = 0) -> bytes:
+            now[0] += 10e-6
+            return super().recv(want, flags)
+
+    monkeypatch.setattr(rpc_client, "REPLY_POLL_MAX_S", 300e-6)
+    c = SyncRpcClient("127.0.0.1", 1, poll_s=50e-6)
+    looks = {}
+    for rtt in (0.0, 100e-6, 1e-3):
+        c.rtt_s = rtt
+        c._sent_at = now[0] - 1.0                         # out long: looks first
+        sock = SlowSock(events, ready_at=10**9)
+        assert c._poll(sock, 64) is None
+        looks[rtt] = sock.recvs
+    assert looks[0.0] == looks[1e-3] and looks[0.0] in (5, 6)  # (float rounding: +-1)
+    assert looks[100e-6] in (30, 31)
+
+
+UVLOOP_SERVER = """
+import asyncio, uvloop
+from pymooncake.rpc import RpcServer
+async def main():
+    s = RpcServer("127.0.0.1", 0)
+    s.register("mul", lambda p: p[0] * p[1])
+    async def sleep(p):
+        await asyncio.sleep(p)
+        return "slept"
+    s.register("sleep", sleep)
+    await s.start()
+    print(s.port, flush=True)
+    await s.serve_forever()
+uvloop.run(main())
+"""
+
+
+def test_calls_keep_a_running_answer_time_and_begin_does_not() -> None:
+    """Against a real server: the first call's answer time is the running mean; each next
+    ``call`` moves it 1/8 of the way to its own; ``begin``/``finish`` (the caller works
+    in between) leaves it."""
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-c", UVLOOP_SERVER], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        port = int(proc.stdout.readline())
+        c = SyncRpcClient("127.0.0.1", port, timeout_s=5)
+        assert c.rtt_s == 0.0
+        assert c.call("sleep", 0.2) == "slept"
+        first = c.rtt_s
+        assert 0.2 <= first < 2.0
+        t0 = time.monotonic()
+        assert c.call("mul", [6, 7]) == 42
+        dt = time.monotonic() - t0                        # >= this call's answer time
+        assert first * 7 / 8 <= c.rtt_s <= first * 7 / 8 + dt / 8
+        before = c.rtt_s
+        finish = c.begin("sleep", 0.1)
+        assert finish() == "slept"
+        assert c.rtt_s == before
+        c.close()
+    finally:
+        proc.kill()
+        proc.wait(10)

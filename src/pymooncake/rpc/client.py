@@ -36,7 +36,17 @@ from pymooncake.rpc.errors import ErrorCode, RpcConnectionError, RpcError, RpcTi
 T = TypeVar("T")
 
 REPLY_POLL_S = 50e-6
-"""How long ``SyncRpcClient`` polls for an answer before its receive sleeps."""
+"""How long ``SyncRpcClient`` polls for an answer before its receive sleeps (the least;
+see ``REPLY_POLL_MAX_S``)."""
+
+REPLY_POLL_MAX_S = 300e-6
+"""Longest poll for an answer (s). While this client's recent answers come within this
+(the running mean ``SyncRpcClient.rtt_s``), it polls four times that mean (at least ``poll_s``,
+at most this): a server that queues calls from several clients answers after the others'
+calls, later than ``REPLY_POLL_S``, and a caller already asleep by then makes the server's
+send wake it — a cross-CPU wake-up that on a VM's CPUs costs the server more than the call
+(issue 16: the master's ``remove`` answers, 4 clients). Slower answers get ``poll_s`` only
+(the sleep is cheap beside them). 0: no adaptation. Read at each call."""
 
 
 def poll_recv(recv: Callable[[], T], budget_s: float) -> T | None:
@@ -249,6 +259,9 @@ class SyncRpcClient:
         self._lock = threading.Lock()
         self._buf = bytearray()
         self._sent_at = 0.0  # time.monotonic() just before the last request's send
+        self.rtt_s = 0.0
+        """Running mean (1/8 weight to the newest) of the answer time of ``call``s: send
+        to answer, s; 0 before the first. Sets the poll budget (``REPLY_POLL_MAX_S``)."""
 
     def _connect(self) -> socket.socket:
         if self._sock is None:
@@ -279,12 +292,21 @@ class SyncRpcClient:
         self._sock = None
         self._buf.clear()
 
+    def poll_budget_s(self) -> float:
+        """How long the next answer is polled for (s): ``poll_s``, or four times the running
+        answer time ``rtt_s`` (at most ``REPLY_POLL_MAX_S``) while that is within
+        ``REPLY_POLL_MAX_S``. 0 when polling is off (``poll_s`` 0)."""
+        base, rtt, cap = self.poll_s, self.rtt_s, REPLY_POLL_MAX_S
+        if not base or not rtt or rtt > cap:
+            return base
+        return max(base, min(cap, 4.0 * rtt))
+
     def _poll(self, sock: socket.socket, want: int) -> bytes | None:
-        """Up to ``want`` bytes of the answer polled for ``poll_s``, or ``None`` (then the
-        receive sleeps). Adaptive (issue 16): a look that finds nothing costs a system call
-        and an exception, so the CPU is handed over (to the server) before the first look
-        unless the call has been out ``LOOK_FIRST_S`` already."""
-        end = (now := time.monotonic()) + self.poll_s
+        """Up to ``want`` bytes of the answer polled for ``poll_budget_s()``, or ``None``
+        (then the receive sleeps). Adaptive (issue 16): a look that finds nothing costs a
+        system call and an exception, so the CPU is handed over (to the server) before the
+        first look unless the call has been out ``LOOK_FIRST_S`` already."""
+        end = (now := time.monotonic()) + self.poll_budget_s()
         if now - self._sent_at < LOOK_FIRST_S:
             os.sched_yield()
         while True:
@@ -332,10 +354,15 @@ class SyncRpcClient:
         with self._lock:
             try:
                 sock, rid = self._send(method, params, timeout)
-                return self._result(sock, rid, reply_type)
+                out = self._result(sock, rid, reply_type)
             except BaseException as e:
                 self._failed(method, timeout, e)
                 raise
+            # answer time of a plain call (not ``begin``'s: the caller works in between)
+            dt = time.monotonic() - self._sent_at
+            rtt = self.rtt_s
+            self.rtt_s = dt if not rtt else rtt + (dt - rtt) * 0.125
+            return out
 
     def begin(self, method: str, params: Any = None, timeout_s: float | None = None
               ) -> Callable[..., Any]:
