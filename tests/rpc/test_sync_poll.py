@@ -131,31 +131,16 @@ def test_the_poll_lasts_the_budget(events: list[str], monkeypatch: pytest.Monkey
     assert looks[100e-6] in (30, 31)
 
 
-UVLOOP_SERVER = """
-import asyncio, uvloop
-from pymooncake.rpc import RpcServer
-async def main():
-    s = RpcServer("127.0.0.1", 0)
-    s.register("mul", lambda p: p[0] * p[1])
-    async def sleep(p):
-        await asyncio.sleep(p)
-        return "slept"
-    s.register("sleep", sleep)
-    await s.start()
-    print(s.port, flush=True)
-    await s.serve_forever()
-uvloop.run(main())
-"""
-
-
 def test_calls_keep_a_running_answer_time_and_begin_does_not() -> None:
     """Against a real server: the first call's answer time is the running mean; each next
     ``call`` moves it 1/8 of the way to its own; ``begin``/``finish`` (the caller works
     in between) leaves it."""
     import subprocess
     import sys
-    proc = subprocess.Popen([sys.executable, "-c", UVLOOP_SERVER], stdout=subprocess.PIPE,
-                            text=True)
+
+    from tests.rpc.test_rpc import UVLOOP_SERVER_SCRIPT  # serves "mul" and "sleep"
+    proc = subprocess.Popen([sys.executable, "-c", UVLOOP_SERVER_SCRIPT],
+                            stdout=subprocess.PIPE, text=True)
     try:
         port = int(proc.stdout.readline())
         c = SyncRpcClient("127.0.0.1", port, timeout_s=5)
