@@ -110,8 +110,9 @@ def test_the_poll_budget_is_four_answer_times_between_poll_s_and_the_cap(
 def test_the_poll_lasts_the_budget(events: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """On a clock that each look moves on by 10 us, a never-answered poll looks budget /
     10 us times: 5 for ``poll_s`` (50 us), 30 for a 300 us budget."""
-    now = [1000.0]
-    monkeypatch.setattr(rpc_client.time, "monotonic", lambda: now[0])
+    import types
+    now = [1000.0]   # the client module's clock only (not the process's time module)
+    monkeypatch.setattr(rpc_client, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
 
     class SlowSock(FakeSock):
         def recv(self, want: int, flags: int = 0) -> bytes:
