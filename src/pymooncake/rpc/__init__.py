@@ -1,10 +1,12 @@
 """The one control-plane RPC layer: msgpack frames over TCP, typed messages, timeouts.
 
 No pickle on the wire. Every call has a timeout. See ``rpc.codec`` for the frame format,
-``rpc.server.RpcServer`` and ``rpc.client.RpcClient`` / ``SyncRpcClient`` for the ends.
+``rpc.server.RpcServer``, ``rpc.async_client.RpcClient`` and ``rpc.client.SyncRpcClient``
+for the ends.
 """
 
-from pymooncake.rpc.client import RpcClient, SyncRpcClient
+from pymooncake.rpc.async_client import RpcClient
+from pymooncake.rpc.client import SyncRpcClient
 from pymooncake.rpc.codec import MAX_FRAME_BYTES, Message, decode_as, encode, from_wire, to_wire
 from pymooncake.rpc.errors import ErrorCode, RpcConnectionError, RpcError, RpcTimeout
 from pymooncake.rpc.server import RpcServer

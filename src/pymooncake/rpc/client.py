@@ -1,14 +1,14 @@
-"""RPC clients: ``RpcClient`` (asyncio, multiplexed) and ``SyncRpcClient`` (blocking).
+"""``SyncRpcClient``: the blocking RPC client, and its polled wait for answers.
 
-Both connect on first use and reconnect on the next call after the connection is lost.
+It connects on first use and reconnects on the next call after the connection is lost.
 Every call has a timeout (``timeout_s``, seconds). A call that times out or loses its
 connection raises ``RpcTimeout`` / ``RpcConnectionError``; the request may or may not
-have run on the server, so callers retry only idempotent methods.
+have run on the server, so callers retry only idempotent methods. The asyncio
+counterpart is ``rpc.async_client.RpcClient``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import os
@@ -19,19 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import msgspec
-
-from pymooncake.rpc.codec import (
-    HEADER,
-    MAX_FRAME_BYTES,
-    NIL,
-    Reply,
-    decoder,
-    field_error,
-    pack_frame,
-    unpack_body,
-)
-from pymooncake.rpc.errors import ErrorCode, RpcConnectionError, RpcError, RpcTimeout
+from pymooncake.rpc.codec import HEADER, MAX_FRAME_BYTES, Reply, pack_frame
+from pymooncake.rpc.errors import RpcConnectionError, RpcTimeout
+from pymooncake.rpc.replies import reply_of, result_of
 
 T = TypeVar("T")
 
@@ -69,170 +59,7 @@ LOOK_FIRST_S = 25e-6
 """``SyncRpcClient`` looks for the answer at once when its call has been out this long (s,
 from the send; its thread lost the CPU meanwhile), else hands the CPU over first."""
 
-
-_REPLY = decoder(Reply)
 _DONTWAIT = socket.MSG_DONTWAIT
-
-
-def _reply(body: bytes | memoryview) -> Reply:
-    """The response envelope of a frame body; ``ValueError`` when it is none."""
-    try:
-        return _REPLY.decode(body)
-    except msgspec.DecodeError as e:
-        raise ValueError(f"malformed response frame of {len(body)} bytes: {e}") from None
-
-
-def _result_of(msg: Reply, reply_type: Any = None) -> Any:
-    """The result of a response (decoded as ``reply_type`` when given, every field
-    checked), or the ``RpcError`` it carries."""
-    err = msg.e
-    if err is not None:
-        if not isinstance(err, dict):
-            raise RpcError(ErrorCode.MALFORMED_FRAME, f"malformed error response: {err!r:.80}")
-        raise RpcError(str(err.get("c", ErrorCode.INTERNAL)), str(err.get("s", "")), err.get("d"))
-    raw = msg.r
-    try:
-        if reply_type is None:
-            return unpack_body(raw) if len(raw) else None
-        return decoder(reply_type).decode(raw if len(raw) else NIL)
-    except msgspec.DecodeError as e:
-        raise RpcError(ErrorCode.MALFORMED_FRAME,
-                       field_error(e, getattr(reply_type, "__name__", "result"))) from None
-    except ValueError as e:
-        raise RpcError(ErrorCode.MALFORMED_FRAME, str(e)) from None
-
-
-class RpcClient:
-    """Asyncio client; many calls may be in flight on its one connection.
-
-    Use from one event loop. ``await call(method, params)`` returns the handler's result
-    or raises ``RpcError`` (with the server's code), ``RpcTimeout`` or
-    ``RpcConnectionError``.
-    """
-
-    def __init__(self, host: str, port: int, timeout_s: float = 5.0,
-                 connect_timeout_s: float = 5.0) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        self.host, self.port = host, port
-        self.timeout_s = timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Any]] = {}
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task[None] | None = None
-        self._connect_lock: asyncio.Lock | None = None
-        self.on_disconnect: Callable[[str], None] | None = None
-        """Called (on the event loop, with the reason) when an open connection ends: lost,
-        closed by the server or by ``close``. A service that expects one-way traffic from
-        the peer on another connection learns from it that the peer is gone."""
-
-    async def _ensure_connected(self) -> asyncio.StreamWriter:
-        if self._writer is not None and not self._writer.is_closing():
-            return self._writer
-        if self._connect_lock is None:
-            self._connect_lock = asyncio.Lock()
-        async with self._connect_lock:
-            if self._writer is not None and not self._writer.is_closing():
-                return self._writer
-            try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(self.host, self.port, limit=2**20),
-                    self.connect_timeout_s)
-            except (TimeoutError, OSError) as e:
-                raise RpcConnectionError(
-                    f"cannot connect to {self.host}:{self.port}: {e or type(e).__name__}") from e
-            sock = writer.get_extra_info("socket")
-            if sock is not None:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._writer = writer
-            self._reader_task = asyncio.ensure_future(self._read_loop(reader))
-            return writer
-
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
-        reason = "connection closed by the server"
-        buf = bytearray()
-        try:
-            while True:
-                data = await reader.read(1 << 18)
-                if not data:
-                    return
-                buf += data
-                pos = 0
-                while len(buf) - pos >= HEADER.size:
-                    (length,) = HEADER.unpack_from(buf, pos)
-                    if length > MAX_FRAME_BYTES:
-                        reason = f"server sent a frame of {length} bytes"
-                        return
-                    end = pos + HEADER.size + length
-                    if len(buf) < end:
-                        break
-                    self._deliver(bytes(buf[pos + HEADER.size:end]))
-                    pos = end
-                if pos:
-                    del buf[:pos]
-        except ConnectionError as e:
-            reason = f"connection lost: {e}"
-        except asyncio.CancelledError:
-            reason = "connection closed by the client"
-            raise
-        finally:
-            if self._writer is not None:
-                self._writer.close()
-            self._writer = None
-            for fut in self._pending.values():
-                if not fut.done():
-                    fut.set_exception(RpcConnectionError(
-                        f"{self.host}:{self.port}: {reason}"))
-            self._pending.clear()
-            if self.on_disconnect is not None:
-                self.on_disconnect(f"{self.host}:{self.port}: {reason}")
-
-    def _deliver(self, body: bytes) -> None:
-        try:
-            msg = _reply(body)
-        except ValueError:
-            return
-        rid = msg.i
-        fut = self._pending.pop(rid, None) if rid is not None else None
-        if fut is not None and not fut.done():
-            fut.set_result(msg)
-
-    async def call(self, method: str, params: Any = None, timeout_s: float | None = None,
-                   reply_type: Any = None) -> Any:
-        """Call ``method`` with ``params`` (plain data, a ``Message`` or a dataclass) and
-        return the result (decoded as ``reply_type`` when given)."""
-        timeout = self.timeout_s if timeout_s is None else timeout_s
-        writer = await self._ensure_connected()
-        rid = next(self._ids)
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = fut
-        try:
-            writer.write(pack_frame({"i": rid, "m": method, "p": params}))
-            if writer.transport.get_write_buffer_size() > 4 * 2**20:
-                await writer.drain()
-            msg = await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            raise RpcTimeout(f"{method} to {self.host}:{self.port}: no response in "
-                             f"{timeout:.3g} s") from None
-        finally:
-            self._pending.pop(rid, None)
-        return _result_of(msg, reply_type)
-
-    async def notify(self, method: str, params: Any = None) -> None:
-        """Send a one-way notice (no response, no delivery guarantee)."""
-        writer = await self._ensure_connected()
-        writer.write(pack_frame({"m": method, "p": params}))
-
-    async def close(self) -> None:
-        """Close the connection; calls in flight fail with ``RpcConnectionError``."""
-        if self._writer is not None:
-            self._writer.close()
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader_task
-            self._reader_task = None
 
 
 class SyncRpcClient:
@@ -333,7 +160,7 @@ class SyncRpcClient:
                 if len(buf) >= end:
                     body = bytes(buf[hsize:end])
                     del buf[:end]
-                    return _reply(body)
+                    return reply_of(body)
                 want = max(want, end - len(buf))
             chunk = self._poll(sock, want) if poll else None
             poll = False  # once a frame: then the receive sleeps
@@ -344,7 +171,7 @@ class SyncRpcClient:
             if not buf and len(chunk) >= hsize:  # the common case: exactly one frame
                 (length,) = HEADER.unpack_from(chunk)
                 if length <= MAX_FRAME_BYTES and len(chunk) == hsize + length:
-                    return _reply(memoryview(chunk)[hsize:])
+                    return reply_of(memoryview(chunk)[hsize:])
             buf += chunk
 
     def call(self, method: str, params: Any = None, timeout_s: float | None = None,
@@ -408,7 +235,7 @@ class SyncRpcClient:
         while True:
             msg = self._read_msg(sock)
             if msg.i == rid:
-                return _result_of(msg, reply_type)
+                return result_of(msg, reply_type)
 
     def _failed(self, method: str, timeout: float, e: BaseException) -> None:
         """For a timeout or a connection's error ``e``: drop the socket (a late response
