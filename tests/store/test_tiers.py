@@ -13,6 +13,19 @@ from pymooncake.store.tiers.ssd import SsdCorrupt, SsdFull, SsdTier
 MiB = 1 << 20
 
 
+def _check_free_ranges(alloc: OffsetAllocator) -> None:
+    """The allocator's free-range maps agree with each other, with its bins and their bit
+    mask, and are maximal: no free range touches another (``free`` merges neighbours)."""
+    by_offset, by_end = alloc._free_by_offset, alloc._free_by_end
+    assert by_end == {o + s: o for o, s in by_offset.items()}
+    for o, s in by_offset.items():
+        assert o + s not in by_offset, f"free ranges at {o} and {o + s} were not merged"
+        assert o in alloc._bins[s.bit_length() - 1]
+    assert sum(len(b) for b in alloc._bins) == len(by_offset)
+    assert alloc._mask == sum(1 << i for i, b in enumerate(alloc._bins) if b)
+    assert alloc.free_bytes == sum(by_offset.values())
+
+
 def test_allocator_matches_interval_model_under_random_ops() -> None:
     """Random allocate/free against a brute-force model: no overlaps, exact accounting,
     and an allocation fails only when no gap in the model is large enough."""
@@ -43,8 +56,10 @@ def test_allocator_matches_interval_model_under_random_ops() -> None:
                     assert off + rounded <= o or o + s <= off
                 live[off] = rounded
         assert alloc.used_bytes == sum(live.values())
+        _check_free_ranges(alloc)
     for off in list(live):
         alloc.free(off)
+        _check_free_ranges(alloc)
     assert alloc.free_bytes == cap and alloc.largest_free_bytes() == cap
     assert alloc.fragmentation() == 0.0
 

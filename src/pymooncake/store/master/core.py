@@ -166,9 +166,12 @@ class MasterCore(ObjectMethods, EvictionMethods, SsdMethods):
 
     def _delete(self, obj: ObjectMeta, free_ranges: bool) -> None:
         if free_ranges:
+            segments = self.pool.segments
             for r in obj.replicas:
                 if r.tier == TIER_DRAM:
-                    self.pool.free(r.segment, r.addr)
+                    seg = segments.get(r.segment)
+                    if seg is not None:
+                        seg.allocator.free(r.addr - seg.base_addr)
                 else:
                     self._ssd_forget(r.segment, obj.key, r.length)
         self.objects.pop(obj.key)

@@ -18,6 +18,8 @@ from pymooncake.store.master.leases import LeaseTable, soft_pin_deadline
 from pymooncake.store.master.objects import ObjectMeta, ObjectState, ObjectTable, Replica
 from pymooncake.store.protocol import TIER_DRAM, PutHandle, ReplicaList
 
+_COMPLETE = ObjectState.COMPLETE
+
 
 class ObjectMethods:
     """Mixed into ``MasterCore``: two-phase put, reads (with read leases), removes."""
@@ -251,7 +253,7 @@ class ObjectMethods:
         if self.lost_ssd:
             recovery.forget_lost(self, validate_key(key, self.config.max_key_bytes))
         obj = self._lookup(key)
-        if not obj.complete:
+        if obj.state is not _COMPLETE:
             raise StoreError(ErrorCode.REPLICA_IS_NOT_READY,
                              f"key {key!r} is being written; remove refused")
         if not force and self.leases.is_leased(key, now_ms):

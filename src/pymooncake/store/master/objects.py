@@ -111,7 +111,8 @@ class ObjectTable:
     def pop(self, key: str) -> ObjectMeta | None:
         if self.changed is not None:
             self.changed.add(key)
-        self._writing.pop(key, None)
+        if self._writing:
+            self._writing.pop(key, None)
         self.namespaces.pop(key, None)
         return self._objects.pop(key, None)
 

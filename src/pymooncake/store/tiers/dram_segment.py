@@ -96,17 +96,35 @@ class OffsetAllocator:
         return offset
 
     def free(self, offset: int) -> int:
-        """Return the range at ``offset``; gives its (rounded) size in bytes."""
+        """Return the range at ``offset``; gives its (rounded) size in bytes. Raises
+        ``KeyError`` for an offset not allocated. The range merges with a free neighbour
+        on either side (``_remove_free``/``_insert_free`` written out: this is every Store
+        ``remove``'s allocator step on the master)."""
         size = self._allocated.pop(offset)
         self.used_bytes -= size
         start, end = offset, offset + size
-        prev = self._free_by_end.get(start)
+        by_offset, by_end, bins = self._free_by_offset, self._free_by_end, self._bins
+        prev = by_end.pop(start, None)  # the free range ending here: merged
         if prev is not None:
-            self._remove_free(prev)
+            b = (start - prev).bit_length() - 1
+            del by_offset[prev], bins[b][prev]
+            if not bins[b]:
+                self._mask &= ~(1 << b)
             start = prev
-        if end in self._free_by_offset:
-            end += self._remove_free(end)
-        self._insert_free(start, end - start)
+        nxt = by_offset.pop(end, None)  # the free range starting here: merged
+        if nxt is not None:
+            del by_end[end + nxt]
+            b = nxt.bit_length() - 1
+            del bins[b][end]
+            if not bins[b]:
+                self._mask &= ~(1 << b)
+            end += nxt
+        size_free = end - start
+        b = size_free.bit_length() - 1
+        by_offset[start] = size_free
+        by_end[end] = start
+        bins[b][start] = None
+        self._mask |= 1 << b
         return size
 
     def reserve(self, offset: int, size_bytes: int) -> bool:
