@@ -258,7 +258,8 @@ class EngineWorker:
                           e.config.num_kv_blocks, self.num_prefill_tokens_total)
 
     async def _report_loop(self) -> None:
-        """Register, then report load and KV events every ``load_report_interval_s``.
+        """Register, then every ``load_report_interval_s`` send the KV events and a changed
+        load (an unchanged one every ``load_heartbeat_s``, as the heartbeat).
         Raises ``WorkerFatal`` when the Conductor refuses the worker (e.g. a different cache
         namespace) or was not reachable for ``register_timeout_s`` since the start."""
         host, port = self.config.conductor.rsplit(":", 1)
@@ -267,6 +268,7 @@ class EngineWorker:
         info = self.worker_info()
         started = time.monotonic()
         ever_registered = False
+        sent: tuple[WorkerLoad | None, float] = (None, 0.0)  # the last load sent, when
         while True:
             try:
                 if not self._registered:
@@ -274,6 +276,7 @@ class EngineWorker:
                     if not ever_registered and self._on_registered is not None:
                         self._on_registered()
                     self._registered = ever_registered = True
+                    sent = (None, 0.0)
                 with self._events_lock:
                     stored, removed = self._stored, self._removed
                     sstored, sremoved = self._store_stored, self._store_removed
@@ -285,9 +288,11 @@ class EngineWorker:
                 if sstored or sremoved:
                     await c.notify("kv_events", KVEvents("store", tuple(sstored),
                                                          tuple(sremoved)))
-                known = await c.call("worker_load", self.load())
-                if not known:
-                    self._registered = False
+                load, now = self.load(), time.monotonic()
+                if load != sent[0] or now - sent[1] >= self.config.load_heartbeat_s:
+                    sent = (load, now)
+                    if not await c.call("worker_load", load):
+                        self._registered = False  # the Conductor forgot it: register
             except RpcError as e:
                 if self._registered:
                     logger.warning("conductor unreachable: %s", e)
