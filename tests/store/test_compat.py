@@ -130,6 +130,28 @@ def test_put_get_exist_size_remove(env) -> None:
     assert store.batch_is_exist(keys) == [0] * 5
 
 
+def test_remove_force_is_converted_as_the_binding_does(env) -> None:
+    """``force`` takes what pybind11's bool conversion takes: ``None`` and numbers by their
+    truth value, anything else is a ``TypeError`` (observed on the Mooncake 0.3.13 wheel:
+    ``remove("k", 1)``, ``0``, ``2.0`` and ``None`` return 0; ``"yes"`` and ``[1]`` raise
+    ``TypeError`` in ``remove``, ``remove_all``, ``batch_remove``, ``remove_by_regex``)."""
+    _cl, make, _mod = env
+    store = make()
+    assert store.put("k", b"abc") == 0 and store.get("k") == b"abc"  # a read lease now
+    assert store.remove("k", 0) == OBJECT_HAS_LEASE
+    assert store.remove("k", 1) == 0           # 1 is force=True: the lease does not block
+    for force in (0, 2.0, None):
+        assert store.put("k", b"abc") == 0
+        assert store.remove("k", force) == 0
+    for call in (lambda f: store.remove("k", f), lambda f: store.remove_all(f),
+                 lambda f: store.batch_remove(["k"], f),
+                 lambda f: store.remove_by_regex("k", f)):
+        for bad in ("yes", [1]):
+            with pytest.raises(TypeError, match="incompatible function arguments"):
+                call(bad)
+    assert store.put("k2", b"x") == 0 and store.remove_all(1) == 1
+
+
 def test_zero_copy_pointers_and_buffer_handle(env) -> None:
     cl, make, mod = env
     store = make()

@@ -22,6 +22,7 @@ from pymooncake.store.compat._types import (
     MemoryDescriptor,
     ReplicaDescriptor,
     ReplicaStatus,
+    bool_arg,
 )
 from pymooncake.store.errors import StoreError
 from pymooncake.store.protocol import TIER_DRAM
@@ -219,7 +220,12 @@ class ReadMethods:
     # -- remove ------------------------------------------------------------------------
 
     def remove(self, key: str, force: bool = False) -> int:
-        """0; -706 while a read lease is held (unless ``force``); -704 when missing."""
+        """0; -706 while a read lease is held (unless ``force``); -704 when missing; -703
+        while the object is still being written (also with ``force``). ``force`` is taken
+        as a bool the way the wheel's binding converts it (``1`` is ``True``); a value with
+        no truth conversion of that kind raises ``TypeError``."""
+        if type(force) is not bool:
+            force = bool_arg("remove", "force", force)
         try:
             self.client.remove(key, force)
         except Exception as e:  # noqa: BLE001
@@ -227,11 +233,13 @@ class ReadMethods:
         return _OK
 
     def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
+        force = bool_arg("batch_remove", "force", force)
         return [self.remove(k, force) for k in keys]
 
     def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
         """Removes every key the pattern matches (searched anywhere in the key); the count,
         or -600 for a pattern that does not compile. Leased keys stay unless ``force``."""
+        force = bool_arg("remove_by_regex", "force", force)
         try:
             rx = re.compile(regex_pattern)
             keys = self.client.list_keys()
@@ -243,6 +251,7 @@ class ReadMethods:
 
     def remove_all(self, force: bool = False) -> int:
         """Number of objects removed (or a negative code)."""
+        force = bool_arg("remove_all", "force", force)
         try:
             return self.client.remove_all(force)
         except Exception as e:  # noqa: BLE001

@@ -169,6 +169,15 @@ def _bool(field: str, v: Any) -> bool:
     raise _bad(field, v, "bool")
 
 
+def bool_arg(func: str, what: str, v: Any) -> bool:
+    """A ``bool`` parameter as pybind11 converts it: ``None`` and numbers (``1`` is
+    ``True``) by their truth value; anything else (a ``str``, a list) raises
+    ``TypeError`` naming ``func`` and the parameter ``what``."""
+    if v is None or isinstance(v, bool | int | float | np.bool_ | np.number):
+        return bool(v)
+    raise incompatible(func, what, v, "bool")
+
+
 def _str(field: str, v: Any) -> str:
     if not isinstance(v, str):
         raise _bad(field, v, "str")
