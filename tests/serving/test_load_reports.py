@@ -142,11 +142,11 @@ def test_idle_decode_worker_sends_heartbeats_only() -> None:
             assert infos[0].instance_id == "idle-decode"
         finally:
             proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
             await sink.stop()
             metadata.stop()
+            try:
+                proc.wait(20)   # a worker's shutdown is bounded at 10 s
+            finally:
+                proc.kill()     # nothing when it has exited
 
     asyncio.run(main())

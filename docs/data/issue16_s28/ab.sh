@@ -4,6 +4,6 @@ out=$2; : > $out
 for r in $(seq 1 $1); do
   if [ $((r % 2)) = 1 ]; then order="A B"; else order="B A"; fi
   for t in $order; do
-    echo "$t $(cd /tmp && PYTHONPATH=/tmp/s28/$t/src N=12000 /work/main/.venv/bin/python /tmp/s28/ph3.py is_exist,get_size,remove 2>&1 | grep ops/s | awk '{print $1, $2}' | tr '\n' ' ')" >> $out
+    echo "$t $(cd /tmp && PYTHONPATH=/tmp/s28/$t/src N=12000 /work/main/.venv/bin/python $(dirname $(readlink -f $0))/ph3.py is_exist,get_size,remove 2>&1 | grep ops/s | awk '{print $1, $2}' | tr '\n' ' ')" >> $out
   done
 done
