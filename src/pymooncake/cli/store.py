@@ -43,20 +43,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m = subparsers.add_parser("master", help="run a Mooncake Store master",
                               description="Run a Mooncake Store master (object metadata, "
                               "allocation, leases, eviction).")
-    m.add_argument("--host", default="127.0.0.1")
+    m.add_argument("--host", default="127.0.0.1",
+                   help="address the RPC server binds (default 127.0.0.1)")
     m.add_argument("--port", type=int, default=50051, help="RPC port (0 = any free port)")
     m.add_argument("--default-kv-lease-ttl", type=float, default=10_000.0, metavar="MS",
-                   help="read lease granted by get/exist (ms, default 10000)")
+                   help="read lease granted by a get, not by exist (ms, default 10000)")
     m.add_argument("--default-kv-soft-pin-ttl", type=float, default=1_800_000.0, metavar="MS",
                    help="soft-pin lifetime from publish (ms, default 30 min)")
-    m.add_argument("--eviction-high-watermark-ratio", type=float, default=0.90)
-    m.add_argument("--eviction-ratio", type=float, default=0.05)
+    m.add_argument("--eviction-high-watermark-ratio", type=float, default=0.90,
+                   help="evict when used / capacity of the DRAM pool exceeds this "
+                   "(in (0, 1], default 0.90)")
+    m.add_argument("--eviction-ratio", type=float, default=0.05,
+                   help="share of the evictable objects one eviction pass removes, at "
+                   "least enough to get under the watermark (in [0, 1], default 0.05)")
     m.add_argument("--client-ttl", type=float, default=10.0, metavar="S",
                    help="drop a client silent this long (s, default 10)")
     m.add_argument("--allocation-strategy", default="random",
-                   choices=("random", "free_ratio_first", "local_first"))
-    m.add_argument("--put-start-discard-timeout", type=float, default=30.0, metavar="S")
-    m.add_argument("--put-start-release-timeout", type=float, default=600.0, metavar="S")
+                   choices=("random", "free_ratio_first", "local_first"),
+                   help="which segment a replica goes to first (default random)")
+    m.add_argument("--put-start-discard-timeout", type=float, default=30.0, metavar="S",
+                   help="an unfinished put may be taken over by another put of its key "
+                   "after this (s, default 30)")
+    m.add_argument("--put-start-release-timeout", type=float, default=600.0, metavar="S",
+                   help="a taken-over put's space is freed this long after its start "
+                   "(s, default 600)")
     m.add_argument("--rereplicate-budget", type=int, default=256 << 20, metavar="BYTES",
                    help="bytes one re-replication pass copies at most, restoring the "
                    "replicas a failure took (default 256 MiB, a pass every 0.5 s)")
@@ -67,7 +77,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    f"sleeping (s in [0, 0.01], default {DEFAULT_RPC_POLL_S:g}; 0 = never)")
     m.add_argument("--enable-http-metadata-server", action="store_true",
                    help="also serve a Mooncake-style HTTP metadata server (as Mooncake's)")
-    m.add_argument("--http-metadata-server-port", type=int, default=8080)
+    m.add_argument("--http-metadata-server-port", type=int, default=8080,
+                   help="port of that metadata server (default 8080; 0 = any free port)")
     m.add_argument("--metadata", default=None, metavar="URL",
                    help="Transfer Engine metadata service the master's replica copies use "
                         "(hot-block replication; default: the embedded HTTP metadata server "
