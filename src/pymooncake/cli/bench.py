@@ -11,7 +11,7 @@ from pymooncake.cli.common import add_group
 BENCH_MODULES: tuple[str, ...] = (
     "pymooncake.cli.trace",
     "pymooncake.cli.transfer",
-    "pymooncake.cli.store",
+    "pymooncake.cli.bench_store",
     "pymooncake.cli.engine",
     "pymooncake.cli.sim",
     "pymooncake.cli.bench_serving",

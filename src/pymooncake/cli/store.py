@@ -1,5 +1,5 @@
-"""``pymooncake`` sub-commands of the store: ``master``, ``store-server`` and
-``bench store``.
+"""``pymooncake`` sub-commands of the store: ``master`` and ``store-server``
+(``bench store`` is in ``cli.bench_store``).
 
 Master flags carry Mooncake's ``mooncake_master`` names in CLI form (units as Mooncake:
 lease and soft-pin TTLs in ms, client TTL in s). Both servers print one JSON line
@@ -16,12 +16,12 @@ import signal
 import sys
 import threading
 
-from pymooncake.cli.common import add_json_flag, emit, unusable_dir
+from pymooncake.cli.common import unusable_dir
 from pymooncake.cli.store_flags import flag_message
-from pymooncake.store.config import DEFAULT_RPC_POLL_S, MasterConfig
+from pymooncake.store.config import ALLOCATION_STRATEGIES, DEFAULT_RPC_POLL_S, MasterConfig
 
 
-def _size(text: str) -> int:
+def parse_size(text: str) -> int:
     """Bytes, with an optional K/M/G/KB/MB/GB/KiB/MiB/GiB suffix (powers of 1024)."""
     t = text.strip().upper().replace("IB", "").replace("B", "")
     mult = 1
@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--client-ttl", type=float, default=10.0, metavar="S",
                    help="drop a client silent this long (s, default 10)")
     m.add_argument("--allocation-strategy", default="random",
-                   choices=("random", "free_ratio_first", "local_first"),
+                   choices=ALLOCATION_STRATEGIES,
                    help="which segment a replica goes to first (default random)")
     m.add_argument("--put-start-discard-timeout", type=float, default=30.0, metavar="S",
                    help="an unfinished put may be taken over by another put of its key "
@@ -107,10 +107,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "etcd://host:port[/cluster_id]) whose leader is followed")
     s.add_argument("--metadata", required=True, metavar="URL",
                    help="metadata service: http://h:p/metadata, etcd://h:p")
-    s.add_argument("--global-segment-size", type=_size, default=1 << 30, metavar="BYTES")
+    s.add_argument("--global-segment-size", type=parse_size, default=1 << 30, metavar="BYTES")
     s.add_argument("--local-hostname", default="127.0.0.1")
     s.add_argument("--ssd-path", default=None, metavar="DIR")
-    s.add_argument("--ssd-capacity", type=_size, default=0, metavar="BYTES")
+    s.add_argument("--ssd-capacity", type=parse_size, default=0, metavar="BYTES")
     s.add_argument("--no-ssd-recover", dest="ssd_recover", action="store_false",
                    help="start with an empty SSD tier (delete the files of a previous run) "
                    "instead of verifying them and registering the intact ones again")
@@ -340,72 +340,4 @@ def _run_store_server(args: argparse.Namespace) -> int:
         stop.wait()
     finally:
         client.close()
-    return 0
-
-
-def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
-    """Add ``pymooncake bench store``."""
-    b = bench_subparsers.add_parser(
-        "store", help="store put/get throughput and latency",
-        description="Put/get throughput and p50/p99 latency of the store, bytes verified; "
-        "with the mooncake-transfer-engine-non-cuda wheel importable, Mooncake's own store "
-        "in the same run; and master metadata ops/s from 4 concurrent clients.")
-    b.add_argument("--size", type=_size, action="append", default=None, metavar="BYTES",
-                   help="value size (repeatable; default 4K, 64K, 1M, 16M)")
-    b.add_argument("--count", type=int, default=64, help="values per size")
-    b.add_argument("--mode", choices=("embedded", "remote"), action="append", default=None,
-                   help="embedded: reader's own segment; remote: another process's (repeatable)")
-    b.add_argument("--metadata-ops", type=int, default=20_000,
-                   help="exist/get_replica_list calls for the master benchmark (0 = skip)")
-    b.add_argument("--metadata-clients", type=int, default=4, metavar="N",
-                   help="client processes (= calls in flight) of the side-by-side metadata "
-                   "benchmark: is_exist, batch_is_exist, get_size, remove through the same "
-                   "Python API on both sides (0 = skip; its ops per kind: --metadata-ops)")
-    b.add_argument("--no-mooncake", action="store_true", help="skip Mooncake's own store")
-    b.add_argument("--rpc-poll", type=float, default=None, metavar="S",
-                   help="our master's --rpc-poll in every cluster (default: its own)")
-    b.add_argument("--repeat", type=int, default=1,
-                   help="interleaved rounds (ours, Mooncake, ...); medians with min/max")
-    b.add_argument("--mooncake-path", default=None, metavar="DIR",
-                   help="a site-packages directory holding the Mooncake wheel (appended to "
-                   "sys.path; its ../../../bin is searched for mooncake_master)")
-    add_json_flag(b)
-    b.set_defaults(handler=_run_bench)
-
-
-def _run_bench(args: argparse.Namespace) -> int:
-    from pymooncake.bench import store as bench
-    from pymooncake.cli.main import UsageError
-
-    if args.count < 1:
-        raise UsageError("--count must be >= 1")
-    if args.repeat < 1:
-        raise UsageError("--repeat must be >= 1")
-    if args.mooncake_path:
-        import os
-        import sys
-
-        sys.path.append(args.mooncake_path)
-        bindir = os.path.normpath(os.path.join(args.mooncake_path, "..", "..", "..", "bin"))
-        os.environ["PATH"] = os.environ.get("PATH", "") + os.pathsep + bindir
-    sizes = args.size or [4 << 10, 64 << 10, 1 << 20, 16 << 20]
-    modes = args.mode or ["embedded", "remote"]
-    if args.metadata_clients < 0:
-        raise UsageError("--metadata-clients must be >= 0")
-    if args.rpc_poll is not None and not 0 <= args.rpc_poll <= 0.01:
-        raise UsageError(f"--rpc-poll {args.rpc_poll}: must be in [0, 0.01] seconds")
-    from pymooncake.bench import store_procs as bench_procs
-
-    bench_procs.MASTER_FLAGS[:] = [] if args.rpc_poll is None else ["--rpc-poll",
-                                                                     repr(args.rpc_poll)]
-    result = bench.run(sizes, args.count, modes, metadata_ops=args.metadata_ops,
-                       with_mooncake=not args.no_mooncake, repeat=args.repeat)
-    from pymooncake.bench import store_meta
-
-    meta = []
-    if args.metadata_ops > 0 and args.metadata_clients > 0:
-        meta = store_meta.run(args.metadata_ops, args.metadata_clients, repeat=args.repeat,
-                              with_mooncake=not args.no_mooncake)
-    emit(result + meta, args.json,
-         lambda rows: "\n".join(x for x in (bench.human(result), store_meta.human(meta)) if x))
     return 0

@@ -163,12 +163,6 @@ def _size_t(field: str, v: Any) -> int:
     return n
 
 
-def _bool(field: str, v: Any) -> bool:
-    if v is None or isinstance(v, bool | int | float | np.bool_ | np.number):
-        return bool(v)
-    raise _bad(field, v, "bool")
-
-
 def bool_arg(func: str, what: str, v: Any) -> bool:
     """A ``bool`` parameter as pybind11 converts it: ``None`` and numbers (``1`` is
     ``True``) by their truth value; anything else (a ``str``, a list) raises
@@ -176,6 +170,10 @@ def bool_arg(func: str, what: str, v: Any) -> bool:
     if v is None or isinstance(v, bool | int | float | np.bool_ | np.number):
         return bool(v)
     raise incompatible(func, what, v, "bool")
+
+
+def _bool(field: str, v: Any) -> bool:
+    return bool_arg("", f"ReplicateConfig.{field}", v)
 
 
 def _str(field: str, v: Any) -> str:

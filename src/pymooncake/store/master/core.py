@@ -166,12 +166,9 @@ class MasterCore(ObjectMethods, EvictionMethods, SsdMethods):
 
     def _delete(self, obj: ObjectMeta, free_ranges: bool) -> None:
         if free_ranges:
-            segments = self.pool.segments
             for r in obj.replicas:
                 if r.tier == TIER_DRAM:
-                    seg = segments.get(r.segment)
-                    if seg is not None:
-                        seg.allocator.free(r.addr - seg.base_addr)
+                    self.pool.free(r.segment, r.addr)
                 else:
                     self._ssd_forget(r.segment, obj.key, r.length)
         self.objects.pop(obj.key)

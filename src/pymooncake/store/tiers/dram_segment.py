@@ -57,12 +57,17 @@ class OffsetAllocator:
     def _remove_free(self, offset: int) -> int:
         size = self._free_by_offset.pop(offset)
         del self._free_by_end[offset + size]
+        self._unbin(offset, size)
+        return size
+
+    def _unbin(self, offset: int, size: int) -> None:
+        """Take the free range ``[offset, offset + size)`` out of its bin (its maps are
+        the caller's)."""
         b = size.bit_length() - 1
         bin_ = self._bins[b]
         del bin_[offset]
         if not bin_:
             self._mask &= ~(1 << b)
-        return size
 
     def _round(self, size_bytes: int) -> int:
         a = self.alignment
@@ -98,33 +103,22 @@ class OffsetAllocator:
     def free(self, offset: int) -> int:
         """Return the range at ``offset``; gives its (rounded) size in bytes. Raises
         ``KeyError`` for an offset not allocated. The range merges with a free neighbour
-        on either side (``_remove_free``/``_insert_free`` written out: this is every Store
-        ``remove``'s allocator step on the master)."""
+        on either side, each found and dropped from its map with one ``pop`` (this is
+        every Store ``remove``'s allocator step on the master)."""
         size = self._allocated.pop(offset)
         self.used_bytes -= size
         start, end = offset, offset + size
-        by_offset, by_end, bins = self._free_by_offset, self._free_by_end, self._bins
-        prev = by_end.pop(start, None)  # the free range ending here: merged
+        prev = self._free_by_end.pop(start, None)  # the free range ending here: merged
         if prev is not None:
-            b = (start - prev).bit_length() - 1
-            del by_offset[prev], bins[b][prev]
-            if not bins[b]:
-                self._mask &= ~(1 << b)
+            del self._free_by_offset[prev]
+            self._unbin(prev, start - prev)
             start = prev
-        nxt = by_offset.pop(end, None)  # the free range starting here: merged
+        nxt = self._free_by_offset.pop(end, None)  # the free range starting here: merged
         if nxt is not None:
-            del by_end[end + nxt]
-            b = nxt.bit_length() - 1
-            del bins[b][end]
-            if not bins[b]:
-                self._mask &= ~(1 << b)
+            del self._free_by_end[end + nxt]
+            self._unbin(end, nxt)
             end += nxt
-        size_free = end - start
-        b = size_free.bit_length() - 1
-        by_offset[start] = size_free
-        by_end[end] = start
-        bins[b][start] = None
-        self._mask |= 1 << b
+        self._insert_free(start, end - start)
         return size
 
     def reserve(self, offset: int, size_bytes: int) -> bool:
