@@ -317,13 +317,14 @@ def _set_and_parked(w, seeds: tuple[int, int], max_tokens: int):
     return asyncio.run(main())
 
 
-def test_one_batch_ship_sends_the_partial_block_and_a_parked_prefill_full_blocks_only():
+def test_one_batch_ship_sends_the_partial_block_of_a_set_and_of_a_parked_prefill():
     """``PrefillWorker`` with layer-wise writes off (as a CPP instance runs): a prefill
     whose ``KVTarget`` is set when it ends ships all 3 blocks right after it (the partial
     one from the step that just ended) and the decode side computes 1 token; a
-    ``target_follows`` prefill that ended before its ``SetTarget`` (parked) ships from the
-    prefix cache, so the 2 full blocks only, and the decode side computes the 44-token
-    tail with the first token (45). Both give one colocated engine's greedy tokens."""
+    ``target_follows`` prefill that ended before its ``SetTarget`` (parked) ships all 3
+    as well (its blocks stayed pinned: the partial one is not in the prefix cache), so its
+    decode side computes 1 token too, not the 44-token tail. Both give one colocated
+    engine's greedy tokens; no pin is left behind."""
     from pymooncake.engine.worker.base import WorkerConfig
     from pymooncake.engine.worker.prefill import PrefillWorker
 
@@ -337,9 +338,10 @@ def test_one_batch_ship_sends_the_partial_block_and_a_parked_prefill_full_blocks
     assert steps[0] == ([1], [(0, PROMPT_LEN, 3, 2)])
     assert toks == ref
     r, (toks, steps, _), _, ref = got["parked"]
-    assert r.num_sent_blocks == 2
-    assert steps[0] == ([PROMPT_LEN - 2 * BS + 1], [(0, 2 * BS, 2, 2)])
+    assert r.num_sent_blocks == 3
+    assert steps[0] == ([1], [(0, PROMPT_LEN, 3, 2)])
     assert toks == ref
+    assert not w._parked and w.engine.pool.num_free_blocks == 16
 
 
 def test_buffer_freed_before_its_kv_was_ready_is_reused_last():
@@ -376,7 +378,8 @@ def test_prefill_worker_takes_a_prompt_in_one_step_and_a_targetless_one_in_cappe
     """``PrefillWorker`` (layer-wise writes, prefill_batch 1): a prompt with its ``KVTarget``
     is one step (chunk = the 2,048-token budget), the decode side computes 1 token; a
     ``target_follows`` one runs in ``TARGET_WAIT_CHUNK_TOKENS`` chunks (patched to 128) until
-    its target comes — never, here: parked, it ships full blocks. Both match greedy."""
+    its target comes — never, here: parked, it ships its pinned blocks, the partial one
+    too. Both match greedy."""
     from pymooncake.engine.worker import prefill as prefill_mod
     from pymooncake.engine.worker.base import WorkerConfig
     from pymooncake.engine.worker.prefill import PrefillWorker
@@ -394,6 +397,7 @@ def test_prefill_worker_takes_a_prompt_in_one_step_and_a_targetless_one_in_cappe
     assert toks == ref
     r, (toks, steps, _), chunks, ref = got["parked"]
     assert chunks == [[BS], [BS], [PROMPT_LEN - 2 * BS]]          # capped chunks
-    assert r.num_sent_blocks == 2
-    assert steps[0] == ([PROMPT_LEN - 2 * BS + 1], [(0, 2 * BS, 2, 2)])
+    assert r.num_sent_blocks == 3
+    assert steps[0] == ([1], [(0, PROMPT_LEN, 3, 2)])
     assert toks == ref
+    assert not w._parked and w.engine.pool.num_free_blocks == 16

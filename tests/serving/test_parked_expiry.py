@@ -26,7 +26,7 @@ def _worker() -> PrefillWorker:
 def _park(w: PrefillWorker, loop: asyncio.AbstractEventLoop, rid: str, age_s: float) -> Any:
     task = PrefillTask(rid, (1, 2, 3), SamplingOptions(max_tokens=1), target_follows=True)
     p = _Pending(task, loop.create_future())
-    w._parked[rid] = (time.monotonic() - age_s, p, None, ())
+    w._parked[rid] = (time.monotonic() - age_s, p, None, (), ())  # no blocks pinned
     return p.future
 
 

@@ -289,12 +289,12 @@ def test_burst_overlaps_decode_admission_and_output_stays_exact(cluster):
     assert metric_value(url, "pymooncake_conductor_late_targets_total") == late0
 
 
-def test_prefill_done_before_its_late_target_ships_its_kv_from_the_cache(cluster):
-    """A ``target_follows`` prefill that ends before its ``SetTarget`` waits for it, then
-    writes every full block from the prefix cache: the decode worker gets all 9 of the 10
-    it reserved (the partial last block is not in the cache: the decode worker computes
-    its 5 tokens with the first token) and the greedy output equals one colocated
-    engine's.
+def test_prefill_done_before_its_late_target_ships_all_its_pinned_blocks(cluster):
+    """A ``target_follows`` prefill that ends before its ``SetTarget`` waits for it with
+    its blocks pinned, then writes them all: the decode worker gets the 10 it reserved,
+    the partial last block too (which the prefix cache does not keep), so it computes
+    only the first token's KV, not the 5-token tail, and the greedy output equals one
+    colocated engine's.
 
     The test drives the workers itself, so it plays the Conductor for a decode worker of
     its own (a real process on the cluster's metadata service): the tokens that worker
@@ -381,7 +381,7 @@ def test_prefill_done_before_its_late_target_ships_its_kv_from_the_cache(cluster
             await sink.stop()
 
     res, got = asyncio.run(run())
-    assert res.num_sent_blocks == 9
+    assert res.num_sent_blocks == 10
     assert [f.seq for f in got] == list(range(len(got)))
     assert all(f.request_id == "late-target" and f.error is None for f in got)
     toks = [res.first_token_id] + [t for f in got for t in f.token_ids]

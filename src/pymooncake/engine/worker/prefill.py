@@ -11,9 +11,9 @@ The P→D write is layer-wise by default (``kv_layerwise.LayerwiseKVSender``: la
 the step's new full blocks, and of the partial last block in the prompt's last step, is
 submitted right after layer ``i``'s compute, the step waits for its writes at its end);
 ``WorkerConfig.layerwise_kv=False`` ships all layers in one batch right after the prefill
-instead, as does a ``target_follows`` prefill that ended before its ``KVTarget`` came —
-that one from the prefix cache, so full blocks only (the decode worker computes the
-partial last block). Either way a write not done within ``LayerwiseKVSender.DEFER_S``
+instead, as does a ``target_follows`` prefill that ended before its ``KVTarget`` came (parked:
+its blocks, the partial last one included, stay pinned until then, so the decode worker
+computes one token, not the prompt's tail). Either way a write not done within ``LayerwiseKVSender.DEFER_S``
 leaves the engine thread (issue 17): the request is answered once it settles, and a
 decode host that stops answering never holds up the other requests of this worker.
 """
@@ -74,9 +74,10 @@ class PrefillWorker(EngineWorker):
         when that is on (one set of deferred writes, one ``settle``)."""
         self.transfer: Any = None
         self._pending: dict[str, _Pending] = {}
-        self._parked: dict[str, tuple[float, _Pending, Any, Stages]] = {}
+        self._parked: dict[str, tuple[float, _Pending, Any, Stages, tuple[int, ...]]] = {}
         """Engine thread: finished ``target_follows`` prefills whose ``KVTarget`` has not come
-        yet (monotonic park time, request, engine output, stage windows)."""
+        yet (monotonic park time, request, engine output, stage windows, the prompt's block
+        ids, pinned in the engine's ``BlockPool`` until shipped or dropped: ``_unpark``)."""
         self._writing: dict[str, tuple[Any, Stages | None]] = {}
         """Engine thread: finished prefills whose deferred KV writes have not settled yet
         (request id → engine output and, for a prompt shipped in one batch, its stage
@@ -84,7 +85,8 @@ class PrefillWorker(EngineWorker):
         self._puts: StorePuts | None = None
         self.clock = StageClock("prefill", "queue")
         self._tables = BlockTables()
-        """Block ids of the running requests (a hook only with ``layerwise_kv`` off)."""
+        """Block ids of the running requests: the prompt's partial last block of a one-batch
+        ship (``_ship``), and the blocks a parked prefill pins."""
 
     def start_resources(self) -> None:
         from pymooncake.transfer import TransferConfig, TransferEngine
@@ -118,8 +120,8 @@ class PrefillWorker(EngineWorker):
         if c.layerwise_kv:
             self.layerwise = self.shipper
             self.engine.runner.hooks.append(self.layerwise)
-        else:   # _ship needs the id of the prompt's partial last block
-            self.engine.runner.hooks.append(self._tables)
+        # _ship (and a parked prefill) need the id of the prompt's partial last block
+        self.engine.runner.hooks.append(self._tables)
 
     def close_resources(self) -> None:
         if self.sender is not None:
@@ -179,11 +181,14 @@ class PrefillWorker(EngineWorker):
         from the prefix cache now and the prefill RPC answers. False when the request is no
         longer here (aborted) or already has a target."""
         def apply() -> bool:
-            parked = self._parked.pop(msg.request_id, None)
-            if parked is not None:      # the prefill is done: ship its KV from the cache now
-                _, p, out, stages = parked
+            parked = self._parked.get(msg.request_id)
+            if parked is not None:      # the prefill is done: ship its pinned blocks now
+                _, p, out, stages, table = parked
                 p.target = msg.target
-                self._ship(p, out, stages)
+                try:
+                    self._ship(p, out, stages, table)
+                finally:                # a write left to the watcher holds its own pins
+                    self._unpark(msg.request_id)
                 return True
             p = self._pending.get(msg.request_id)
             if p is None or p.target is not None:
@@ -207,9 +212,18 @@ class PrefillWorker(EngineWorker):
             return self.shipper.pop(request_id)
         return 0, None, 0.0, None
 
+    def _unpark(self, request_id: str) -> Any:
+        """Engine thread: take ``request_id`` off the parked prefills and release the pins
+        on its blocks; its ``_parked`` entry, or None."""
+        parked = self._parked.pop(request_id, None)
+        if parked is not None and parked[4]:
+            pool = self.engine.pool     # tail first: its last blocks are evicted first
+            pool.free_blocks([pool.blocks[b] for b in reversed(parked[4])])
+        return parked
+
     def _drop(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
-        self._parked.pop(request_id, None)
+        self._unpark(request_id)
         self._writing.pop(request_id, None)
         self.engine.abort(request_id)
         self._forget(request_id)
@@ -264,9 +278,14 @@ class PrefillWorker(EngineWorker):
             if p is None:
                 continue
             if p.task.target_follows and p.target is None and self.sender is not None:
-                # Done before its KVTarget came: the blocks stay in the prefix cache and are
-                # shipped in one batch when the SetTarget arrives (_set_target).
-                self._parked[out.request_id] = (time.monotonic(), p, out, stages)
+                # Done before its KVTarget came: its blocks (freed by the step that ended
+                # it; nothing allocates before the next step) are pinned and shipped in one
+                # batch when the SetTarget arrives (_set_target) — the partial last block
+                # too, which the prefix cache does not keep.
+                bs = self.engine.config.block_size
+                table = table[:-(-len(p.task.prompt_token_ids) // bs)]
+                self.engine.pool.touch([self.engine.pool.blocks[b] for b in table])
+                self._parked[out.request_id] = (time.monotonic(), p, out, stages, table)
                 continue
             if p.target is not None and self.layerwise is None:
                 self._ship(p, out, stages, table)   # layer-wise writes off: one batch now
@@ -281,9 +300,9 @@ class PrefillWorker(EngineWorker):
         ``p.target`` in one batch (``LayerwiseKVSender.send_blocks``); the prefill RPC is
         answered at once when the write is done within ``DEFER_S``, else once it settles
         (``_settle_writes``) — never by waiting here for a decode host (issue 17).
-        ``table``: the request's block ids in the step that just ended it, whose partial
-        last block goes too; empty for a parked prefill (that block may be reused by now:
-        full blocks only, the decode worker computes the rest)."""
+        ``table``: the request's block ids in the step that just ended it (or pinned since:
+        a parked prefill), whose partial last block goes too; empty: full blocks only, the
+        decode worker computes the rest."""
         assert self.shipper is not None and p.target is not None
         rid = p.task.request_id
         self._pending[rid] = p          # (aborts find it here meanwhile)
@@ -325,9 +344,9 @@ class PrefillWorker(EngineWorker):
 
     def _expire_parked(self) -> None:
         now = time.monotonic()
-        for rid, (t, p, _, _) in list(self._parked.items()):
+        for rid, (t, p, *_) in list(self._parked.items()):
             if now - t > PARKED_MAX_S:
-                del self._parked[rid]
+                self._unpark(rid)
                 err = RpcError("KV_TARGET_MISSING",
                                f"no KVTarget for {rid} within {PARKED_MAX_S:.0f} s")
                 self.post(lambda p=p, err=err: set_exception_if_pending(p.future, err))
