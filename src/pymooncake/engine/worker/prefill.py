@@ -11,10 +11,10 @@ The P→D write is layer-wise by default (``kv_layerwise.LayerwiseKVSender``: la
 the step's new full blocks, and of the partial last block in the prompt's last step, is
 submitted right after layer ``i``'s compute, the step waits for its writes at its end);
 ``WorkerConfig.layerwise_kv=False`` ships all layers in one batch right after the prefill
-instead, as does a ``target_follows`` prefill that ended before its ``KVTarget`` came (parked:
-its blocks, the partial last one included, stay pinned until then, so the decode worker
-computes one token, not the prompt's tail). Either way a write not done within ``LayerwiseKVSender.DEFER_S``
-leaves the engine thread (issue 17): the request is answered once it settles, and a
+instead, as does a ``target_follows`` prefill that ended before its ``KVTarget`` came
+(parked: its blocks, the partial last one included, stay pinned until then, so the decode
+worker computes one token, not the prompt's tail). Either way a write not done within
+``LayerwiseKVSender.DEFER_S`` leaves the engine thread (issue 17): the request is answered once it settles, and a
 decode host that stops answering never holds up the other requests of this worker.
 """
 
