@@ -14,8 +14,9 @@ submitted right after layer ``i``'s compute, the step waits for its writes at it
 instead, as does a ``target_follows`` prefill that ended before its ``KVTarget`` came
 (parked: its blocks, the partial last one included, stay pinned until then, so the decode
 worker computes one token, not the prompt's tail). Either way a write not done within
-``LayerwiseKVSender.DEFER_S`` leaves the engine thread (issue 17): the request is answered once it settles, and a
-decode host that stops answering never holds up the other requests of this worker.
+``LayerwiseKVSender.DEFER_S`` leaves the engine thread (issue 17): the request is
+answered once it settles, and a decode host that stops answering never holds up the
+other requests of this worker.
 """
 
 from __future__ import annotations
