@@ -29,3 +29,46 @@ def test_mooncake_wire_protocol_and_bad_requests(http_metadata_url: str) -> None
         assert c.delete("/metadata", params={"key": "mooncake/ram/x"}).status_code == 200
         assert c.delete("/metadata", params={"key": "mooncake/ram/x"}).status_code == 404
         assert c.get("/health").text == "ok"
+
+
+_NO_FAILED_IMPORT = r"""
+import asyncio, sys
+from pymooncake.metadata.http import MetadataHttpServer
+from pymooncake.metadata.http_client import HttpMetadata
+
+srv = MetadataHttpServer("127.0.0.1", 0).start()
+imported = []
+
+async def main():
+    md = HttpMetadata(srv.url)
+    lease = await md.grant_lease(10.0)
+    await md.keep_alive(lease)              # the client's first request imports what it uses
+    sys.addaudithook(lambda ev, args: imported.append(args[0]) if ev == "import" else None)
+    for _ in range(5):
+        await md.keep_alive(lease)
+        await md.get("nope")
+    try:                                    # the check's own control: a failed import
+        import _pmk_no_such_module  # noqa: F401
+    except ImportError:
+        pass
+
+asyncio.run(main())
+srv.stop()
+print(sorted({m for m in imported if m not in sys.modules}))
+"""
+
+
+def test_async_metadata_requests_attempt_no_failing_import() -> None:
+    """Every async httpx request asks ``httpcore`` which async library runs, by importing
+    ``sniffio``; without it installed (recent anyio no longer brings it) that import fails
+    on every request and scans each ``sys.path`` entry (~0.2 ms of CPU per request, a
+    stat per entry, measured in issue 16). ``sniffio`` is a dependency now: a warm client's
+    keep-alives and gets import nothing that is not loaded already. Run in a fresh
+    interpreter (an audit hook cannot be removed)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _NO_FAILED_IMPORT], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['_pmk_no_such_module']"   # only the control failed
