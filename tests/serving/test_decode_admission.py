@@ -31,6 +31,31 @@ def test_step_time_model_is_the_least_squares_line() -> None:
         StepTimeModel(window=1)
 
 
+def test_step_time_model_running_sums_match_a_fresh_fit_over_the_window() -> None:
+    """The model keeps its window's sums as steps come and go (O(1) a prediction); after
+    thousands of steps, many evictions and re-summings, each prediction still equals a
+    least-squares fit of the last ``window`` steps made from scratch (``numpy.polyfit``),
+    the slope clipped at 0 as the model does."""
+    import random
+
+    import numpy as np
+
+    rng = random.Random(7)
+    m = StepTimeModel(window=64)
+    seen: list[tuple[int, float]] = []
+    for i in range(3000):
+        n = rng.randint(1, 8)
+        t = 0.001 + 0.0004 * n + rng.uniform(0, 0.0005)
+        m.add(n, t)
+        seen.append((n, t))
+        if i % 97 == 5:
+            b, y = np.array(seen[-64:], dtype=np.float64).T
+            slope, icpt = np.polyfit(b, y, 1)
+            slope = max(0.0, slope)
+            want = y.mean() + slope * (6 - b.mean()) if slope == 0.0 else icpt + slope * 6
+            assert m.predict_s(6) == pytest.approx(want, rel=1e-9)
+
+
 def _worker(num_kv_blocks: int = 64, max_num_seqs: int = 4):
     from pymooncake.engine.worker.base import WorkerConfig
     from pymooncake.engine.worker.decode import DecodeWorker
