@@ -1,4 +1,20 @@
 import os, sys
+
+
+def _thread_cpu():
+    """CPU seconds of each thread of this process, keyed "tid:python thread name"."""
+    import threading
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tasks = {}
+    for t in os.listdir("/proc/self/task"):
+        try:
+            f = open(f"/proc/self/task/{t}/stat").read().rsplit(")", 1)[1].split()
+            tasks[f"{t}:{names.get(int(t), '?')}"] = (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            pass
+    return tasks
+
+
 if os.environ.get("PMK_INST") and ("decode" in sys.argv or "prefill" in sys.argv):
     import time, json, threading
     from pymooncake.engine import engine as en
@@ -57,15 +73,8 @@ if os.environ.get("PMK_INST") and ("decode" in sys.argv or "prefill" in sys.argv
     def dump():
         while True:
             time.sleep(2)
-            names = {t.native_id: t.name for t in threading.enumerate()}
-            tasks = {}
-            for t in os.listdir("/proc/self/task"):
-                try:
-                    f = open(f"/proc/self/task/{t}/stat").read().rsplit(")", 1)[1].split()
-                    tasks[f"{t}:{names.get(int(t), '?')}"] = (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-                except OSError:
-                    pass
-            json.dump({"st": st, "tasks": tasks, "reqs": reqs, "steps": steps}, open(f"/tmp/s29/inst/{ident}.json", "w"))
+            json.dump({"st": st, "tasks": _thread_cpu(), "reqs": reqs, "steps": steps},
+                      open(f"/tmp/s29/inst/{ident}.json", "w"))
     threading.Thread(target=dump, daemon=True, name="inst-dump").start()
 
 if os.environ.get("PMK_THREADS") and "pymooncake" in " ".join(sys.argv[:3]) or (os.environ.get("PMK_THREADS") and any(a in sys.argv for a in ("master", "conductor", "prefill", "decode"))):
@@ -74,15 +83,7 @@ if os.environ.get("PMK_THREADS") and "pymooncake" in " ".join(sys.argv[:3]) or (
     def _dump_threads():
         while True:
             time.sleep(2)
-            names = {t.native_id: t.name for t in threading.enumerate()}
-            tasks = {}
-            for t in os.listdir("/proc/self/task"):
-                try:
-                    f = open(f"/proc/self/task/{t}/stat").read().rsplit(")", 1)[1].split()
-                    tasks[f"{t}:{names.get(int(t), '?')}"] = (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-                except OSError:
-                    pass
-            json.dump(tasks, open(f"/tmp/s29/thr/{_ident}.json", "w"))
+            json.dump(_thread_cpu(), open(f"/tmp/s29/thr/{_ident}.json", "w"))
     threading.Thread(target=_dump_threads, daemon=True, name="thr-dump").start()
 if os.environ.get("PMK_LOOP") and any(a in sys.argv for a in ("prefill", "decode")):
     import time, json, threading, queue, collections, logging
