@@ -54,6 +54,10 @@ def test_step_time_model_running_sums_match_a_fresh_fit_over_the_window() -> Non
             slope = max(0.0, slope)
             want = y.mean() + slope * (6 - b.mean()) if slope == 0.0 else icpt + slope * 6
             assert m.predict_s(6) == pytest.approx(want, rel=1e-9)
+    falling = StepTimeModel(window=8)       # bigger batches measured faster: slope clipped
+    for i in range(20):
+        falling.add(1 + i % 4, 0.004 - 0.0005 * (i % 4))
+    assert falling.predict_s(40) == pytest.approx(0.004 - 0.0005 * 1.5, rel=1e-9)
 
 
 def _worker(num_kv_blocks: int = 64, max_num_seqs: int = 4):

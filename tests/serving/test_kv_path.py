@@ -2,8 +2,8 @@
 exactly the prefill engine's blocks into the receive buffer, in prompt order (the layer-wise
 hook's own tests: ``test_kv_layerwise.py``), and the decode side checks them against the
 sender's digest. The prompt's partial last block moves too (layer-wise, or in the one batch
-after the prefill), so the decode engine's first step computes only the first token; a
-parked prefill ships full blocks only and the decode engine computes the tail."""
+after the prefill, also for a parked prefill, whose blocks stay pinned until its target
+comes), so the decode engine's first step computes only the first token."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ admitted by the Conductor gets ``num_blocks × block_nbytes`` bytes of it (``res
 the Conductor asks for ``ceil(prompt / block_size)`` blocks); the prefill worker writes
 the prompt's blocks there, the last one partial when the prompt is not a whole number of
 blocks (only its first ``prompt % block_size`` token slots are meaningful); ``mark_ready``
-says how many blocks arrived and so how many prompt tokens' KV is here (a prefill that
-ships from its prefix cache sends full blocks only: the decode engine computes the rest).
+says how many blocks arrived and so how many prompt tokens' KV is here (fewer than the
+prompt's: the decode engine computes the rest).
 When the request is scheduled, the engine asks ``get_num_matched_tokens`` (every prompt token that
 arrived: the first step then computes only the token the prefill sampled, a plain decode
 step) and loads the blocks into fresh paged blocks in ``before_layer`` (CASES BUG-39: a

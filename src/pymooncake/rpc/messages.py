@@ -208,9 +208,9 @@ class PrefillTask(Message):
     decode worker for it while this prefill waits in the queue, so the decode admission is
     off the TTFT path). Layers computed before it arrives are sent with the next layer
     written; a prefill that ends before it arrives waits for it (at most 30 s, then fails
-    ``KV_TARGET_MISSING``) and then writes its blocks from the prefix cache in one batch —
-    full blocks only (the partial last block is not cached), and blocks evicted meanwhile
-    are not sent either: the decode worker recomputes what was not sent."""
+    ``KV_TARGET_MISSING``) with its blocks pinned, and then writes them all in one batch,
+    the partial last block included: the decode worker computes only the first token's
+    KV (and recomputes whatever was not sent)."""
     store_hint_blocks: int = -1
     """Leading prompt blocks the Conductor's index says the Store holds (-1 = unknown).
     0 lets the worker skip the Store lookup (a metadata round trip on its engine thread);

@@ -2,8 +2,8 @@
 
 ``prepare_decode(DecodeTask)`` re-checks admission locally (free KV blocks, batch size) and
 reserves a receive buffer registered with the Transfer Engine; the prefill worker writes the
-prompt's blocks there, the partial last one included (a prefill that ships from its prefix
-cache sends the full blocks only); ``start_decode(StartDecode)`` (the KV-ready notice) adds
+prompt's blocks there, the partial last one included (also a parked prefill's, whose
+blocks stay pinned until its target comes); ``start_decode(StartDecode)`` (the KV-ready notice) adds
 the request — prompt plus the prefill's first token — whose arrived blocks the engine loads
 into its paged cache layer by layer (``kv_receiver.KVReceiver``) before joining the
 continuous batch. With the whole prompt's KV here, its first step computes only the first
@@ -84,7 +84,7 @@ class StepTimeModel:
         if not n:
             return None
         mx, my = sb / n, st / n
-        sxx = sbb - sb * mx             # Σ(b - mx)², exact: the b are ints
+        sxx = sbb - sb * mx             # Σ(b - mx)² (0 when every b is the same)
         slope = 0.0
         if sxx > 0:
             slope = max(0.0, (sbt - sb * my) / sxx)

@@ -149,7 +149,9 @@ class PrefillWorker(EngineWorker):
         self.clock.arrive(task.request_id)
 
         def add() -> None:
-            if task.request_id in self._pending:
+            if task.request_id in self._pending or task.request_id in self._parked:
+                # (a parked one waits for its SetTarget with its blocks pinned: taking the
+                # id again would orphan those pins)
                 raise RpcError("DUPLICATE", f"request {task.request_id} is already prefilling")
             if self.loader is not None and not task.use_store:
                 self.loader.disable(task.request_id)
@@ -178,9 +180,9 @@ class PrefillWorker(EngineWorker):
 
     async def _set_target(self, msg: SetTarget) -> bool:
         """The late ``KVTarget`` of a ``target_follows`` prefill: applied to the layers still
-        to come, or — when the prefill is already done (parked) — its blocks are written
-        from the prefix cache now and the prefill RPC answers. False when the request is no
-        longer here (aborted) or already has a target."""
+        to come, or — when the prefill is already done (parked) — its pinned blocks are
+        written now and the prefill RPC answers. False when the request is no longer here
+        (aborted) or already has a target."""
         def apply() -> bool:
             parked = self._parked.get(msg.request_id)
             if parked is not None:      # the prefill is done: ship its pinned blocks now
@@ -297,24 +299,24 @@ class PrefillWorker(EngineWorker):
 
     def _ship(self, p: _Pending, out: Any, stages: Stages,
               table: tuple[int, ...] = ()) -> None:
-        """Engine thread: write the finished prompt's blocks from the prefix cache to
-        ``p.target`` in one batch (``LayerwiseKVSender.send_blocks``); the prefill RPC is
-        answered at once when the write is done within ``DEFER_S``, else once it settles
+        """Engine thread: write the finished prompt's blocks ``table`` to ``p.target`` in
+        one batch (``LayerwiseKVSender.send_blocks``); the prefill RPC is answered at once
+        when the write is done within ``DEFER_S``, else once it settles
         (``_settle_writes``) — never by waiting here for a decode host (issue 17).
-        ``table``: the request's block ids in the step that just ended it (or pinned since:
-        a parked prefill), whose partial last block goes too; empty: full blocks only, the
-        decode worker computes the rest."""
+        ``table``: the request's block ids in the step that just ended it — freed by that
+        step but not reused, as nothing allocates before the next step, and ``send_blocks``
+        pins the blocks of a write it leaves to the watcher — or pinned since (a parked
+        prefill); every one holds the prompt's KV, the partial last block included. Empty:
+        the full blocks the prefix cache still holds, and the decode worker computes the
+        rest."""
         assert self.shipper is not None and p.target is not None
         rid = p.task.request_id
         self._pending[rid] = p          # (aborts find it here meanwhile)
         self.shipper.add(rid, p.target)
         prompt = list(p.task.prompt_token_ids)
-        block_ids = self._cached_blocks(prompt)
-        full = len(prompt) // self.engine.config.block_size
-        if len(block_ids) == full < len(table):
-            # freed by that step, uncached, but not reused: nothing allocates before the
-            # next step, and send_blocks pins the blocks of a write it leaves to the watcher
-            block_ids.append(table[full])
+        bs = self.engine.config.block_size
+        block_ids = (list(table[:-(-len(prompt) // bs)]) if table
+                     else self._cached_blocks(prompt))
         self.shipper.send_blocks(rid, block_ids[:p.target.num_blocks])
         if self.shipper.writing(rid):
             self._writing[rid] = (out, stages)
