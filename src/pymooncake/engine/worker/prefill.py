@@ -280,13 +280,11 @@ class PrefillWorker(EngineWorker):
             layerwise = self._forget(out.request_id)
             if p is None:
                 continue
+            table = table[:-(-len(p.task.prompt_token_ids) // self.engine.config.block_size)]
             if p.task.target_follows and p.target is None and self.sender is not None:
                 # Done before its KVTarget came: its blocks (freed by the step that ended
                 # it; nothing allocates before the next step) are pinned and shipped in one
-                # batch when the SetTarget arrives (_set_target) — the partial last block
-                # too, which the prefix cache does not keep.
-                bs = self.engine.config.block_size
-                table = table[:-(-len(p.task.prompt_token_ids) // bs)]
+                # batch when the SetTarget arrives (_set_target), the partial last one too.
                 self.engine.pool.touch([self.engine.pool.blocks[b] for b in table])
                 self._parked[out.request_id] = (time.monotonic(), p, out, stages, table)
                 continue
@@ -297,27 +295,19 @@ class PrefillWorker(EngineWorker):
         if self._parked:
             self._expire_parked()
 
-    def _ship(self, p: _Pending, out: Any, stages: Stages,
-              table: tuple[int, ...] = ()) -> None:
-        """Engine thread: write the finished prompt's blocks ``table`` to ``p.target`` in
-        one batch (``LayerwiseKVSender.send_blocks``); the prefill RPC is answered at once
-        when the write is done within ``DEFER_S``, else once it settles
-        (``_settle_writes``) — never by waiting here for a decode host (issue 17).
-        ``table``: the request's block ids in the step that just ended it — freed by that
-        step but not reused, as nothing allocates before the next step, and ``send_blocks``
-        pins the blocks of a write it leaves to the watcher — or pinned since (a parked
-        prefill); every one holds the prompt's KV, the partial last block included. Empty:
-        the full blocks the prefix cache still holds, and the decode worker computes the
-        rest."""
+    def _ship(self, p: _Pending, out: Any, stages: Stages, table: tuple[int, ...]) -> None:
+        """Engine thread: write the finished prompt's blocks ``table`` (its block ids, the
+        partial last one included: freed by the step that just ended it but not reused —
+        ``send_blocks`` pins those of a write it leaves to the watcher — or pinned since,
+        when parked) to ``p.target`` in one batch (``LayerwiseKVSender.send_blocks``); the
+        prefill RPC is answered at once when the write is done within ``DEFER_S``, else
+        once it settles (``_settle_writes``) — never by waiting for a decode host (issue
+        17)."""
         assert self.shipper is not None and p.target is not None
         rid = p.task.request_id
         self._pending[rid] = p          # (aborts find it here meanwhile)
         self.shipper.add(rid, p.target)
-        prompt = list(p.task.prompt_token_ids)
-        bs = self.engine.config.block_size
-        block_ids = (list(table[:-(-len(prompt) // bs)]) if table
-                     else self._cached_blocks(prompt))
-        self.shipper.send_blocks(rid, block_ids[:p.target.num_blocks])
+        self.shipper.send_blocks(rid, list(table[:p.target.num_blocks]))
         if self.shipper.writing(rid):
             self._writing[rid] = (out, stages)
         else:
@@ -354,14 +344,13 @@ class PrefillWorker(EngineWorker):
                                f"no KVTarget for {rid} within {PARKED_MAX_S:.0f} s")
                 self.post(lambda p=p, err=err: set_exception_if_pending(p.future, err))
 
-    def _cached_blocks(self, prompt: list[int], keys: list[Any] | None = None) -> list[int]:
+    def _cached_blocks(self, prompt: list[int], keys: list[Any]) -> list[int]:
         """Engine thread: block ids of the prompt's leading full blocks in the prefix cache
-        (``keys``: the prompt's block keys, when the caller has them already)."""
-        from pymooncake.identity import block_keys
+        (``keys``: the prompt's block keys)."""
         e = self.engine
         bs = e.config.block_size
         block_ids = []
-        for i, k in enumerate(block_keys(prompt, e.namespace) if keys is None else keys):
+        for i, k in enumerate(keys):
             b = e.pool.get_cached_block(k, tuple(prompt[i * bs:(i + 1) * bs]))
             if b is None:
                 break
