@@ -86,6 +86,37 @@ def test_round_trip_and_typed_params() -> None:
     run(main())
 
 
+def test_notify_now_sends_on_the_open_connection_in_order() -> None:
+    """``notify_now`` writes at once on an open connection (True) and sends nothing
+    without one (False): the notices arrive in order with ``notify``'s and before a call
+    made after them; an oversized frame raises as ``notify`` does."""
+    from pymooncake.rpc.codec import MAX_FRAME_BYTES
+
+    async def main() -> None:
+        server = make_server()
+        got: list[int] = []
+        server.register("note", got.append)
+        await server.start()
+        client = RpcClient("127.0.0.1", server.port)
+        try:
+            assert client.notify_now("note", 0) is False     # not connected: nothing sent
+            await client.notify("note", 1)                   # connects
+            assert [client.notify_now("note", i) for i in range(2, 50)] == [True] * 48
+            await client.notify("note", 50)
+            assert await client.call("echo", "after") == "after"
+            assert got == list(range(1, 51))
+            with pytest.raises(ValueError, match="MAX_FRAME_BYTES"):
+                client.notify_now("note", b"x" * MAX_FRAME_BYTES)
+            await client.close()
+            assert client.notify_now("note", 99) is False    # closed: nothing sent
+            assert got == list(range(1, 51))
+        finally:
+            await client.close()
+            await server.stop()
+
+    run(main())
+
+
 @pytest.mark.parametrize("params, fragment", [
     ({"key": "k"}, "missing field 'size_bytes'"),
     ({"key": "k", "size_bytes": "ten"}, "PutParams.size_bytes: expected int"),

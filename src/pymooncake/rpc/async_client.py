@@ -143,6 +143,18 @@ class RpcClient:
         writer = await self._ensure_connected()
         writer.write(pack_frame({"m": method, "p": params}))
 
+    def notify_now(self, method: str, params: Any = None) -> bool:
+        """``notify`` without a coroutine, on the event loop: the notice is written to the
+        open connection at once and True returned; False (nothing sent) when there is no
+        open connection, for ``notify`` to connect. A hot sender (a worker's token frames,
+        one notice per engine step) saves a task and a loop turn per notice this way.
+        Raises ``ValueError`` as ``notify`` does for a frame over ``MAX_FRAME_BYTES``."""
+        writer = self._writer
+        if writer is None or writer.is_closing():
+            return False
+        writer.write(pack_frame({"m": method, "p": params}))
+        return True
+
     async def close(self) -> None:
         """Close the connection; calls in flight fail with ``RpcConnectionError``."""
         if self._writer is not None:

@@ -314,8 +314,10 @@ class DecodeWorker(EngineWorker):
                                         tuple[tuple[str, float, float], ...]]],
               error: str | None = None) -> None:
         """Event loop: frame ``updates`` (request id, new tokens, finish reason, cached
-        tokens, stages) for the requests still streaming and queue them for the Conductor;
-        a request's last frame (finished, or ``error``) ends its stream here."""
+        tokens, stages) for the requests still streaming and send them to the Conductor,
+        in this loop turn when its connection is open (``RpcClient.notify_now``), else
+        through ``_send_frames``; a request's last frame (finished, or ``error``) ends its
+        stream here."""
         for rid, toks, reason, cached, stages in updates:
             st = self._streams.get(rid)
             if st is None:       # aborted meanwhile
@@ -330,6 +332,21 @@ class DecodeWorker(EngineWorker):
             if reason is not None or err is not None:
                 del self._streams[rid]
         if self._outbox and (self._sender is None or self._sender.done()):
+            # the connection is open (the usual case): the frames leave now, in this loop
+            # turn; otherwise a sender task connects and sends them (and any that follow
+            # meanwhile, queued behind it so that their order holds)
+            c = self._conductor
+            frames = self._outbox
+            try:
+                sent = c is not None and c.notify_now("tokens", TokenFrames(
+                    self.config.instance_id, tuple(frames)))
+            except ValueError as e:   # over MAX_FRAME_BYTES: the frames are lost, as a
+                sent = True           # lost connection loses them (a sequence gap)
+                logger.warning("token frames of %d requests not sent: %s",
+                               len({f.request_id for f in frames}), e)
+            if sent:
+                self._outbox = []
+                return
             self._sender = asyncio.ensure_future(self._send_frames())
 
     async def _send_frames(self) -> None:
