@@ -171,3 +171,50 @@ def test_tokens_nobody_waits_for_get_their_request_aborted_on_the_worker(make_cl
     assert time.monotonic() - started < 10.0     # 8000 tokens would take ~25 s
 
 
+
+
+def test_push_keeps_a_request_frames_in_order_across_the_direct_and_task_paths() -> None:
+    """``DecodeWorker._push`` writes a step's frames at once when the Conductor connection
+    is open and otherwise leaves them to the ``_send_frames`` task, which connects. While
+    that task has not sent yet — here it waits on the connect lock that another call (the
+    report loop's) holds — later pushes must queue behind it, not write past it: 200
+    frames, pushed one a loop turn over both paths, reach a real server in order."""
+    from types import SimpleNamespace
+
+    from pymooncake.engine.worker.decode import DecodeWorker, _Stream
+    from pymooncake.rpc import RpcClient, RpcServer
+
+    async def main() -> tuple[list[int], int]:
+        got: list[int] = []
+        server = RpcServer("127.0.0.1", 0)
+        server.register("tokens", lambda m: got.extend(f.seq for f in m.frames), TokenFrames)
+        server.register("noop", lambda p: None)
+        await server.start()
+        client = RpcClient("127.0.0.1", server.port)
+        w = object.__new__(DecodeWorker)     # the push path only: no engine, no loop thread
+        w.config = SimpleNamespace(instance_id="decode-0")
+        w._streams = {"r": _Stream(task=None)}
+        w._outbox, w._sender, w._conductor = [], None, client
+        try:
+            report = asyncio.ensure_future(client.call("noop"))   # connects first
+            await asyncio.sleep(0)
+            w._push([("r", [0], None, None, ())])    # no connection yet: the sender task
+            queued_behind = 0     # pushes made with the connection open, the task not done
+            for i in range(1, 200):
+                if client._writer is not None and not w._sender.done():
+                    queued_behind += 1
+                w._push([("r", [i], None, None, ())])
+                await asyncio.sleep(0)
+            await report
+            for _ in range(100):
+                if len(got) == 200:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await client.close()
+            await server.stop()
+        return got, queued_behind
+
+    got, queued_behind = asyncio.run(asyncio.wait_for(main(), 10))
+    assert got == list(range(200))
+    assert queued_behind >= 1         # the race this test is about did happen

@@ -145,7 +145,8 @@ class RpcClient:
 
     def notify_now(self, method: str, params: Any = None) -> bool:
         """``notify`` without a coroutine, on the event loop: the notice is written to the
-        open connection at once and True returned; False (nothing sent) when there is no
+        open connection's transport at once and True returned (written, not delivered:
+        no delivery guarantee, as for ``notify``); False (nothing sent) when there is no
         open connection, for ``notify`` to connect. A hot sender (a worker's token frames,
         one notice per engine step) saves a task and a loop turn per notice this way.
         Raises ``ValueError`` as ``notify`` does for a frame over ``MAX_FRAME_BYTES``."""

@@ -117,7 +117,8 @@ class DecodeWorker(EngineWorker):
         """Receive buffers released so far (the receive queue's progress)."""
         """Requests queued for receive space (event loop), in arrival order."""
         self._outbox: list[TokenFrame] = []
-        """Token frames waiting for ``_send_frames`` (event loop)."""
+        """Token frames not sent yet (event loop): they wait for ``_send_frames``, which
+        connects; with the connection open ``_push`` sends a step's frames at once."""
         self._sender: asyncio.Task[None] | None = None
         self.step_times = StepTimeModel()
         """Measured step time vs batch size (engine thread adds; admission reads)."""
@@ -340,8 +341,8 @@ class DecodeWorker(EngineWorker):
             try:
                 sent = c is not None and c.notify_now("tokens", TokenFrames(
                     self.config.instance_id, tuple(frames)))
-            except ValueError as e:   # over MAX_FRAME_BYTES: the frames are lost, as a
-                sent = True           # lost connection loses them (a sequence gap)
+            except ValueError as e:   # over MAX_FRAME_BYTES: the frames are dropped, as
+                sent = True           # a lost connection drops them (logged here)
                 logger.warning("token frames of %d requests not sent: %s",
                                len({f.request_id for f in frames}), e)
             if sent:
