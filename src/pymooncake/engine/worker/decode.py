@@ -360,7 +360,7 @@ class DecodeWorker(EngineWorker):
             frames, self._outbox = self._outbox, []
             try:
                 await c.notify("tokens", TokenFrames(self.config.instance_id, tuple(frames)))
-            except RpcError as e:
+            except (RpcError, ValueError) as e:   # ValueError: over MAX_FRAME_BYTES
                 logger.warning("token frames of %d requests not sent: %s",
                                len({f.request_id for f in frames}), e)
 
