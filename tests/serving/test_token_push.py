@@ -171,8 +171,6 @@ def test_tokens_nobody_waits_for_get_their_request_aborted_on_the_worker(make_cl
     assert time.monotonic() - started < 10.0     # 8000 tokens would take ~25 s
 
 
-
-
 def test_push_keeps_a_request_frames_in_order_across_the_direct_and_task_paths() -> None:
     """``DecodeWorker._push`` writes a step's frames at once when the Conductor connection
     is open and otherwise leaves them to the ``_send_frames`` task, which connects. While
