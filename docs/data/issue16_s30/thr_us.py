@@ -1,3 +1,6 @@
+# thr_us.py CONFIG: thr_replay.py (issue16_s29) with user and system CPU and minor faults per
+# thread, and processes tagged by their command's words. The thr/*.json files of session 30
+# were taken before that fix: their "master" entry is the conductor.
 # thr_replay.py CONFIG: one bench-serving-shaped replay; per-thread CPU of each cluster
 # process over the replay window (/proc ticks; thread names from the sitecustomize dumps)
 import sys, json, os, subprocess, time, glob
@@ -14,7 +17,8 @@ def procs():
     res = {}
     for line in out.strip().splitlines():
         pid, args = line.split(None, 1)
-        tag = args.split("--id ")[1].split()[0] if "--id " in args else next(a for a in ("master", "conductor") if a in args)
+        words = args.split()   # (not a substring test: the conductor's flags hold "--master")
+        tag = words[words.index("--id") + 1] if "--id" in words else next(a for a in ("master", "conductor") if a in words)
         res[tag] = pid
     return res
 def ticks(pid):
