@@ -145,7 +145,7 @@ def test_calls_keep_a_running_answer_time_and_begin_does_not() -> None:
     import subprocess
     import sys
 
-    from tests.rpc.test_rpc import UVLOOP_SERVER_SCRIPT  # serves "mul" and "sleep"
+    from tests.rpc.test_sync_uvloop import UVLOOP_SERVER_SCRIPT  # serves "mul" and "sleep"
     proc = subprocess.Popen([sys.executable, "-c", UVLOOP_SERVER_SCRIPT],
                             stdout=subprocess.PIPE, text=True)
     try:

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from pymooncake.engine.worker.decode import StepTimeModel  # noqa: E402
+from pymooncake.engine.worker.tbt_model import StepTimeModel  # noqa: E402
 from pymooncake.rpc import RpcError  # noqa: E402
 from pymooncake.rpc.messages import DecodeTask, SamplingOptions  # noqa: E402
 
