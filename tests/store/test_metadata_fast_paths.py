@@ -121,3 +121,28 @@ def test_client_batch_exist_passes_bools_through_and_converts_errors() -> None:
     answers[:] = [True]
     with pytest.raises(StoreError, match="1 answers for 2 keys"):
         ops.batch_exist(["a", "b"])
+
+
+def test_remove_in_two_halves_matches_remove() -> None:
+    """The live master answers ``remove`` after ``removable`` and frees after the answer
+    (``finish_remove``): the check changes nothing, refuses as ``remove`` does, and a
+    stale object (its key removed and written again meanwhile) is left alone."""
+    core = _core()
+    used = core.pool.used_bytes()
+    obj = core.removable("a", 0.0)
+    assert core.exist("r", "a", 0.0, frozenset()) is True  # nothing changed yet
+    assert core.pool.used_bytes() == used
+    with pytest.raises(StoreError) as e:
+        core.removable("writing", 0.0)
+    assert e.value.code is ErrorCode.REPLICA_IS_NOT_READY
+    with pytest.raises(StoreError) as e:
+        core.removable("nope", 0.0)
+    assert e.value.code is ErrorCode.OBJECT_NOT_FOUND
+    core.finish_remove(obj)
+    assert core.exist("r", "a", 0.0, frozenset()) is False
+    assert used - core.pool.used_bytes() >= 100  # its range is free again
+    # "a" written again: the old object's finish_remove must not delete the new one
+    h = core.put_start("c0", "a", 100, ReplicateConfig(preferred_segment="s0"), 0.0)
+    core.put_end("c0", "a", h.generation, 0.0)
+    core.finish_remove(obj)
+    assert core.exist("r", "a", 0.0, frozenset()) is True

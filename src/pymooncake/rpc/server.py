@@ -8,6 +8,10 @@ loop as each frame arrives (they must not block: pure cores only), and the respo
 one read go out in one write; coroutines run as tasks owned by the connection, so one slow
 call does not hold up the others. A plain function may return a coroutine (its rare slow
 path, e.g. waiting for room): that is awaited as a task, and its result is the answer.
+A plain handler may also hand the server work to do *after* its answer is written
+(``RpcServer.after_reply``: the clean-up of a call whose answer is already known, as
+Redis's ``UNLINK`` frees memory after replying); it runs before the server dispatches any
+other request, so no caller can tell it was deferred.
 
 A malformed frame is answered with ``MALFORMED_FRAME`` where the request id could be read,
 and the connection is closed when the stream cannot be resynchronised (bad length);
@@ -102,6 +106,8 @@ class RpcServer:
         self._polling = False
         self.polls = 0
         """Loop turns spent polling (tests and diagnostics)."""
+        self._in_handler = False
+        self._deferred: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
 
     def register(self, name: str, handler: Callable[..., Any],
                  params_type: type | None = None) -> None:
@@ -138,6 +144,32 @@ class RpcServer:
             await self.start()
         assert self._server is not None
         await self._server.serve_forever()
+
+    # -- work after the answer ---------------------------------------------------------
+
+    def after_reply(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` once the answers of the read being served are written: called
+        from a plain handler whose answer no longer depends on ``fn`` (the caller gets it
+        one step sooner, and ``fn`` runs while it reads the answer). ``fn`` always runs
+        before the next request is dispatched — from this read or any other connection —
+        and before the event loop runs anything else, so every later call sees its effects.
+        Called from anywhere else (a coroutine handler, a timer, a direct call) ``fn`` runs
+        at once.
+        An exception from ``fn`` is logged, never sent (the answer is already out)."""
+        if self._in_handler:
+            self._deferred.append((fn, args))
+        else:
+            fn(*args)
+
+    def _run_deferred(self) -> None:
+        while self._deferred:
+            work, self._deferred = self._deferred, []
+            for fn, args in work:
+                try:
+                    fn(*args)
+                except Exception:  # noqa: BLE001 - the answer is out; keep serving
+                    logger.exception("rpc: work after a reply (%s) raised",
+                                     getattr(fn, "__qualname__", fn))
 
     # -- polling -------------------------------------------------------------------
 
@@ -222,11 +254,14 @@ class RpcServer:
             out.spawn(self._run_async(method, params, rid, out))
         else:
             start = time.perf_counter()
+            self._in_handler = True  # after_reply defers (to the end of the read)
             try:
                 result = method.fn(params)
             except Exception as e:  # noqa: BLE001 - every failure becomes an error response
+                self._in_handler = False
                 self._finish(method, rid, out, start, error=e)
             else:
+                self._in_handler = False
                 if type(result) is types.CoroutineType:  # a plain handler's slow path
                     out.spawn(self._run_async(method, result, rid, out, start))
                 else:
@@ -316,6 +351,7 @@ class _Conn(asyncio.Protocol):
         pos = 0
         hsize = HEADER.size
         self.reading = True
+        server = self.server
         try:
             while n - pos >= hsize:
                 (length,) = HEADER.unpack_from(view, pos)
@@ -330,11 +366,15 @@ class _Conn(asyncio.Protocol):
                 end = pos + hsize + length
                 if n < end:
                     break
-                self.server._dispatch(view[pos + hsize:end], self)
+                if server._deferred:  # an earlier frame's work, before this one is served
+                    server._run_deferred()
+                server._dispatch(view[pos + hsize:end], self)
                 pos = end
         finally:
             self.reading = False
             self.flush()
+            if server._deferred:
+                server._run_deferred()
         if pos and self.server.poll_s:
             self.server._frames_seen()
         if view is data:

@@ -250,6 +250,18 @@ class ObjectMethods:
         """``OBJECT_NOT_FOUND``; ``REPLICA_IS_NOT_READY`` while written (refused);
         ``OBJECT_HAS_LEASE`` while a read lease is held (unless ``force``). A removed key
         is never re-created by its dead holder's rejoin (``recovery``)."""
+        self.finish_remove(self.removable(key, now_ms, force))
+
+    def finish_remove(self, obj: ObjectMeta) -> None:
+        """Forget ``obj`` — a ``removable`` answer, nothing changed since — and free its
+        ranges: the second half of ``remove``, which the live master runs after its answer
+        is sent (``RpcServer.after_reply``). A no-op when ``key`` no longer names ``obj``."""
+        if self.objects.get(obj.key) is obj:
+            self._delete(obj, free_ranges=True)
+
+    def removable(self, key: str, now_ms: float, force: bool = False) -> ObjectMeta:
+        """The checks of ``remove`` (same errors), changing nothing but the lost-SSD list;
+        returns the object that ``finish_remove`` then deletes."""
         if self.lost_ssd:
             recovery.forget_lost(self, validate_key(key, self.config.max_key_bytes))
         obj = self._lookup(key)
@@ -262,7 +274,7 @@ class ObjectMethods:
         if (obj.spilling or obj.promoting) and not force:
             raise StoreError(ErrorCode.OBJECT_HAS_LEASE,
                              f"key {key!r} is moving between tiers")
-        self._delete(obj, free_ranges=True)
+        return obj
 
     def remove_all(self, now_ms: float, force: bool = False) -> int:
         self.lost_ssd.clear()  # no dead holder brings a removed key back (``recovery``)

@@ -34,14 +34,14 @@ from typing import Any
 from pymooncake.metadata.aio import cancel_and_wait
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
-from pymooncake.rpc import RpcClient, RpcError, RpcServer
+from pymooncake.rpc import RpcClient, RpcServer
 from pymooncake.store.config import MasterConfig
 from pymooncake.store.errors import StoreError
 from pymooncake.store.master.copier import ReplicaCopier
 from pymooncake.store.master.core import MasterCore
 from pymooncake.store.master.ha import HaConfig, HaController
 from pymooncake.store.master.rereplicator import ReReplicator
-from pymooncake.store.master.service_handlers import M_LOOKUPS, HandlerMethods
+from pymooncake.store.master.service_handlers import M_LOOKUPS, HandlerMethods, _rpc_error
 from pymooncake.store.master.service_ssd import PROMOTE_WAIT_S, SsdMethods
 
 # re-exported from here (they were defined in this module before the split)
@@ -73,10 +73,6 @@ M_EVICTION_STALLS = metrics.counter(
     "Watermark eviction passes over the watermark that found no evictable object")
 M_DROPPED_CLIENTS = metrics.counter("pymooncake_store_dropped_clients_total",
                                     "Clients dropped after missing heartbeats")
-
-
-def _rpc_error(e: StoreError) -> RpcError:
-    return RpcError(e.code.name, e.message, {"code": int(e.code)})
 
 
 class MasterService(HandlerMethods, SsdMethods):

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from pymooncake.store.master.copier import ReplicaCopier
     from pymooncake.store.master.core import MasterCore
     from pymooncake.store.master.ha import HaConfig, HaController
+    from pymooncake.store.master.objects import ObjectMeta
 
 M_LOOKUPS = metrics.counter("pymooncake_store_lookups_total",
                             "get_replica_list answers, by result (hit/miss)", ["result"])
@@ -50,6 +51,10 @@ _LOOKUP = {r: M_LOOKUPS.labels(r) for r in ("hit", "miss", "error")}
 _DEFAULT_CONFIG = ReplicateConfig()
 _NONE: frozenset[str] = frozenset()
 _BOOL_ONLY = {bool}
+
+
+def _rpc_error(e: StoreError) -> RpcError:
+    return RpcError(e.code.name, e.message, {"code": int(e.code)})
 
 
 def _config(raw: dict[str, Any] | None) -> ReplicateConfig:
@@ -279,8 +284,19 @@ class HandlerMethods:
                 for x in out]
 
     def _remove(self, p: RemoveRequest) -> bool:
-        self._call(self.core.remove, p.key, self.now_ms(), p.force)
+        """Checked now, deleted (table, leases, allocator) once the answer is out: the
+        caller does not wait for the free (the server runs it before any other call)."""
+        try:
+            obj = self.core.removable(p.key, self.now_ms(), p.force)
+        except StoreError as e:
+            self._after()
+            raise _rpc_error(e) from None
+        self.server.after_reply(self._finish_remove, obj)
         return True
+
+    def _finish_remove(self, obj: ObjectMeta) -> None:
+        self.core.finish_remove(obj)
+        self._after()
 
     def _batch_remove(self, p: KeysRequest) -> Any:
         now = self.now_ms()
