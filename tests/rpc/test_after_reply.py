@@ -74,10 +74,14 @@ def test_after_reply_runs_after_the_answer_is_written_and_before_the_next_call()
             server.after_reply(state.__setitem__, "x", v)
             return state["x"]
 
+        def cancelled(_: object) -> None:  # not an Exception: the server's task ends it
+            raise asyncio.CancelledError
+
         server.register("set_later", set_later)
         server.register("get", lambda _: state["x"])
         server.register("fail_later", fail_later)
         server.register("set_now", set_now)
+        server.register("cancelled", cancelled)
         await server.start()
         try:
             sock.append(_connect(server.port))
@@ -108,6 +112,16 @@ def test_after_reply_runs_after_the_answer_is_written_and_before_the_next_call()
             assert got[5]["r"] == "ok" and got[6]["r"] == 11
             s.send(pack_frame({"m": "get", "i": 7}))
             assert (await _answers(s, 1))[7]["r"] == 11
+
+            # a plain handler that raised what is no Exception leaves the server deferring
+            # nothing: a later coroutine handler's work still runs at once
+            try:
+                server._dispatch(pack_frame({"m": "cancelled", "i": 8})[HEADER.size:],
+                                 next(iter(server._conns)))
+            except asyncio.CancelledError:
+                pass
+            s.send(pack_frame({"m": "set_now", "i": 9, "p": 13}))
+            assert (await _answers(s, 1))[9]["r"] == 13
         finally:
             for x in sock:
                 x.close()
@@ -154,5 +168,53 @@ def test_master_remove_frees_before_the_next_call_in_the_same_read() -> None:
         finally:
             s.close()
             await svc.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_master_remove_of_an_ssd_object_still_deletes_its_file() -> None:
+    """The work after the answer carries out the remove's effects: an object whose only
+    copy is on a holder's SSD is deleted there (``ssd_delete`` to the holder's RPC)."""
+    async def main() -> None:
+        holder = RpcServer("127.0.0.1", 0)
+        deleted: list[str] = []
+
+        def ssd_delete(p: dict) -> dict:
+            deleted.extend(p["keys"])
+            return {"ok": True}
+
+        holder.register("ssd_delete", ssd_delete)
+        await holder.start()
+        svc = MasterService(MasterConfig(port=0), tick_interval_s=3600)
+        await svc.start()
+        s = _connect(svc.port)
+        try:
+            def call(rid: int, m: str, **p: object) -> bytes:
+                return pack_frame({"m": m, "i": rid, "p": {"client_id": "c", **p}})
+
+            s.send(call(1, "mount_segment", segment="S", host="h", base_addr=4096,
+                        size_bytes=MiB, ssd_capacity_bytes=MiB, rpc_host="127.0.0.1",
+                        rpc_port=holder.port)
+                   + call(2, "put_start", key="a", size_bytes=64))
+            got = await _answers(s, 2)
+            gen = got[2]["r"]["generation"]
+            s.send(call(3, "put_end", key="a", generation=gen))
+            assert (await _answers(s, 1))[3]["r"] is True
+            # the holder spilled "a" to its SSD and dropped the DRAM copy
+            assert svc.core.spill_done("a", gen, "S", True, now_ms=svc.now_ms())
+            assert [r.tier for r in svc.core.objects.get("a").replicas] == ["ssd"]
+
+            s.send(call(4, "remove", key="a"))
+            assert (await _answers(s, 1))[4]["r"] is True
+            for _ in range(500):
+                if deleted:
+                    break
+                await asyncio.sleep(0.01)
+            assert deleted == ["a"]
+            assert svc.core.objects.get("a") is None and svc.core.ssd_used["S"] == 0
+        finally:
+            s.close()
+            await svc.stop()
+            await holder.stop()
 
     asyncio.run(asyncio.wait_for(main(), 30))

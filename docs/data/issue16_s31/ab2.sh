@@ -1,4 +1,5 @@
 #!/bin/bash
+# Session 31 scratch script: the trees A (HEAD) and B (the change) are copies of src under /tmp/s31.
 cd /work/main
 for r in $(seq 1 $1); do
   for t in A B; do

@@ -1,3 +1,4 @@
+# Session 31 scratch script: the metadata bench alone; expects the Mooncake wheel in /tmp/mcvenv.
 import sys, os
 sys.path.append("/tmp/mcvenv/lib/python3.11/site-packages")
 os.environ["PATH"] = "/tmp/mcvenv/bin:" + os.environ["PATH"]

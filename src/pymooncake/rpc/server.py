@@ -8,10 +8,11 @@ loop as each frame arrives (they must not block: pure cores only), and the respo
 one read go out in one write; coroutines run as tasks owned by the connection, so one slow
 call does not hold up the others. A plain function may return a coroutine (its rare slow
 path, e.g. waiting for room): that is awaited as a task, and its result is the answer.
-A plain handler may also hand the server work to do *after* its answer is written
+A plain handler may also hand the server work to do after it returns
 (``RpcServer.after_reply``: the clean-up of a call whose answer is already known, as
-Redis's ``UNLINK`` frees memory after replying); it runs before the server dispatches any
-other request, so no caller can tell it was deferred.
+Redis's ``UNLINK`` frees memory after replying; a lone caller's answer is written first);
+it runs before the server dispatches any other request, so no caller can tell it was
+deferred.
 
 A malformed frame is answered with ``MALFORMED_FRAME`` where the request id could be read,
 and the connection is closed when the stream cannot be resynchronised (bad length);
@@ -148,11 +149,14 @@ class RpcServer:
     # -- work after the answer ---------------------------------------------------------
 
     def after_reply(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` once the answers of the read being served are written: called
-        from a plain handler whose answer no longer depends on ``fn`` (the caller gets it
-        one step sooner, and ``fn`` runs while it reads the answer). ``fn`` always runs
-        before the next request is dispatched — from this read or any other connection —
-        and before the event loop runs anything else, so every later call sees its effects.
+        """Run ``fn(*args)`` after the handler calling this has returned, once the answers
+        of its read are written — or, when more frames of the same read follow, just
+        before the next of them is dispatched (their answers then go out together, after
+        ``fn``). For a plain handler whose answer no longer depends on ``fn``: a lone
+        caller gets its answer one step sooner, and ``fn`` runs while it reads it. ``fn``
+        runs before any other request is dispatched, from this read or any other
+        connection, and before the event loop runs anything else, so every later call
+        sees its effects. Work queued by a handler that then raises still runs.
         Called from anywhere else (a coroutine handler, a timer, a direct call) ``fn`` runs
         at once.
         An exception from ``fn`` is logged, never sent (the answer is already out)."""
@@ -258,14 +262,17 @@ class RpcServer:
             try:
                 result = method.fn(params)
             except Exception as e:  # noqa: BLE001 - every failure becomes an error response
-                self._in_handler = False
-                self._finish(method, rid, out, start, error=e)
+                error: Exception | None = e
             else:
+                error = None
+            finally:  # whatever the handler raised (CancelledError too)
                 self._in_handler = False
-                if type(result) is types.CoroutineType:  # a plain handler's slow path
-                    out.spawn(self._run_async(method, result, rid, out, start))
-                else:
-                    self._finish(method, rid, out, start, result=result)
+            if error is not None:
+                self._finish(method, rid, out, start, error=error)
+            elif type(result) is types.CoroutineType:  # a plain handler's slow path
+                out.spawn(self._run_async(method, result, rid, out, start))
+            else:
+                self._finish(method, rid, out, start, result=result)
 
     @staticmethod
     def _invalid(method: _Method, rid: int | None, out: _Conn, why: str) -> None:
@@ -372,9 +379,11 @@ class _Conn(asyncio.Protocol):
                 pos = end
         finally:
             self.reading = False
-            self.flush()
-            if server._deferred:
-                server._run_deferred()
+            try:
+                self.flush()
+            finally:
+                if server._deferred:
+                    server._run_deferred()
         if pos and self.server.poll_s:
             self.server._frames_seen()
         if view is data:

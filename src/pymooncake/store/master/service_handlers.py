@@ -286,11 +286,15 @@ class HandlerMethods:
     def _remove(self, p: RemoveRequest) -> bool:
         """Checked now, deleted (table, leases, allocator) once the answer is out: the
         caller does not wait for the free (the server runs it before any other call)."""
+        done = False
         try:
             obj = self.core.removable(p.key, self.now_ms(), p.force)
+            done = True
         except StoreError as e:
-            self._after()
             raise _rpc_error(e) from None
+        finally:
+            if not done:  # refused: its effects (a lost-SSD key forgotten) now
+                self._after()
         self.server.after_reply(self._finish_remove, obj)
         return True
 
