@@ -7,6 +7,7 @@ it and keeps serving."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import msgpack
@@ -115,11 +116,9 @@ def test_after_reply_runs_after_the_answer_is_written_and_before_the_next_call()
 
             # a plain handler that raised what is no Exception leaves the server deferring
             # nothing: a later coroutine handler's work still runs at once
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 server._dispatch(pack_frame({"m": "cancelled", "i": 8})[HEADER.size:],
                                  next(iter(server._conns)))
-            except asyncio.CancelledError:
-                pass
             s.send(pack_frame({"m": "set_now", "i": 9, "p": 13}))
             assert (await _answers(s, 1))[9]["r"] == 13
         finally:
