@@ -43,6 +43,7 @@ def _one(core: MasterCore, key: object, now: float, ex: frozenset[str]) -> objec
     ["a", "b", "nope", "writing"],                  # all good: the one-pass check
     ["a", "", "b"],                                 # an empty key among good ones
     ["a", "k" * 65, "b"],                           # over max_key_bytes (64)
+    ["k" * 64, "j" * 40, "a"],                      # each within 64, together over it
     ["é/x", "a", "é" * 40],                         # non-ASCII: 80 UTF-8 bytes > 64
     ["a", 7, "b"],                                  # not a str
     ["a", Key("b")],                                # a str subclass: the per-key path
@@ -75,6 +76,8 @@ def test_exist_many_excluded_segments() -> None:
     (["a", "b\x00c"], False),
     (["a", "é"], False),
     (["a", "x" * (MAX_KEY_BYTES + 1)], False),
+    (["x" * MAX_KEY_BYTES, "y" * MAX_KEY_BYTES], True),  # together over the limit
+    (["x" * (MAX_KEY_BYTES - 1), "y" * (MAX_KEY_BYTES + 1)], False),
     (["a", b"b"], False),
     (["a", Key("b")], False),
     (("a", "b"), True),

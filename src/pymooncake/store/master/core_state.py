@@ -51,7 +51,9 @@ def keys_fast_ok(keys: object, max_key_bytes: int, no_nul: bool = False) -> bool
         return False
     joined = "".join(keys)  # type: ignore[arg-type]
     return (joined.isascii() and "" not in keys  # type: ignore[operator]
-            and max(map(len, keys)) <= max_key_bytes  # type: ignore[call-overload]
+            # all keys together within the limit: so is each (no per-key pass)
+            and (len(joined) <= max_key_bytes
+                 or max(map(len, keys)) <= max_key_bytes)  # type: ignore[call-overload]
             and not (no_nul and "\x00" in joined))
 
 
