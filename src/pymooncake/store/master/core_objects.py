@@ -255,7 +255,7 @@ class ObjectMethods:
     def finish_remove(self, obj: ObjectMeta) -> None:
         """Forget ``obj`` — a ``removable`` answer, nothing changed since — and free its
         ranges: the second half of ``remove``, which the live master runs after its answer
-        is sent (``RpcServer.after_reply``). A no-op when ``key`` no longer names ``obj``."""
+        is sent (``RpcServer.after_reply``). A no-op when ``obj.key`` no longer names ``obj``."""
         if self.objects.get(obj.key) is obj:
             self._delete(obj, free_ranges=True)
 
