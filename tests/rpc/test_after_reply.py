@@ -40,6 +40,11 @@ async def _answers(sock: socket.socket, n: int) -> dict[int, dict]:
         data += await asyncio.wait_for(loop.sock_recv(sock, 1 << 16), 5)
 
 
+def call(rid: int, m: str, **p: object) -> bytes:
+    """One master request frame from client ``c``."""
+    return pack_frame({"m": m, "i": rid, "p": {"client_id": "c", **p}})
+
+
 def _connect(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setblocking(False)
@@ -138,9 +143,6 @@ def test_master_remove_frees_before_the_next_call_in_the_same_read() -> None:
         await svc.start()
         s = _connect(svc.port)
         try:
-            def call(rid: int, m: str, **p: object) -> bytes:
-                return pack_frame({"m": m, "i": rid, "p": {"client_id": "c", **p}})
-
             s.send(call(1, "mount_segment", segment="S", host="h", base_addr=4096,
                         size_bytes=MiB)
                    + call(2, "put_start", key="a", size_bytes=MiB))
@@ -188,9 +190,6 @@ def test_master_remove_of_an_ssd_object_still_deletes_its_file() -> None:
         await svc.start()
         s = _connect(svc.port)
         try:
-            def call(rid: int, m: str, **p: object) -> bytes:
-                return pack_frame({"m": m, "i": rid, "p": {"client_id": "c", **p}})
-
             s.send(call(1, "mount_segment", segment="S", host="h", base_addr=4096,
                         size_bytes=MiB, ssd_capacity_bytes=MiB, rpc_host="127.0.0.1",
                         rpc_port=holder.port)
