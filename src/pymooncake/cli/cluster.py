@@ -42,6 +42,8 @@ class ClusterSpec:
         """``--decode-step-s`` of every worker (None: not given)."""
         self.prefill_hold_s: float | None = kw.pop("prefill_hold_s", None)
         """``--prefill-hold-s`` of every worker (None: not given)."""
+        self.decode_interval_s: float = kw.pop("decode_interval_s", 0.0)
+        """``--decode-interval-s`` of the decode workers (0: off; P/D only)."""
         self.prefill_order: str | None = kw.pop("prefill_order", None)
         """``--prefill-order`` of every worker (None: the workers' default)."""
         self.aging_tokens_per_s: float | None = kw.pop("aging_tokens_per_s", None)
@@ -261,7 +263,9 @@ class LocalCluster:
                                             self.master_addr, *common, *s.cpp_argv])
                 names.append("prefill-cpp")
             for i in range(0 if s.colocated else s.num_decode):   # colocated: none
-                self._popen(f"decode-{i}", ["decode", "--id", f"decode-{i}", *common])
+                pace = (["--decode-interval-s", repr(s.decode_interval_s)]
+                        if s.decode_interval_s else [])
+                self._popen(f"decode-{i}", ["decode", "--id", f"decode-{i}", *common, *pace])
                 names.append(f"decode-{i}")
             worker_timeout_s = 60.0 if s.model == "tiny" else 180.0   # a real model loads
             for name in names:

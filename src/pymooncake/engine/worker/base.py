@@ -82,6 +82,8 @@ class EngineWorker:
         self._poster: LoopPoster | None = None  # post(), from serve() on
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._step_began = float("-inf")
+        """``time.perf_counter()`` when the last engine step began (decode pacing)."""
         self._events_lock = threading.Lock()
         self._stored: list[str] = []
         self._removed: list[str] = []
@@ -165,9 +167,13 @@ class EngineWorker:
                     cmd = self._cmds.get_nowait()
                 except queue.Empty:
                     cmd = None
+            if busy and self.config.decode_interval_s:
+                self._hold_step(self._step_began + self.config.decode_interval_s)
+                if self._stop.is_set():
+                    break
             if self.engine.has_unfinished():
                 batch = len(self.engine.scheduler.running)
-                t0 = time.perf_counter()
+                t0 = self._step_began = time.perf_counter()
                 try:
                     outs = self.engine.step()
                     self.on_step_timed(batch, time.perf_counter() - t0)
@@ -179,6 +185,20 @@ class EngineWorker:
                         self.on_failed(rid, "engine step failed")
                 self.after_step(outs)
             self._collect_kv_events()
+
+    def _hold_step(self, until: float) -> None:
+        """Decode pacing (``WorkerConfig.decode_interval_s``): wait until ``until``
+        (``time.perf_counter()`` seconds) before the next step, running commands as they
+        come, so a request that arrives meanwhile joins that step. Returns early on stop."""
+        while not self._stop.is_set():
+            wait = until - time.perf_counter()
+            if wait <= 0:
+                return
+            try:
+                cmd = self._cmds.get(timeout=wait)
+            except queue.Empty:
+                return
+            cmd()
 
     def on_engine(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         """Run ``fn`` on the engine thread; the future has its result or exception."""

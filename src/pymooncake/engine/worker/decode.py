@@ -114,11 +114,16 @@ class DecodeWorker(EngineWorker):
         busy = len(e.scheduler.running) + len(e.scheduler.waiting) + len(pending)
         if busy >= e.config.max_num_seqs:
             raise RpcError("BATCH_FULL", f"{e.config.max_num_seqs} requests admitted")
-        if task.tbt_slo_s > 0 and len(self.step_times) >= 8:
-            tbt = self.step_times.predict_s(busy + 1)
-            if tbt is not None and tbt > task.tbt_slo_s:
+        if task.tbt_slo_s > 0:
+            measured = (self.step_times.predict_s(busy + 1)
+                        if len(self.step_times) >= 8 else None)
+            # a paced worker's TBT is at least its interval (decode_interval_s)
+            tbt = max(measured or 0.0, self.config.decode_interval_s)
+            if tbt > task.tbt_slo_s:
                 raise RpcError("TBT_SLO", f"predicted TBT {tbt:.4f} s at batch {busy + 1} "
-                               f"(measured here) exceeds the SLO {task.tbt_slo_s} s")
+                               f"(measured here; steps paced to at least "
+                               f"{self.config.decode_interval_s} s) exceeds the SLO "
+                               f"{task.tbt_slo_s} s")
         st = self._streams[rid] = _Stream(task, need_blocks=need)
         if not task.num_kv_blocks or self.receiver is None:
             return None

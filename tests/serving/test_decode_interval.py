@@ -1,0 +1,188 @@
+"""Decode pacing (``WorkerConfig.decode_interval_s``, ``pymooncake decode
+--decode-interval-s``): the engine loop of a decode worker starts a step at most every
+interval while requests decode, runs the commands that come meanwhile (so a request added
+during the hold is in the next step), leaves the tokens unchanged and stops at once.
+
+The loop is the real ``EngineWorker._engine_main`` on a thread, with the real tiny engine;
+commands go in through ``_cmds`` as the RPC handlers' ``on_engine`` does."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pymooncake.engine import Engine, EngineConfig, SamplingParams
+from pymooncake.engine.worker.base import EngineWorker, WorkerConfig
+from pymooncake.engine.worker.config import MAX_DECODE_INTERVAL_S
+
+INTERVAL = 0.2
+SLACK = 0.002
+"""Timer rounding allowed below the interval (s)."""
+
+
+def _config(interval: float, role: str = "decode") -> WorkerConfig:
+    return WorkerConfig(instance_id="d", role=role, conductor="127.0.0.1:1",
+                        decode_interval_s=interval)
+
+
+class _Loop(EngineWorker):
+    """The engine loop alone: records when each step began and who ran in it."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(_config(interval))
+        self.engine = Engine.from_model_name("tiny", EngineConfig(max_model_len=512,
+                                                                   num_kv_blocks=64))
+        self.steps: list[tuple[float, list[str]]] = []
+        self.outputs: dict[str, list[int]] = {}
+        self.holds = 0
+        self.thread = threading.Thread(target=self._engine_main, daemon=True)
+
+    def on_step_timed(self, batch_size: int, seconds: float) -> None:
+        self.steps.append((time.perf_counter() - seconds,
+                           [r.request_id for r in self.engine.scheduler.running]))
+
+    def after_step(self, outputs: list) -> None:
+        for o in outputs:
+            self.outputs[o.request_id] = list(o.output_token_ids)
+
+    def _hold_step(self, until: float) -> None:
+        self.holds += 1
+        super()._hold_step(until)
+
+    def add(self, rid: str, prompt: list[int], max_tokens: int) -> None:
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        self._cmds.put(lambda: self.engine.add_request(prompt, params, rid))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._cmds.put(lambda: None)   # as serve()'s shutdown wakes the engine thread
+        self.thread.join(5)
+
+
+def _wait(pred, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+
+
+PROMPT_A = [(7 * i + 3) % 250 for i in range(40)]
+PROMPT_B = [(11 * i + 5) % 250 for i in range(25)]
+
+
+def _reference() -> dict[str, list[int]]:
+    e = Engine.from_model_name("tiny", EngineConfig(max_model_len=512, num_kv_blocks=64))
+    outs = e.generate([PROMPT_A, PROMPT_B], SamplingParams(max_tokens=10, ignore_eos=True))
+    return {"a": list(outs[0].output_token_ids), "b": list(outs[1].output_token_ids)}
+
+
+def test_paced_steps_start_an_interval_apart_and_a_request_added_meanwhile_joins_the_next():
+    w = _Loop(INTERVAL)
+    w.thread.start()
+    try:
+        w.add("a", PROMPT_A, 10)
+        _wait(lambda: len(w.steps) >= 3)
+        steps_before = len(w.steps)   # a step just ended: the loop holds for ~INTERVAL
+        time.sleep(INTERVAL / 4)
+        w.add("b", PROMPT_B, 10)      # lands while the loop holds the next step
+        _wait(lambda: len(w.outputs) == 2)
+    finally:
+        w.stop()
+    assert not w.thread.is_alive()
+    # the tokens do not depend on when the steps ran
+    assert w.outputs == _reference()
+    gaps = [b[0] - a[0] for a, b in zip(w.steps, w.steps[1:], strict=False)]
+    assert len(gaps) >= 10
+    assert min(gaps) >= INTERVAL - SLACK, gaps
+    # "b" was added during the hold before step `steps_before` (0-based): the hold ran its
+    # command, so it is in that very step, beside "a" (one step for both)
+    joined = next(i for i, (_, ids) in enumerate(w.steps) if "b" in ids)
+    assert joined == steps_before, (steps_before, joined)
+    assert w.steps[joined][1] == ["a", "b"]
+
+
+def test_unpaced_loop_never_holds_and_steps_back_to_back():
+    w = _Loop(0.0)
+    w.thread.start()
+    try:
+        w.add("a", PROMPT_A, 10)
+        _wait(lambda: "a" in w.outputs)
+    finally:
+        w.stop()
+    assert w.holds == 0
+    assert w.outputs["a"] == _reference()["a"]
+    assert len(w.steps) == 10   # one prefill step (its first token) + 9 decode steps
+    # ten steps of the tiny model in far less than the ten intervals pacing would take
+    assert w.steps[-1][0] - w.steps[0][0] < 9 * INTERVAL
+
+
+def test_stop_during_a_hold_returns_at_once():
+    w = _Loop(5.0)
+    w.thread.start()
+    try:
+        w.add("a", PROMPT_A, 100)
+        _wait(lambda: len(w.steps) >= 1)
+        time.sleep(0.05)                  # the loop is now holding for ~5 s
+    finally:
+        t0 = time.monotonic()
+        w.stop()
+    assert not w.thread.is_alive()
+    assert time.monotonic() - t0 < 2.0
+    assert len(w.steps) == 1
+
+
+@pytest.mark.parametrize("value", [-0.01, MAX_DECODE_INTERVAL_S + 1, float("nan")])
+def test_bad_intervals_are_refused_naming_the_flag(value: float) -> None:
+    with pytest.raises(ValueError, match="--decode-interval-s must be in"):
+        _config(value)
+
+
+@pytest.mark.parametrize("role", ["prefill", "colocated"])
+def test_only_decode_workers_take_an_interval(role: str) -> None:
+    with pytest.raises(ValueError, match="decode workers only"):
+        _config(INTERVAL, role)
+    assert _config(0.0, role).decode_interval_s == 0.0
+
+
+def _stream_times(url: str, prompt: list[int], max_tokens: int
+                  ) -> tuple[list[int], list[float]]:
+    """Stream a greedy completion: its token ids and, per token, when its chunk arrived."""
+    import json
+
+    import httpx
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "return_token_ids": True}
+    ids: list[int] = []
+    times: list[float] = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            assert "error" not in chunk, chunk
+            for ch in chunk.get("choices", []):
+                got = ch.get("token_ids") or []
+                ids.extend(got)
+                times.extend([time.perf_counter()] * len(got))
+    return ids, times
+
+
+def test_a_paced_pd_cluster_spaces_the_tokens_and_keeps_them_exact(make_cluster):
+    """Real processes: ``ClusterSpec.decode_interval_s`` reaches the decode worker
+    (``--decode-interval-s``). A request alone on it gets its first token from the prefill
+    worker and the next seven from seven decode steps: the first of those runs at once,
+    each later one at least the interval after the one before, so the last token comes at
+    least 6 intervals after the second (less the frames' jitter). Unpaced, the seven tiny
+    steps take milliseconds. The tokens equal one engine's greedy output."""
+    interval = 0.1
+    c = make_cluster(num_prefill=1, num_decode=1, max_model_len=512, num_kv_blocks=64,
+                     decode_interval_s=interval)
+    ids, times = _stream_times(c.url, PROMPT_A, 8)
+    ref = Engine.from_model_name("tiny", EngineConfig(max_model_len=512, num_kv_blocks=64)
+                                 ).generate([PROMPT_A], SamplingParams(max_tokens=8,
+                                                                       ignore_eos=True))
+    assert ids == list(ref[0].output_token_ids)
+    assert times[-1] - times[1] >= 6 * interval - 0.05, [t - times[0] for t in times]
