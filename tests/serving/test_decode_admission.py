@@ -89,23 +89,24 @@ def test_admission_refuses_when_measured_steps_miss_the_tbt_slo() -> None:
 
 
 def test_a_paced_worker_admits_against_its_interval_before_any_step() -> None:
-    """With ``decode_interval_s`` the TBT is at least the interval: a request whose TBT
+    """With ``decode_step_interval_s`` the TBT is at least the interval: a request whose TBT
     SLO is tighter is refused even before 8 steps were measured; a looser one is not."""
     from pymooncake.engine.worker.base import WorkerConfig
     from pymooncake.engine.worker.decode import DecodeWorker
     w = DecodeWorker(WorkerConfig("d0", "decode", "127.0.0.1:1", num_kv_blocks=64,
-                                  decode_interval_s=0.05))
+                                  decode_step_interval_s=0.05))
     w.engine = w.build_engine("decode")
     with pytest.raises(RpcError) as e:
         asyncio.run(w._prepare(_task("a", tbt=0.04)))
-    assert e.value.code == "TBT_SLO" and "0.0500" in str(e.value)
+    assert e.value.code == "TBT_SLO"
+    assert "decode steps paced 0.0500 s apart" in str(e.value)
     assert "a" not in w._streams
     assert asyncio.run(w._prepare(_task("b", tbt=0.06))) is None
     for n in range(1, 9):
         w.on_step_timed(n, 0.05 + 0.01 * n)           # measured: slower than the interval
     with pytest.raises(RpcError) as e:                # batch 2 → 70 ms > 65 ms
         asyncio.run(w._prepare(_task("c", tbt=0.065)))
-    assert "0.0700" in str(e.value)
+    assert "predicted TBT 0.0700 s at batch 2" in str(e.value)
 
 
 def test_admission_counts_requests_admitted_but_not_started() -> None:

@@ -48,10 +48,10 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--decode", type=int, default=1, help="decode workers (P/D configs)")
     b.add_argument("--ttft-slo", type=float, default=5.0, help="TTFT objective (s)")
     b.add_argument("--tbt-slo", type=float, default=0.5, help="TBT objective (s)")
-    b.add_argument("--decode-interval-s", type=float, default=0.0, metavar="S",
+    b.add_argument("--decode-step-interval-s", type=float, default=0.0, metavar="S",
                    help="P/D configs: the decode workers start a step at most every S "
                         "seconds while requests decode (pymooncake decode "
-                        "--decode-interval-s; 0 = off, the default)")
+                        "--decode-step-interval-s; 0 = off, the default)")
     b.add_argument("--global-segment-size", type=int, default=512 << 20,
                    help="DRAM each prefill worker gives the Store (bytes)")
     b.add_argument("--model", default="tiny",
@@ -71,14 +71,20 @@ def _cmd_bench_serving(args: argparse.Namespace) -> int:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     if args.limit < 1:
         raise UsageError(f"--limit must be >= 1, got {args.limit}")
-    from pymooncake.engine.worker.config import MAX_DECODE_INTERVAL_S
-    if not 0 <= args.decode_interval_s <= MAX_DECODE_INTERVAL_S:
-        raise UsageError(f"--decode-interval-s must be in [0, {MAX_DECODE_INTERVAL_S:g}] "
-                         f"seconds, got {args.decode_interval_s}")
+    from pymooncake.engine.worker.config import MAX_DECODE_STEP_INTERVAL_S
+    if not 0 <= args.decode_step_interval_s <= MAX_DECODE_STEP_INTERVAL_S:
+        raise UsageError(f"--decode-step-interval-s must be in [0, {MAX_DECODE_STEP_INTERVAL_S:g}] "
+                         f"seconds, got {args.decode_step_interval_s}")
     names = [c for c in args.configs.split(",") if c]
     bad = [c for c in names if c not in BENCH_CONFIGS]
     if bad or not names:
         raise UsageError(f"--configs: unknown {bad}; choose from {', '.join(BENCH_CONFIGS)}")
+    if args.decode_step_interval_s and all(BENCH_CONFIGS[n].get("colocated") for n in names):
+        raise UsageError("--decode-step-interval-s paces the P/D configs' decode workers; "
+                         f"--configs {args.configs} has none")
+    if args.decode_step_interval_s >= args.tbt_slo:
+        raise UsageError(f"--decode-step-interval-s ({args.decode_step_interval_s} s) must "
+                         f"be below --tbt-slo ({args.tbt_slo} s)")
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for rep in range(args.repeats):
         # interleaved, each repeat starting one configuration later: a slow minute on the
@@ -89,7 +95,7 @@ def _cmd_bench_serving(args: argparse.Namespace) -> int:
     doc = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
            "limit": args.limit, "time_scale": args.time_scale,
            "length_scale": args.length_scale, "prefill": args.prefill, "decode": args.decode,
-           "decode_interval_s": args.decode_interval_s,
+           "decode_step_interval_s": args.decode_step_interval_s,
            "repeats": args.repeats, "results": results}
 
     def human(d: dict[str, Any]) -> str:
@@ -128,8 +134,8 @@ def _bench_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
                        num_prefill=n_engines if extra.get("colocated") else args.prefill,
                        num_decode=0 if extra.get("colocated") else args.decode,
                        ttft_slo_s=args.ttft_slo * 10, tbt_slo_s=args.tbt_slo * 10,
-                       model=args.model, **extra,
-                       decode_interval_s=0.0 if extra.get("colocated") else args.decode_interval_s)
+                       model=args.model, **extra, decode_step_interval_s=0.0
+                       if extra.get("colocated") else args.decode_step_interval_s)
     cluster = LocalCluster(spec)
     try:
         cluster.start()

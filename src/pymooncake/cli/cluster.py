@@ -42,8 +42,8 @@ class ClusterSpec:
         """``--decode-step-s`` of every worker (None: not given)."""
         self.prefill_hold_s: float | None = kw.pop("prefill_hold_s", None)
         """``--prefill-hold-s`` of every worker (None: not given)."""
-        self.decode_interval_s: float = kw.pop("decode_interval_s", 0.0)
-        """``--decode-interval-s`` of the decode workers (0: off; P/D only)."""
+        self.decode_step_interval_s: float = kw.pop("decode_step_interval_s", 0.0)
+        """``--decode-step-interval-s`` of the decode workers (0: off; P/D only)."""
         self.prefill_order: str | None = kw.pop("prefill_order", None)
         """``--prefill-order`` of every worker (None: the workers' default)."""
         self.aging_tokens_per_s: float | None = kw.pop("aging_tokens_per_s", None)
@@ -72,6 +72,9 @@ class ClusterSpec:
         ``cli.cpp_worker``); empty: none."""
         if kw:
             raise TypeError(f"unknown ClusterSpec fields {sorted(kw)}")
+        if self.colocated and self.decode_step_interval_s:
+            raise ValueError("decode_step_interval_s paces decode workers; a colocated "
+                             "cluster has none")
 
 
 PARENT_ENV = "PYMOONCAKE_DIE_WITH_PARENT"
@@ -263,8 +266,8 @@ class LocalCluster:
                                             self.master_addr, *common, *s.cpp_argv])
                 names.append("prefill-cpp")
             for i in range(0 if s.colocated else s.num_decode):   # colocated: none
-                pace = (["--decode-interval-s", repr(s.decode_interval_s)]
-                        if s.decode_interval_s else [])
+                pace = (["--decode-step-interval-s", str(float(s.decode_step_interval_s))]
+                        if s.decode_step_interval_s else [])
                 self._popen(f"decode-{i}", ["decode", "--id", f"decode-{i}", *common, *pace])
                 names.append(f"decode-{i}")
             worker_timeout_s = 60.0 if s.model == "tiny" else 180.0   # a real model loads

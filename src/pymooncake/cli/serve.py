@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="TTFT objective (s; default %(default)s)")
     s.add_argument("--tbt-slo", type=float, default=1.0,
                    help="TBT objective (s; default %(default)s)")
-    s.add_argument("--decode-interval-s", type=float, default=0.0, metavar="S",
+    s.add_argument("--decode-step-interval-s", type=float, default=0.0, metavar="S",
                    help="decode workers: while requests decode, start a step at most every S "
                         "seconds, so requests arriving meanwhile share it (fewer weight "
                         "passes; TBT becomes at least S). 0 = off (default)")
@@ -102,12 +102,15 @@ def _check_serve_flags(args: argparse.Namespace) -> None:
     for flag, f in (("--ttft-slo", args.ttft_slo), ("--tbt-slo", args.tbt_slo)):
         if not f > 0:
             raise UsageError(f"{flag} must be > 0 seconds, got {f}")
-    from pymooncake.engine.worker.config import MAX_DECODE_INTERVAL_S
-    if not 0 <= args.decode_interval_s <= MAX_DECODE_INTERVAL_S:
-        raise UsageError(f"--decode-interval-s must be in [0, {MAX_DECODE_INTERVAL_S:g}] "
-                         f"seconds, got {args.decode_interval_s}")
-    if args.decode_interval_s and args.colocated:
-        raise UsageError("--decode-interval-s paces decode workers; it does not apply with "
+    from pymooncake.engine.worker.config import MAX_DECODE_STEP_INTERVAL_S
+    if not 0 <= args.decode_step_interval_s <= MAX_DECODE_STEP_INTERVAL_S:
+        raise UsageError(f"--decode-step-interval-s must be in [0, {MAX_DECODE_STEP_INTERVAL_S:g}] "
+                         f"seconds, got {args.decode_step_interval_s}")
+    if args.decode_step_interval_s >= args.tbt_slo:
+        raise UsageError(f"--decode-step-interval-s ({args.decode_step_interval_s} s) must be "
+                         f"below --tbt-slo ({args.tbt_slo} s): every request would miss it")
+    if args.decode_step_interval_s and args.colocated:
+        raise UsageError("--decode-step-interval-s paces decode workers; it does not apply with "
                          "--colocated")
     if args.cpp_stages is not None and args.colocated:
         raise UsageError("--cpp-stages adds a CPP prefill group to a P/D cluster; it "
@@ -128,7 +131,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        num_threads=args.threads, decode_step_tokens=args.decode_step_tokens,
                        decode_step_s=args.decode_step_s, prefill_hold_s=args.prefill_hold_s,
-                       decode_interval_s=args.decode_interval_s,
+                       decode_step_interval_s=args.decode_step_interval_s,
                        prefill_order=args.prefill_order,
                        aging_tokens_per_s=args.aging_tokens_per_s,
                        startup_profile_tokens=args.startup_profile_tokens,

@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         else:
             w.add_argument("--colocated", action="store_true",
                            help="prefill and decode here (baseline; no KV is received)")
-            w.add_argument("--decode-interval-s", type=float, default=0.0, metavar="S",
+            w.add_argument("--decode-step-interval-s", type=float, default=0.0, metavar="S",
                            help="while requests decode, start a step at most every S seconds, "
                                 "so requests arriving meanwhile share it (fewer weight "
                                 "passes; TBT becomes at least S). 0 = off (default)")
@@ -86,7 +86,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads,
             decode_step_tokens=args.decode_step_tokens, decode_step_s=args.decode_step_s,
             prefill_hold_s=args.prefill_hold_s,
-            decode_interval_s=getattr(args, "decode_interval_s", 0.0),
+            decode_step_interval_s=getattr(args, "decode_step_interval_s", 0.0),
             max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_cache,
             global_segment_size_bytes=getattr(args, "global_segment_size", None),
             recv_buffer_bytes=getattr(args, "recv_buffer_size", None),

@@ -167,8 +167,8 @@ class EngineWorker:
                     cmd = self._cmds.get_nowait()
                 except queue.Empty:
                     cmd = None
-            if busy and self.config.decode_interval_s:
-                self._hold_step(self._step_began + self.config.decode_interval_s)
+            if busy and self.config.decode_step_interval_s:
+                self._hold_step(self._step_began + self.config.decode_step_interval_s)
                 if self._stop.is_set():
                     break
             if self.engine.has_unfinished():
@@ -187,17 +187,19 @@ class EngineWorker:
             self._collect_kv_events()
 
     def _hold_step(self, until: float) -> None:
-        """Decode pacing (``WorkerConfig.decode_interval_s``): wait until ``until``
+        """Decode pacing (``WorkerConfig.decode_step_interval_s``): wait until ``until``
         (``time.perf_counter()`` seconds) before the next step, running commands as they
-        come, so a request that arrives meanwhile joins that step. Returns early on stop."""
-        while not self._stop.is_set():
+        come, so a request that arrives meanwhile joins that step. Returns early on stop
+        and once a command left the engine with nothing to run (the idle path then takes
+        over, and the next request's first step is not held)."""
+        while not self._stop.is_set() and self.engine.has_unfinished():
             wait = until - time.perf_counter()
             if wait <= 0:
                 return
             try:
                 cmd = self._cmds.get(timeout=wait)
             except queue.Empty:
-                return
+                continue
             cmd()
 
     def on_engine(self, fn: Callable[[], T]) -> asyncio.Future[T]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-MAX_DECODE_INTERVAL_S = 10.0
-"""Largest ``WorkerConfig.decode_interval_s`` accepted (s)."""
+MAX_DECODE_STEP_INTERVAL_S = 10.0
+"""Largest ``WorkerConfig.decode_step_interval_s`` accepted (s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +59,17 @@ class WorkerConfig:
     prefill_hold_s: float | None = None
     """``EngineConfig.prefill_hold_s``: while requests decode, a colocated worker's steps
     carry the decodes alone until a prompt has waited this long (None: off)."""
-    decode_interval_s: float = 0.0
+    decode_step_interval_s: float = 0.0
     """Decode role: while requests decode, start a step at most this often (s); a request
     whose KV arrives meanwhile joins the next step. 0 = off (each step starts as soon as
     the previous one is done). Why: with few requests decoding at once, every step streams
     all the weights for one or two tokens; holding steps to an interval that stays well
-    inside the TBT objective lets more requests share each pass, which the Mooncake paper
-    sets as the decode pool's goal (§2: maximise throughput while meeting the TBT SLO).
-    The cost is TBT: it becomes at least this interval (docs/benchmarks.md, "Issue 16,
-    session 32")."""
+    inside the TBT objective lets more requests share each pass: the most effective
+    throughput that still meets the latency SLOs, the Mooncake paper's goal (abstract).
+    The cost is TBT: steps start at least this far apart, so tokens come about this
+    interval or more apart (docs/benchmarks.md, "Issue 16, session 32"). ``serve`` and
+    ``bench serving`` refuse an interval at or above their TBT SLO; the worker's admission
+    counts it as the least TBT it can give (``DecodeWorker._prepare``)."""
     num_threads: int = 1
     """torch intra-op threads of the engine (``EngineConfig.num_threads``): 1 = one core per
     worker; a worker alone on several cores uses one per core."""
@@ -149,11 +151,12 @@ class WorkerConfig:
             raise ValueError(f"prefill_batch must be >= 1, got {self.prefill_batch}")
         if self.decode_step_tokens is not None and self.decode_step_tokens < 1:
             raise ValueError(f"--decode-step-tokens must be >= 1, got {self.decode_step_tokens}")
-        if not 0 <= self.decode_interval_s <= MAX_DECODE_INTERVAL_S:
-            raise ValueError(f"--decode-interval-s must be in [0, {MAX_DECODE_INTERVAL_S:g}] "
-                             f"seconds, got {self.decode_interval_s}")
-        if self.decode_interval_s and self.role != "decode":
-            raise ValueError(f"--decode-interval-s applies to decode workers only, not to a "
+        if not 0 <= self.decode_step_interval_s <= MAX_DECODE_STEP_INTERVAL_S:
+            raise ValueError(f"--decode-step-interval-s must be in "
+                             f"[0, {MAX_DECODE_STEP_INTERVAL_S:g}] seconds, got "
+                             f"{self.decode_step_interval_s}")
+        if self.decode_step_interval_s and self.role != "decode":
+            raise ValueError(f"--decode-step-interval-s applies to decode workers only, not to a "
                              f"{self.role} worker")
         if not isinstance(self.num_threads, int) or self.num_threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.num_threads}")

@@ -116,14 +116,13 @@ class DecodeWorker(EngineWorker):
             raise RpcError("BATCH_FULL", f"{e.config.max_num_seqs} requests admitted")
         if task.tbt_slo_s > 0:
             measured = (self.step_times.predict_s(busy + 1)
-                        if len(self.step_times) >= 8 else None)
-            # a paced worker's TBT is at least its interval (decode_interval_s)
-            tbt = max(measured or 0.0, self.config.decode_interval_s)
-            if tbt > task.tbt_slo_s:
-                raise RpcError("TBT_SLO", f"predicted TBT {tbt:.4f} s at batch {busy + 1} "
-                               f"(measured here; steps paced to at least "
-                               f"{self.config.decode_interval_s} s) exceeds the SLO "
-                               f"{task.tbt_slo_s} s")
+                        if len(self.step_times) >= 8 else None) or 0.0
+            paced = self.config.decode_step_interval_s   # a paced worker's least TBT
+            if max(measured, paced) > task.tbt_slo_s:
+                why = (f"predicted TBT {measured:.4f} s at batch {busy + 1} (measured here)"
+                       if measured >= paced else
+                       f"decode steps paced {paced:.4f} s apart (--decode-step-interval-s)")
+                raise RpcError("TBT_SLO", f"{why} exceeds the SLO {task.tbt_slo_s} s")
         st = self._streams[rid] = _Stream(task, need_blocks=need)
         if not task.num_kv_blocks or self.receiver is None:
             return None
