@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--decode-step-interval-s", type=float, default=0.0, metavar="S",
                    help="decode workers: while requests decode, start a step at most every S "
                         "seconds, so requests arriving meanwhile share it (fewer weight "
-                        "passes; TBT becomes at least S). 0 = off (default)")
+                        "passes; tokens come about S or more apart). 0 = off (default)")
     s.add_argument("--profile", default=None, help="prefill profile JSON (pymooncake profile)")
     s.add_argument("--max-concurrency", type=int, default=64,
                    help="front-door admission: requests in flight at once (default "
