@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from pymooncake.cli.cluster import ClusterSpec, LocalCluster
+from pymooncake.cli.cluster import PARENT_ENV, ClusterSpec, LocalCluster
 from pymooncake.cli.common import add_json_flag
 
 BENCH_CONFIGS: dict[str, dict[str, Any]] = {
@@ -47,11 +47,13 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--prefill", type=int, default=2, help="prefill workers (P/D configs)")
     b.add_argument("--decode", type=int, default=1, help="decode workers (P/D configs)")
     b.add_argument("--ttft-slo", type=float, default=5.0, help="TTFT objective (s)")
-    b.add_argument("--tbt-slo", type=float, default=0.5, help="TBT objective (s)")
+    b.add_argument("--tbt-slo", type=float, default=0.5,
+                   help="TBT objective (s; default %(default)s)")
     b.add_argument("--decode-step-interval-s", type=float, default=0.0, metavar="S",
                    help="P/D configs: the decode workers start a step at most every S "
                         "seconds while requests decode (pymooncake decode "
-                        "--decode-step-interval-s; 0 = off, the default)")
+                        "--decode-step-interval-s); in [0, 10] and below --tbt-slo; 0 = off "
+                        "(default)")
     b.add_argument("--global-segment-size", type=int, default=512 << 20,
                    help="DRAM each prefill worker gives the Store (bytes)")
     b.add_argument("--model", default="tiny",
@@ -123,6 +125,7 @@ def _cmd_bench_serving(args: argparse.Namespace) -> int:
 def _bench_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """One configuration: a fresh local cluster, one replay, the replay's JSON report plus
     the CPU seconds each cluster process and the replay client used during it."""
+    import os
     import resource
     import subprocess
 
@@ -144,7 +147,9 @@ def _bench_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 "--length-scale", str(args.length_scale), "--ttft-slo", str(args.ttft_slo),
                 "--tbt-slo", str(args.tbt_slo), "--json"]
         cpu0, ru0 = cluster.cpu_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+        # the replay dies with this process (SIGTERM, ^C) as the cluster's children do
+        env = dict(os.environ, **{PARENT_ENV: str(os.getpid())})
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env)
         cpu1, ru1 = cluster.cpu_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
         if r.returncode != 0:
             raise CommandError(f"replay against {name} failed: "

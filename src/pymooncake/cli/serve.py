@@ -57,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--decode-step-interval-s", type=float, default=0.0, metavar="S",
                    help="decode workers: while requests decode, start a step at most every S "
                         "seconds, so requests arriving meanwhile share it (fewer weight "
-                        "passes; tokens come about S or more apart). 0 = off (default)")
+                        "passes; after the first, tokens come about S or more apart); in "
+                        "[0, 10] and below --tbt-slo. 0 = off (default)")
     s.add_argument("--profile", default=None, help="prefill profile JSON (pymooncake profile)")
     s.add_argument("--max-concurrency", type=int, default=64,
                    help="front-door admission: requests in flight at once (default "

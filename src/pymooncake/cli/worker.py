@@ -58,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             w.add_argument("--decode-step-interval-s", type=float, default=0.0, metavar="S",
                            help="while requests decode, start a step at most every S seconds, "
                                 "so requests arriving meanwhile share it (fewer weight "
-                                "passes; tokens come about S or more apart). 0 = off (default)")
+                                "passes; after the first, tokens come about S or more apart); in "
+                                "[0, 10]. 0 = off (default)")
             w.add_argument("--recv-buffer-size", type=int, default=None,
                            help="receive arena for P→D KV (bytes; default: sized from the "
                                 "model's KV bytes per token)")
