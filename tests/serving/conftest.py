@@ -61,9 +61,12 @@ def complete(url: str, prompt: Any, max_tokens: int = 8, **extra: Any) -> httpx.
     return httpx.post(url + "/v1/completions", json=body, timeout=60)
 
 
-def stream_token_ids(url: str, prompt: list[int], max_tokens: int, **extra: Any
+def stream_token_ids(url: str, prompt: list[int], max_tokens: int, *,
+                     arrivals: list[float] | None = None, **extra: Any
                      ) -> tuple[list[int], dict[str, Any] | None, list[dict[str, Any]]]:
-    """Stream a completion with ``return_token_ids``: (token ids, usage, error events)."""
+    """Stream a completion with ``return_token_ids``: (token ids, usage, error events).
+    ``arrivals``, when given, gets one ``time.perf_counter()`` per token: when its chunk
+    arrived."""
     body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "return_token_ids": True,
             "stream_options": {"include_usage": True}, **extra}
@@ -82,7 +85,10 @@ def stream_token_ids(url: str, prompt: list[int], max_tokens: int, **extra: Any
             if chunk.get("usage"):
                 usage = chunk["usage"]
             for ch in chunk.get("choices", []):
-                ids.extend(ch.get("token_ids") or [])
+                got = ch.get("token_ids") or []
+                ids.extend(got)
+                if arrivals is not None:
+                    arrivals.extend([time.perf_counter()] * len(got))
     return ids, usage, errors
 
 

@@ -16,6 +16,7 @@ import pytest
 from pymooncake.engine import Engine, EngineConfig, SamplingParams
 from pymooncake.engine.worker.base import EngineWorker, WorkerConfig
 from pymooncake.engine.worker.config import MAX_DECODE_STEP_INTERVAL_S
+from tests.serving.conftest import stream_token_ids
 
 INTERVAL = 0.2
 
@@ -180,30 +181,6 @@ def test_only_decode_workers_take_an_interval(role: str) -> None:
     assert _config(0.0, role).decode_step_interval_s == 0.0
 
 
-def _stream_times(url: str, prompt: list[int], max_tokens: int
-                  ) -> tuple[list[int], list[float]]:
-    """Stream a greedy completion: its token ids and, per token, when its chunk arrived."""
-    import json
-
-    import httpx
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True, "return_token_ids": True}
-    ids: list[int] = []
-    times: list[float] = []
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            assert "error" not in chunk, chunk
-            for ch in chunk.get("choices", []):
-                got = ch.get("token_ids") or []
-                ids.extend(got)
-                times.extend([time.perf_counter()] * len(got))
-    return ids, times
-
-
 def test_a_paced_pd_cluster_spaces_the_tokens_and_keeps_them_exact(make_cluster):
     """Real processes: ``ClusterSpec.decode_step_interval_s`` reaches the decode worker
     (``--decode-step-interval-s``). A request alone on it gets its first token from the prefill
@@ -214,7 +191,9 @@ def test_a_paced_pd_cluster_spaces_the_tokens_and_keeps_them_exact(make_cluster)
     interval = 0.1
     c = make_cluster(num_prefill=1, num_decode=1, max_model_len=512, num_kv_blocks=64,
                      decode_step_interval_s=interval)
-    ids, times = _stream_times(c.url, PROMPT_A, 8)
+    times: list[float] = []
+    ids, _, errors = stream_token_ids(c.url, PROMPT_A, 8, arrivals=times, ignore_eos=True)
+    assert not errors
     ref = Engine.from_model_name("tiny", EngineConfig(max_model_len=512, num_kv_blocks=64)
                                  ).generate([PROMPT_A], SamplingParams(max_tokens=8,
                                                                        ignore_eos=True))

@@ -6,6 +6,8 @@ import sys, time, os
 from pymooncake.bench import store_procs as sp
 from pymooncake.bench.store_meta import _store
 N = 20000
+if os.environ.get("MPOLL"):  # cpu2.txt: MPOLL=0 (the master's --rpc-poll)
+    sp.MASTER_FLAGS[:] = ["--rpc-poll", os.environ["MPOLL"]]
 def master_cpu():
     return sp._cpu_s(sp._HELPERS) - time.process_time()
 def go(side):
@@ -31,5 +33,5 @@ def go(side):
     return out
 if __name__ == "__main__":
     for rep in range(2):
-        for side in ("ours", "mooncake"):
+        for side in os.environ.get("SIDES", "ours,mooncake").split(","):
             print(side, " | ".join(go(side)), flush=True)

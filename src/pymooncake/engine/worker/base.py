@@ -28,6 +28,7 @@ from pymooncake.engine.worker.config import (  # noqa: F401 (re-exported)
     model_kv_bytes_per_token,
     worker_sizing,
 )
+from pymooncake.engine.worker.kv_events import KVEventLog
 from pymooncake.engine.worker.poster import (
     LoopPoster,
     set_exception_if_pending,
@@ -84,11 +85,7 @@ class EngineWorker:
         self._thread: threading.Thread | None = None
         self._step_began = float("-inf")
         """``time.perf_counter()`` when the last engine step began (decode pacing)."""
-        self._events_lock = threading.Lock()
-        self._stored: list[str] = []
-        self._removed: list[str] = []
-        self._store_stored: list[str] = []
-        self._store_removed: list[str] = []
+        self.kv_events = KVEventLog()
         self.num_prefill_tokens_total = 0
         self._conductor: RpcClient | None = None
         self._registered = False
@@ -242,23 +239,16 @@ class EngineWorker:
         return None
 
     def _collect_kv_events(self) -> None:
-        from pymooncake.engine.kv.block_pool import BlockStored
         events = self.engine.pool.take_events()
-        if not events or self.config.role != "prefill":
-            return
-        with self._events_lock:
-            for ev in events:
-                (self._stored if isinstance(ev, BlockStored) else self._removed).extend(
-                    ev.block_keys)
+        if events and self.config.role == "prefill":
+            self.kv_events.add_engine(events)
 
     def add_store_keys(self, keys: list[str]) -> None:
-        with self._events_lock:
-            self._store_stored.extend(keys)
+        self.kv_events.add_store(keys)
 
     def drop_store_keys(self, keys: list[str]) -> None:
         """Keys found missing from the Store (evicted): reported as ``store`` removals."""
-        with self._events_lock:
-            self._store_removed.extend(keys)
+        self.kv_events.drop_store(keys)
 
     # -- conductor link -------------------------------------------------------------------
     def worker_info(self) -> WorkerInfo:
@@ -299,11 +289,7 @@ class EngineWorker:
                         self._on_registered()
                     self._registered = ever_registered = True
                     sent = (None, 0.0)
-                with self._events_lock:
-                    stored, removed = self._stored, self._removed
-                    sstored, sremoved = self._store_stored, self._store_removed
-                    self._stored, self._removed = [], []
-                    self._store_stored, self._store_removed = [], []
+                stored, removed, sstored, sremoved = self.kv_events.take()
                 if stored or removed:
                     await c.notify("kv_events", KVEvents(self.config.instance_id,
                                                          tuple(stored), tuple(removed)))
@@ -343,8 +329,7 @@ class EngineWorker:
             raise
         keys = await self.on_engine(lambda: list(self.engine.pool.cached_keys()))
         if self.config.role == "prefill":
-            with self._events_lock:
-                self._stored = keys + self._stored
+            self.kv_events.resend_stored(keys)
 
     def register_methods(self) -> None:
         raise NotImplementedError
