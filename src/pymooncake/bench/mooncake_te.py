@@ -3,23 +3,22 @@
 A standalone script (standard library, numpy and the ``mooncake`` wheel only), so the
 interpreter of the venv that holds ``mooncake-transfer-engine-non-cuda`` runs it by path::
 
-    python mooncake_te.py initiate SIZE BATCH MIN_TIME_S   # prints one JSON line
-    python mooncake_te.py serve TOTAL                      # the target (started by initiate)
+    python mooncake_te.py rounds SIZE BATCH   # the initiator, one round per "r" line
+    python mooncake_te.py serve TOTAL         # the target (started by rounds)
 
 The initiator and the target are two processes (tcp transport, P2PHANDSHAKE metadata). A
 round = ``batch_transfer_sync_write`` of BATCH requests of SIZE bytes into the target,
-then ``batch_transfer_sync_read`` back into a second buffer; the medians of the write and
-read times over the rounds are printed, with whether the read-back equals the source.
-Nothing crosses the process boundary but lines of text (never pickle).
+then ``batch_transfer_sync_read`` back into a second buffer; the initiator answers each
+``r`` with the round's times, so ``pymooncake bench transfer`` alternates single rounds of
+every subject (``transfer_subjects``). Nothing crosses the process boundary but lines of
+text (never pickle).
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import select
-import statistics
 import subprocess
 import sys
 import time
@@ -54,16 +53,29 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 def cpu_s(child: int) -> float:
-    """CPU seconds (user + system, all threads) of this process and ``child``."""
-    total = 0.0
-    for pid in ("self", str(child)):
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    """CPU seconds so far of this process and ``child``: the sum over their threads of
+    ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds on a CPU)."""
+    total = 0
+    for pid in (os.getpid(), child):
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, IndexError, ValueError):
+                pass
+    return total / 1e9
 
 
-def initiate(size_bytes: int, batch: int, min_time_s: float) -> dict[str, object]:
+def rounds(size_bytes: int, batch: int) -> None:
+    """The initiator, driven round by round over stdin: prints ``ready CPU`` after its
+    set-up and a warm-up round (connections), then answers each ``r`` line with one
+    round's ``WRITE_S READ_S CPU`` and ``verify`` with ``1`` when every round succeeded and
+    the read-back equals the source (else ``0``); ``exit`` ends it. CPU: seconds so far of
+    this process and its target."""
     import numpy as np
     from mooncake.engine import TransferEngine
 
@@ -81,36 +93,35 @@ def initiate(size_bytes: int, batch: int, min_time_s: float) -> dict[str, object
             raise RuntimeError("mooncake allocate_managed_buffer failed")
         data = np.random.default_rng(3).integers(0, 256, total, dtype=np.uint8)
         ctypes.memmove(src_addr, data.ctypes.data, total)
-        ctypes.memset(dst_addr, 0, total)
         locs = [src_addr + i * size_bytes for i in range(batch)]
         dsts = [dst_addr + i * size_bytes for i in range(batch)]
         rems = [taddr + i * size_bytes for i in range(batch)]
         lens = [size_bytes] * batch
         ok = True
-        ws: list[float] = []
-        rs: list[float] = []
-        t_end = time.perf_counter() + min_time_s
-        first = True
-        cpu0 = cpu_s(proc.pid)
-        while first or len(ws) < 3 or time.perf_counter() < t_end:
+
+        def one() -> tuple[float, float]:
+            nonlocal ok
             t0 = time.perf_counter()
             rw = te.batch_transfer_sync_write(target, locs, rems, lens)
             t1 = time.perf_counter()
             rr = te.batch_transfer_sync_read(target, dsts, rems, lens)
             t2 = time.perf_counter()
             ok = ok and rw == 0 and rr == 0
-            if first:  # warm-up: connections
-                first = False
-                t_end = time.perf_counter() + min_time_s
-                cpu0 = cpu_s(proc.pid)
-                continue
-            ws.append(t1 - t0)
-            rs.append(t2 - t1)
-        cpu = cpu_s(proc.pid) - cpu0
-        verified = ok and ctypes.string_at(dst_addr, total) == data.tobytes()
-        return {"write_s": statistics.median(ws), "read_s": statistics.median(rs),
-                "rounds": len(ws), "verified": verified,
-                "cpu_s_per_gib": cpu / (2 * total * len(ws) / 1024**3)}
+            return t1 - t0, t2 - t1
+
+        one()  # warm-up: connections
+        ctypes.memset(dst_addr, 0, total)
+        print(f"ready {cpu_s(proc.pid)}", flush=True)
+        for line in sys.stdin:
+            cmd = line.strip()
+            if cmd == "r":
+                w, r = one()
+                print(f"{w} {r} {cpu_s(proc.pid)}", flush=True)
+            elif cmd == "verify":
+                good = ok and ctypes.string_at(dst_addr, total) == data.tobytes()
+                print("1" if good else "0", flush=True)
+            elif cmd == "exit":
+                break
     finally:
         _stop(proc)
 
@@ -129,8 +140,8 @@ def serve(total: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if argv[:1] == ["initiate"] and len(argv) == 4:
-        print(json.dumps(initiate(int(argv[1]), int(argv[2]), float(argv[3]))), flush=True)
+    if argv[:1] == ["rounds"] and len(argv) == 3:
+        rounds(int(argv[1]), int(argv[2]))
     elif argv[:1] == ["serve"] and len(argv) == 2:
         serve(int(argv[1]))
     elif argv[:1] == ["check"]:

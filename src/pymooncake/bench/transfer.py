@@ -2,8 +2,10 @@
 
 A round writes a working set of ``batch`` requests of ``size_bytes`` each from this process
 into a target process's registered memory and reads it back into a second buffer; a
-subject's figure in one repeat is the median round. The subjects, run in every repeat in
-a rotated order (interleaved, so load from other processes hits all of them alike):
+subject's figure in one repeat is its median round. Every subject is set up once; a repeat
+alternates single rounds of them (one of each per cycle, the order rotated from repeat to
+repeat), so the load of other processes and the host's swings in memory bandwidth, which
+move within a second, hit all of them alike (``transfer_subjects``). The subjects:
 
 * ``pymooncake``: our engine; tcp rounds use ``batch_transfer_sync`` (as Mooncake's bench
   does), local/shm rounds ``submit`` + ``wait`` (the asynchronous copy thread);
@@ -26,7 +28,7 @@ Child processes talk over stdin/stdout lines (no pickle).
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import os
 import statistics
@@ -35,19 +37,26 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pymooncake.bench import transfer_refs as refs
-from pymooncake.bench.peer import interleaved_orders, stats
-from pymooncake.transfer.batch import TransferOp, TransferRequest
-from pymooncake.transfer.config import TransferConfig
-from pymooncake.transfer.memory import view_at
+from pymooncake.bench import transfer_subjects as subjects
+from pymooncake.bench.peer import stats
+from pymooncake.bench.transfer_subjects import (
+    MOONCAKE_SCRIPT,
+    Memcpy,
+    Mooncake,
+    Ours,
+    Sockets,
+    Subject,
+)
 
-MOONCAKE_SCRIPT = Path(__file__).with_name("mooncake_te.py")
 GiB = 1024**3
+MIN_CYCLES = 3
+"""Least rounds of each subject in one repeat."""
+MAX_CYCLES = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,87 +127,6 @@ def targets(transport: str, size_bytes: int) -> dict[str, float]:
     return out
 
 
-def _spawn(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "pymooncake.bench.transfer", *args],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=refs.child_env())
-
-
-def _digest(addr: int, n: int) -> str:
-    return hashlib.blake2b(view_at(addr, n), digest_size=16).hexdigest()
-
-
-# ------------------------------------------------------------------------ pymooncake
-def measure_pymooncake(transport: str, size_bytes: int, batch: int, paths: int,
-                       min_time_s: float) -> tuple[float, float, int, bool, float]:
-    """(write_s, read_s, rounds, verified, CPU s/GiB): median round halves of our engine;
-    the CPU of both processes (initiator and target)."""
-    from pymooncake.metadata.http import MetadataHttpServer
-    from pymooncake.transfer.engine import TransferEngine
-
-    total = size_bytes * batch
-    server = MetadataHttpServer("127.0.0.1", 0).start()
-    proc = None
-    transports = {"local": ("local",), "shm": ("local", "shm"), "tcp": ("local", "tcp")}
-    cfg = TransferConfig(num_paths=paths, transports=transports[transport])
-    eng = TransferEngine(f"bench-initiator-{os.getpid()}", server.url, config=cfg).start()
-    try:
-        src = np.random.default_rng(2).integers(0, 256, total, dtype=np.uint8)
-        dst = np.zeros(total, dtype=np.uint8)
-        src_addr, dst_addr = eng.register_memory(src), eng.register_memory(dst)
-        if transport == "local":
-            target = eng.segment_name
-            tbuf = np.zeros(total, dtype=np.uint8)
-            taddr = eng.register_memory(tbuf)
-        else:
-            target = f"bench-target-{os.getpid()}"
-            proc = _spawn("--serve", server.url, target, str(total),
-                          "shm" if transport == "shm" else "plain")
-            taddr = int(refs.readline(proc))
-        writes = [TransferRequest(TransferOp.WRITE, src_addr + i * size_bytes, target,
-                                  taddr + i * size_bytes, size_bytes) for i in range(batch)]
-        reads = [TransferRequest(TransferOp.READ, dst_addr + i * size_bytes, target,
-                                 taddr + i * size_bytes, size_bytes) for i in range(batch)]
-        ok = True
-
-        def async_round(reqs: list[TransferRequest]) -> bool:
-            bid = eng.allocate_batch(len(reqs))
-            eng.submit(bid, reqs)
-            st = eng.wait(bid)
-            eng.free_batch(bid)
-            return all(s.ok for s in st)
-
-        def sync_round(reqs: list[TransferRequest]) -> bool:
-            return all(s.ok for s in eng.batch_transfer_sync(reqs))
-
-        do = sync_round if transport == "tcp" else async_round
-
-        def one() -> tuple[float, float]:
-            nonlocal ok
-            t0 = time.perf_counter()
-            okw = do(writes)
-            t1 = time.perf_counter()
-            okr = do(reads)
-            t2 = time.perf_counter()
-            ok = ok and okw and okr
-            return t1 - t0, t2 - t1
-
-        one()  # warm-up: connections, mappings
-        dst[:] = 0
-        cpu = refs.CpuMeter(*([proc.pid] if proc is not None else []))
-        w, r, rounds = refs.median_rounds(one, 3, min_time_s)
-        cpu_per_gib = cpu.seconds() / (2 * total * rounds / GiB)
-        verified = ok and bool(np.array_equal(dst, src))
-        if proc is not None:
-            verified = verified and refs.ask(proc, "digest") == _digest(src_addr, total)
-        return w, r, rounds, verified, cpu_per_gib
-    finally:
-        if proc is not None:
-            refs.stop(proc)
-        eng.close()
-        server.stop()
-
-
 def _serve(metadata_url: str, name: str, total: int, kind: str) -> None:
     from pymooncake.transfer.engine import TransferEngine
 
@@ -211,7 +139,7 @@ def _serve(metadata_url: str, name: str, total: int, kind: str) -> None:
     print(addr, flush=True)
     for line in sys.stdin:
         if line.strip() == "digest":
-            print(_digest(addr, total), flush=True)
+            print(subjects.digest(addr, total), flush=True)
         elif line.strip() == "exit":
             break
     eng.close()
@@ -232,19 +160,33 @@ def mooncake_available(python: str) -> tuple[bool, str]:
                   "P2PHANDSHAKE metadata")
 
 
-def measure_mooncake(python: str, size_bytes: int, batch: int, min_time_s: float
-                     ) -> tuple[float, float, int, bool, float]:
-    """Same rounds through Mooncake's engine, initiator and target in child processes."""
-    proc = subprocess.Popen([python, str(MOONCAKE_SCRIPT), "initiate", str(size_bytes),
-                             str(batch), str(min_time_s)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=refs.child_env())
-    try:
-        out = json.loads(refs.readline(proc, timeout_s=120 + 4 * min_time_s))
-    finally:
-        refs.stop(proc)
-    return (out["write_s"], out["read_s"], out["rounds"], out["verified"],
-            out["cpu_s_per_gib"])
+def measure_rounds(subjects: Sequence[Subject], min_time_s: float, rotation: int = 0,
+                   min_cycles: int = MIN_CYCLES, max_cycles: int = MAX_CYCLES
+                   ) -> dict[str, tuple[float, float, int, float]]:
+    """One repeat: cycles of one round of each subject (in ``subjects`` order rotated by
+    ``rotation``) until ``min_cycles`` cycles and ``min_time_s`` × the number of subjects
+    seconds have passed (each subject gets about ``min_time_s``), at most ``max_cycles``.
+    Per subject: ``(median write_s, median read_s, rounds, CPU seconds)``; the CPU is this
+    process's (all threads, around each of the subject's rounds) plus its children's."""
+    order = list(subjects)
+    order = order[rotation % len(order):] + order[:rotation % len(order)]
+    ws: dict[str, list[float]] = {s.name: [] for s in order}
+    rs: dict[str, list[float]] = {s.name: [] for s in order}
+    cpu = dict.fromkeys(ws, 0.0)
+    t_end = time.perf_counter() + min_time_s * len(order)
+    cycles = 0
+    while cycles < max_cycles and (cycles < min_cycles or time.perf_counter() < t_end):
+        for s in order:
+            k0 = s.child_cpu_s()
+            p0 = time.process_time()
+            w, r = s.round()
+            p1 = time.process_time()
+            cpu[s.name] += (p1 - p0) + (s.child_cpu_s() - k0)
+            ws[s.name].append(w)
+            rs[s.name].append(r)
+        cycles += 1
+    return {n: (statistics.median(ws[n]), statistics.median(rs[n]), len(ws[n]), cpu[n])
+            for n in ws}
 
 
 # ------------------------------------------------------------------------------ main
@@ -269,41 +211,42 @@ def run(transport: str, size_bytes: int, batch: int, paths: int, min_time_s: flo
         note = "Mooncake comparison disabled (--no-mooncake)"
     elif transport == "tcp":
         use_mooncake, note = mooncake_available(python)
-    subjects = ["pymooncake", "memcpy", "socket"] + (["mooncake"] if use_mooncake else [])
-    per: dict[str, list[float]] = {s: [] for s in subjects}
-    cpu: dict[str, list[float]] = {s: [] for s in subjects}
-    ws: list[float] = []
-    rs: list[float] = []
-    rounds, verified = 0, True
-    for order in interleaved_orders(subjects, repeat):
-        for subject in order:
-            if subject == "pymooncake":
-                w, r, n, ok, c = measure_pymooncake(transport, size_bytes, batch, paths,
-                                                    min_time_s)
-                cpu[subject].append(c)
-                ws.append(w)
-                rs.append(r)
-                per[subject].append(2 * total / (w + r))
-                rounds += n
-                verified = verified and ok
-            elif subject == "memcpy":
-                bps, c = refs.measure_memcpy(size_bytes, batch, min_time_s / 2)
-                per[subject].append(bps)
-                cpu[subject].append(c)
-            elif subject == "socket":
-                bps, c = refs.measure_socket_stream(size_bytes, batch, paths, min_time_s / 2)
-                per[subject].append(bps)
-                cpu[subject].append(c)
-            elif use_mooncake:
-                try:
-                    mw, mr, _, mok, c = measure_mooncake(python, size_bytes, batch,
-                                                         min_time_s)
-                    per[subject].append(2 * total / (mw + mr))
-                    cpu[subject].append(c)
-                    if not mok:
-                        note += "; Mooncake's read-back did not verify"
-                except Exception as e:  # noqa: BLE001 - report, do not fail the benchmark
-                    note, use_mooncake = f"mooncake run failed: {e!r}", False
+    with contextlib.ExitStack() as stack:
+        live: list[Subject] = [
+            stack.enter_context(contextlib.closing(Ours(transport, size_bytes, batch, paths))),
+            stack.enter_context(contextlib.closing(Memcpy(size_bytes, batch))),
+            stack.enter_context(contextlib.closing(Sockets(size_bytes, batch, paths)))]
+        if use_mooncake:
+            try:
+                live.append(stack.enter_context(
+                    contextlib.closing(Mooncake(python, size_bytes, batch))))
+            except Exception as e:  # noqa: BLE001 - report, do not fail the benchmark
+                note, use_mooncake = f"mooncake run failed: {e!r}", False
+        per: dict[str, list[float]] = {s.name: [] for s in live}
+        cpu: dict[str, list[float]] = {s.name: [] for s in live}
+        ws: list[float] = []
+        rs: list[float] = []
+        rounds = 0
+        for rep in range(repeat):
+            try:
+                got = measure_rounds(live, min_time_s, rotation=rep)
+            except Exception as e:  # noqa: BLE001 - Mooncake failing: report it, go on
+                if not use_mooncake:
+                    raise
+                note, use_mooncake = f"mooncake run failed: {e!r}", False
+                live.pop().close()  # the repeat again without it (its figures stay partial)
+                got = measure_rounds(live, min_time_s, rotation=rep)
+            for s in live:
+                w, r, n, c = got[s.name]
+                per[s.name].append(s.bytes_per_round / (w + r))
+                cpu[s.name].append(c / (s.bytes_per_round * n / GiB))
+            w, r, n, _ = got["pymooncake"]
+            ws.append(w)
+            rs.append(r)
+            rounds += n
+        verified = live[0].verified()
+        if use_mooncake and not live[-1].verified():
+            note += "; Mooncake's read-back did not verify"
     figures = {s: spread(v) for s, v in per.items() if v}
     cpu_figures = {s: spread(v) for s, v in cpu.items() if v}
     ours = per["pymooncake"]

@@ -103,7 +103,8 @@ def _add_bench(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--paths", type=int, default=2, metavar="K",
                    help="TCP connections per peer, and of the socket reference (default 2)")
     p.add_argument("--min-time-s", type=float, default=1.0,
-                   help="measure each subject at least this long per repeat (default 1 s)")
+                   help="each repeat alternates single rounds of the subjects for about this "
+                        "long per subject, at least 3 rounds each (default 1 s)")
     p.add_argument("--repeat", type=int, default=3,
                    help="interleaved repeats of every subject; medians reported (default 3)")
     p.add_argument("--no-mooncake", action="store_true",
