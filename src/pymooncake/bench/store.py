@@ -24,10 +24,12 @@ CPU time) are in ``bench.store_procs``, the master's metadata ops/s in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -65,37 +67,64 @@ def _values(size: int, count: int) -> list[bytes]:
     return [i.to_bytes(8, "little") + base[8:] if size >= 8 else base for i in range(count)]
 
 
-def _run_ops(put: Callable[[str, bytes], Any], get: Callable[[str], bytes],
-             remove: Callable[[str], Any], size: int, count: int, tag: str
-             ) -> tuple[dict, dict]:
+@dataclass
+class _Side:
+    """One store under test: its calls, and the pids of its helper processes (master,
+    storage process) whose CPU time counts with this process's."""
+
+    tag: str
+    put: Callable[[str, bytes], Any]
+    get: Callable[[str], bytes]
+    remove: Callable[[str], Any]
+    pids: list[int]
+
+
+CHUNKS = 8
+"""Each phase (the puts of one size, then their gets) is cut into this many chunks, and the
+two stores take their chunks in turn."""
+
+
+def _run_pair(sides: list[_Side], size: int, count: int) -> list[tuple[dict, dict]]:
+    """``count`` puts of ``size`` bytes on every side, then their gets, then removes; the
+    puts (and then the gets) of the sides alternate chunk by chunk (``CHUNKS`` a phase, in
+    ``sides`` order), so a swing in the host's speed, which moves within a second here,
+    hits both stores alike (issue 16). One ``(put, get)`` stats pair per side."""
     vals = _values(size, count)
-    keys = [f"bench-{tag}-{size}-{i}" for i in range(count)]
-    # one untimed put/get first: connections to the data's segment are set up on first
-    # use on both sides, and the figures are the steady state
-    warm = f"bench-{tag}-{size}-warm"
-    put(warm, vals[0])
-    ok = get(warm) == vals[0]
-    remove(warm)
-    put_lat, get_lat = [], []
-    pids = list(_HELPERS)
-    c0 = _cpu_s(pids)
-    for k, v in zip(keys, vals, strict=True):
-        t0 = time.perf_counter()
-        put(k, v)
-        put_lat.append(time.perf_counter() - t0)
-    c1 = _cpu_s(pids)
-    for k, v in zip(keys, vals, strict=True):
-        t0 = time.perf_counter()
-        got = get(k)
-        get_lat.append(time.perf_counter() - t0)
-        ok = ok and got == v
-    c2 = _cpu_s(pids)
-    for k in keys:
-        remove(k)
-    return ({**_stats(put_lat, size * count), "verified": ok, "count": count,
-             "cpu_s_per_op": (c1 - c0) / count},
-            {**_stats(get_lat, size * count), "verified": ok, "count": count,
-             "cpu_s_per_op": (c2 - c1) / count})
+    step = -(-count // CHUNKS)
+    chunks = [range(lo, min(lo + step, count)) for lo in range(0, count, step)]
+    ok = {}
+    lat: dict[str, tuple[list[float], list[float]]] = {}
+    cpu = {}
+    for sd in sides:
+        # one untimed put/get first: connections to the data's segment are set up on
+        # first use on both sides, and the figures are the steady state
+        warm = f"bench-{sd.tag}-{size}-warm"
+        sd.put(warm, vals[0])
+        ok[sd.tag] = sd.get(warm) == vals[0]
+        sd.remove(warm)
+        lat[sd.tag], cpu[sd.tag] = ([], []), [0.0, 0.0]
+    for j in (0, 1):   # puts, then gets
+        for idx in chunks:
+            for sd in sides:
+                keys = [f"bench-{sd.tag}-{size}-{i}" for i in idx]
+                out = lat[sd.tag][j]
+                c0 = _cpu_s(sd.pids)
+                for k, i in zip(keys, idx, strict=True):
+                    t0 = time.perf_counter()
+                    if j == 0:
+                        sd.put(k, vals[i])
+                        out.append(time.perf_counter() - t0)
+                    else:
+                        got = sd.get(k)
+                        out.append(time.perf_counter() - t0)
+                        ok[sd.tag] = ok[sd.tag] and got == vals[i]
+                cpu[sd.tag][j] += _cpu_s(sd.pids) - c0
+    for sd in sides:
+        for i in range(count):
+            sd.remove(f"bench-{sd.tag}-{size}-{i}")
+    return [tuple({**_stats(lat[sd.tag][j], size * count), "verified": ok[sd.tag],
+                   "count": count, "cpu_s_per_op": cpu[sd.tag][j] / count}
+                  for j in (0, 1)) for sd in sides]  # type: ignore[misc]
 
 
 def _objects(size: int, count: int) -> int:
@@ -110,36 +139,34 @@ def _segment_for(sizes: list[int], count: int) -> int:
     return max(64 * MiB, need + need // 8 + 16 * MiB)
 
 
-def _bench_pymooncake(sizes: list[int], count: int, mode: str) -> dict[int, tuple[dict, dict]]:
+@contextlib.contextmanager
+def _ours(sizes: list[int], count: int, mode: str) -> Iterator[_Side]:
     from pymooncake.store.client import StoreClient
     from pymooncake.transfer import TransferConfig
 
     seg = _segment_for(sizes, count)
-    out: dict[int, tuple[dict, dict]] = {}
     # embedded: as Mooncake's embedded run, the client's segment is the only one (no
     # storage process, no preferred-segment config to send with every put)
     with _pymooncake_cluster(seg if mode == "remote" else 0) as (addr, md, _server):
+        pids = list(_HELPERS)   # (the other store's cluster resets the list)
         own = mode == "embedded"
         client = StoreClient(addr, md, global_segment_size=seg if own else 0,
                              local_buffer_size=max(sizes) * 2 + MiB,
                              transfer_config=TransferConfig(transports=("local", "tcp"))).start()
         try:
-            for size in sizes:
-                n = _objects(size, count)
-                out[size] = _run_ops(client.put, client.get,
-                                     lambda k: client.remove(k, force=True), size, n, mode)
+            yield _Side(mode, client.put, client.get, lambda k: client.remove(k, force=True),
+                        pids)
         finally:
             client.close()
-    return out
 
 
-
-def _bench_mooncake(sizes: list[int], count: int, mode: str) -> dict[int, tuple[dict, dict]]:
+@contextlib.contextmanager
+def _mooncake(sizes: list[int], count: int, mode: str) -> Iterator[_Side]:
     from mooncake.store import MooncakeDistributedStore
 
     seg = _segment_for(sizes, count)
-    out: dict[int, tuple[dict, dict]] = {}
     with _mooncake_cluster() as (addr, md):
+        pids = list(_HELPERS)
         holder = None
         if mode == "remote":
             import mooncake
@@ -147,29 +174,46 @@ def _bench_mooncake(sizes: list[int], count: int, mode: str) -> dict[int, tuple[
             site = os.path.dirname(os.path.dirname(os.path.abspath(mooncake.__file__)))
             holder, _ = _spawn([sys.executable, "-c", _MC_HOLDER, md, addr, str(seg), site],
                                lambda line: {} if line.startswith(b"ready") else None)
-            _HELPERS.append(holder.pid)
+            pids.append(holder.pid)
         try:
             store = MooncakeDistributedStore()
             rc = store.setup("localhost", md, seg if mode == "embedded" else 0,
                              max(sizes) * 2 + MiB, "tcp", "", addr)
             if rc != 0:
                 raise RuntimeError(f"Mooncake setup returned {rc}")
+
+            def put(k: str, v: bytes) -> None:
+                if store.put(k, v) != 0:
+                    raise RuntimeError("Mooncake put failed")
+
             try:
-                for size in sizes:
-                    n = _objects(size, count)
-
-                    def put(k: str, v: bytes) -> None:
-                        if store.put(k, v) != 0:
-                            raise RuntimeError("Mooncake put failed")
-
-                    out[size] = _run_ops(put, store.get, lambda k: store.remove(k, True),
-                                         size, n, "mc" + mode)
+                yield _Side("mc" + mode, put, store.get, lambda k: store.remove(k, True), pids)
             finally:
                 store.close()
         finally:
             if holder is not None:
                 _stop(holder)
-    return out
+
+
+def _round(sizes: list[int], count: int, mode: str, with_mooncake: bool, first: str
+           ) -> tuple[dict[int, tuple[dict, dict]], dict[int, tuple[dict, dict]] | None]:
+    """One round: both stores up at once (fresh clusters), every size run by
+    ``_run_pair`` with ``first`` (``"ours"`` or ``"mooncake"``) taking the first chunk.
+    ``({size: (put, get)} ours, the same for Mooncake or None)``."""
+    with contextlib.ExitStack() as stack:
+        ours = stack.enter_context(_ours(sizes, count, mode))
+        theirs = stack.enter_context(_mooncake(sizes, count, mode)) if with_mooncake else None
+        sides = [ours] if theirs is None else (
+            [ours, theirs] if first == "ours" else [theirs, ours])
+        a: dict[int, tuple[dict, dict]] = {}
+        b: dict[int, tuple[dict, dict]] = {}
+        for size in sizes:
+            got = dict(zip((sd.tag for sd in sides),
+                           _run_pair(sides, size, _objects(size, count)), strict=True))
+            a[size] = got[ours.tag]
+            if theirs is not None:
+                b[size] = got[theirs.tag]
+    return a, (b if theirs is not None else None)
 
 
 ROW_KEYS = ("op", "size_bytes", "mode", "count", "throughput_bytes_per_s", "p50_s", "p99_s",
@@ -225,9 +269,11 @@ def run(sizes: list[int], count: int, modes: list[str], metadata_ops: int = 20_0
     (``None`` without the wheel) — then, unless ``metadata_ops`` is 0, the master's
     ``metadata`` and ``metadata_batch`` rows (``ops_per_s`` from 4 client processes).
 
-    ``repeat`` > 1 interleaves the two stores (ours, Mooncake, ours, ... with the order
-    swapped every round) and reports medians over the rounds: throughput, p50 and the
-    per-round ratio, with the spread (min/max) in ``throughput_min``/``throughput_max``,
+    Both stores run side by side in every round (fresh clusters each round): the puts of
+    a size alternate between them in ``CHUNKS`` chunks, then the gets (``_run_pair``), the
+    store that starts swapped every round. ``repeat`` > 1 reports medians over the
+    rounds: throughput, p50 and the per-round ratio, with the spread (min/max) in
+    ``throughput_min``/``throughput_max``,
     ``mooncake_throughput_min``/``_max`` and ``ratio_min``/``ratio_max``, and the ratio's
     quartiles in ``ratio_q1``/``ratio_q3``.
     ``cpu_s_per_op`` / ``mooncake_cpu_s_per_op``: CPU seconds (user + system) per operation
@@ -241,12 +287,10 @@ def run(sizes: list[int], count: int, modes: list[str], metadata_ops: int = 20_0
         ours_runs: list[dict[int, tuple[dict, dict]]] = []
         theirs_runs: list[dict[int, tuple[dict, dict]]] = []
         for r in range(max(1, repeat)):
-            order = [False, True] if r % 2 == 0 else [True, False]
-            for mooncake in order:
-                if not mooncake:
-                    ours_runs.append(_bench_pymooncake(sizes, count, mode))
-                elif mc:
-                    theirs_runs.append(_bench_mooncake(sizes, count, mode))
+            a, b = _round(sizes, count, mode, mc, "ours" if r % 2 == 0 else "mooncake")
+            ours_runs.append(a)
+            if b is not None:
+                theirs_runs.append(b)
         for size in sizes:
             for j, op in enumerate(("put", "get")):
                 ours = [run_[size][j] for run_ in ours_runs]

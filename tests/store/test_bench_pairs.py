@@ -1,0 +1,63 @@
+"""``bench store`` runs the two stores side by side, their puts (then gets) alternating
+chunk by chunk (issue 16: a swing in the host's speed hits both alike). Stand-in stores."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pymooncake.bench.store import CHUNKS, _run_pair, _Side
+
+
+def _side(tag: str, log: list[tuple[str, str]], slow=lambda: False):  # noqa: ANN001, ANN202
+    data: dict[str, bytes] = {}
+
+    def put(k: str, v: bytes) -> None:
+        log.append((tag, "put"))
+        time.sleep(0.003 if slow() else 0.001)
+        data[k] = v
+
+    def get(k: str) -> bytes:
+        log.append((tag, "get"))
+        time.sleep(0.003 if slow() else 0.001)
+        return data[k]
+
+    return _Side(tag, put, get, lambda k: data.pop(k), []), data
+
+
+def test_puts_then_gets_alternate_chunk_by_chunk_and_every_value_is_checked() -> None:
+    log: list[tuple[str, str]] = []
+    (a, da), (b, db) = _side("a", log), _side("b", log)
+    out = _run_pair([a, b], 64, 16)
+    timed = log[4:]                      # after each side's warm-up put and get
+    step = 16 // CHUNKS
+    want = [(t, op) for op in ("put", "get") for _ in range(CHUNKS)
+            for t in ("a", "b") for _ in range(step)]
+    assert timed == want
+    assert da == {} and db == {}          # removed at the end
+    for put, get in out:
+        assert put["count"] == get["count"] == 16
+        assert put["verified"] is True and get["verified"] is True
+        assert 0.0009 < put["p50_s"] < 0.01
+
+
+def test_a_wrong_value_read_back_is_not_verified() -> None:
+    log: list[tuple[str, str]] = []
+    a, _ = _side("a", log)
+    real_get = a.get
+    a.get = lambda k: b"x" if k.endswith("-3") else real_get(k)
+    (put, get), = _run_pair([a], 16, 8)
+    assert get["verified"] is False
+
+
+def test_a_slow_spell_hits_both_stores_alike() -> None:
+    """From 40 % of the run on, every call is 3x slower. Chunk by chunk both stores meet
+    the spell in their gets; store by store (the old harness), the second would have."""
+    log: list[tuple[str, str]] = []
+    start = time.perf_counter()
+    slow = lambda: time.perf_counter() - start > 0.4 * 0.13  # noqa: E731 - ~64 calls of 2 ms
+    (a, _), (b, _) = _side("a", log, slow), _side("b", log, slow)
+    (pa, ga), (pb, gb) = _run_pair([a, b], 64, 16)
+    assert pa["throughput_bytes_per_s"] / pb["throughput_bytes_per_s"] == pytest.approx(1, abs=0.35)
+    assert ga["throughput_bytes_per_s"] / gb["throughput_bytes_per_s"] == pytest.approx(1, abs=0.35)
