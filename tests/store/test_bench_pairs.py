@@ -61,3 +61,41 @@ def test_a_slow_spell_hits_both_stores_alike() -> None:
     (pa, ga), (pb, gb) = _run_pair([a, b], 64, 16)
     assert pa["throughput_bytes_per_s"] / pb["throughput_bytes_per_s"] == pytest.approx(1, abs=0.35)
     assert ga["throughput_bytes_per_s"] / gb["throughput_bytes_per_s"] == pytest.approx(1, abs=0.35)
+
+
+class _Driver:
+    """A stand-in for one side's metadata clients: a call costs ``cost()`` seconds."""
+
+    def __init__(self, side: str, log: list, cost) -> None:  # noqa: ANN001
+        self.side, self.log, self.cost = side, log, cost
+
+    def phase(self, op: str, lo: int, hi: int) -> tuple[float, int, bool]:
+        self.log.append((self.side, op, lo, hi))
+        return (hi - lo) * self.cost(), hi - lo, True
+
+
+def test_metadata_sides_take_their_sub_phases_in_turn() -> None:
+    from pymooncake.bench.store_meta import OPS, alternate
+
+    log: list = []
+    out = alternate([_Driver("ours", log, lambda: 1e-5), _Driver("mooncake", log,
+                                                                  lambda: 2e-5)], 100, 4)
+    assert log == [(side, op, lo, lo + 25) for op in OPS for lo in (0, 25, 50, 75)
+                   for side in ("ours", "mooncake")]
+    assert out["ours"]["remove"][0] == pytest.approx(1e5)
+    assert out["mooncake"]["is_exist"] == (pytest.approx(5e4), True)
+
+
+def test_metadata_a_slow_spell_hits_both_sides_alike() -> None:
+    from pymooncake.bench.store_meta import alternate
+
+    calls = [0]
+
+    def cost() -> float:   # the second half of every op kind's calls runs 3x slower
+        calls[0] += 1
+        return 3e-5 if calls[0] % 8 >= 4 else 1e-5
+
+    log: list = []
+    out = alternate([_Driver("ours", log, cost), _Driver("mooncake", log, cost)], 100, 4)
+    for op, (ops_s, _) in out["ours"].items():
+        assert ops_s / out["mooncake"][op][0] == pytest.approx(1.0)

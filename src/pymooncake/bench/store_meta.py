@@ -5,9 +5,12 @@ processes, each one thread making blocking calls one after another through the s
 Python API — pymooncake's ``MooncakeDistributedStore`` (``pymooncake.store.compat``, on the
 native ``StoreClient``) and the wheel's ``mooncake.store.MooncakeDistributedStore`` — so
 exactly ``clients`` calls are in flight on each side. Each operation kind runs in its own
-phase, every process starting it at a barrier (and a last barrier holds every process
-until all have finished the last phase: a client's teardown — closing its store, exiting
-— is not in another client's measured window):
+phase, cut into ``SUBPHASES`` sub-phases that the two sides take in turn (both clusters
+and all their client processes are up at once; the side not measured waits idle), every
+client of a side starting a sub-phase at a barrier. So a swing in the host's speed, which
+moves within a second on a shared VM, hits both sides alike (issue 16; a side measured for
+seconds on its own met other weather than the other: per-round ratios spread 1.07-1.96).
+A client's teardown — closing its store, exiting — comes after every sub-phase:
 
 * ``is_exist`` — one present key a call;
 * ``batch_is_exist`` — ``batch`` present keys a call (each key counted as one operation),
@@ -17,16 +20,18 @@ until all have finished the last phase: a client's teardown — closing its stor
 * ``get_size`` — one present key a call (both masters answer from their replica lists);
 * ``remove`` — one key a call, of keys the process put (1 KiB, untimed) before the phase.
 
-ops/s = operations of all processes / (last end − first start), from ``time.perf_counter``
-(``CLOCK_MONOTONIC``, one clock for every process of the host). Every answer is checked
-(``verified``: 1 from ``is_exist``, the value size from ``get_size``, 0 from ``remove``).
-Each round runs a fresh cluster per side (our master, or ``mooncake_master``, plus one
-holder client with a segment); ``repeat`` rounds alternate the order of the two sides and
-the figures are medians with min/max, the ratio the median of the per-round ratios.
+A sub-phase's wall is its last end − its first start, from ``time.perf_counter``
+(``CLOCK_MONOTONIC``, one clock for every process of the host); ops/s = the operations of
+a phase's sub-phases / the sum of their walls. Every answer is checked (``verified``: 1
+from ``is_exist``, the value size from ``get_size``, 0 from ``remove``). Each round runs a
+fresh cluster per side (our master, or ``mooncake_master``, plus one holder client with a
+segment); ``repeat`` rounds alternate which side goes first and the figures are medians
+with min/max, the ratio the median of the per-round ratios.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import time
 from typing import Any
@@ -48,10 +53,33 @@ def _store(side: str) -> Any:
     return MooncakeDistributedStore()
 
 
+def _calls(s: Any, op: str, keys: list[str], mine: list[str], groups: list[list[str]],
+           lo: int, hi: int) -> tuple[int, bool]:
+    """Calls ``lo``..``hi`` of phase ``op`` on store ``s``: (operations, all verified)."""
+    ok = True
+    if op == "is_exist":
+        for i in range(lo, hi):
+            ok &= s.is_exist(keys[i % len(keys)]) == 1
+        return hi - lo, bool(ok)
+    if op == "batch_is_exist":
+        for group in groups[lo:hi]:
+            ok &= all(x == 1 for x in s.batch_is_exist(group))
+        return (hi - lo) * len(groups[0]), bool(ok)
+    if op == "get_size":
+        for i in range(lo, hi):
+            ok &= s.get_size(keys[i % len(keys)]) == VALUE_BYTES
+        return hi - lo, bool(ok)
+    for k in mine[lo:hi]:
+        ok &= s.remove(k) == 0
+    return hi - lo, bool(ok)
+
+
 def _worker(side: str, addr: str, md: str, wid: int, n: int, batch: int, keys: list[str],
-            barrier: Any, q: Any) -> None:
-    """One client process: ``n`` calls of each op kind, each phase started at ``barrier``;
-    puts ``(wid, {op: (start, end, operations, verified)})`` on ``q``."""
+            barrier: Any, cmds: Any, q: Any) -> None:
+    """One client process: sets up, puts its ``n`` keys of the remove phase (untimed), says
+    ``(wid, "ready")`` on ``q``; then for each ``(op, lo, hi)`` from ``cmds`` starts at
+    ``barrier`` with the side's other clients and puts ``(wid, (start, end, operations,
+    verified))`` on ``q``; ``None`` ends it."""
     s = _store(side)
     try:
         if s.setup("localhost", md, 0, 16 * MiB, "tcp", "", addr) != 0:
@@ -63,76 +91,109 @@ def _worker(side: str, addr: str, md: str, wid: int, n: int, batch: int, keys: l
                 raise RuntimeError(f"{side}: put of {k} failed")
         groups = [[keys[(i * batch + j) % len(keys)] for j in range(batch)]
                   for i in range(n)]
-        out: dict[str, tuple[float, float, int, bool]] = {}
-        for op in OPS:
+        q.put((wid, "ready"))
+        while (cmd := cmds.get()) is not None:
+            op, lo, hi = cmd
             barrier.wait(120)
-            ok = True
             t0 = time.perf_counter()
-            if op == "is_exist":
-                for i in range(n):
-                    ok &= s.is_exist(keys[i % len(keys)]) == 1
-                done = n
-            elif op == "batch_is_exist":
-                for group in groups:
-                    ok &= all(x == 1 for x in s.batch_is_exist(group))
-                done = n * batch
-            elif op == "get_size":
-                for i in range(n):
-                    ok &= s.get_size(keys[i % len(keys)]) == VALUE_BYTES
-                done = n
-            else:
-                for k in mine:
-                    ok &= s.remove(k) == 0
-                done = n
-            out[op] = (t0, time.perf_counter(), done, bool(ok))
-        barrier.wait(120)  # nobody tears down while another still measures
-        q.put((wid, out))
+            done, ok = _calls(s, op, keys, mine, groups, lo, hi)
+            q.put((wid, (t0, time.perf_counter(), done, ok)))
     except BaseException as e:  # noqa: BLE001 - the parent reports it
         q.put((wid, repr(e)))
     finally:
         s.close()
 
 
-def _round(side: str, ops: int, clients: int, batch: int) -> dict[str, tuple[float, bool]]:
-    """One cluster of ``side``; ``{op: (ops_per_s, verified)}``."""
+SUBPHASES = 4
+"""Each op kind's calls are cut into this many sub-phases, and the two stores take their
+sub-phases in turn (issue 16: a swing in the host's speed hits both alike)."""
+
+
+class _Clients:
+    """One side's ``clients`` client processes, driven phase by phase (see ``_worker``)."""
+
+    def __init__(self, side: str, addr: str, md: str, clients: int, n: int, batch: int,
+                 keys: list[str]) -> None:
+        ctx = mp.get_context("spawn")
+        self.side, self.q = side, ctx.Queue()
+        barrier = ctx.Barrier(clients)
+        self.cmds = [ctx.Queue() for _ in range(clients)]
+        self.procs = [ctx.Process(target=_worker, args=(side, addr, md, w, n, batch, keys,
+                                                        barrier, self.cmds[w], self.q))
+                      for w in range(clients)]
+        for p in self.procs:
+            p.start()
+        self._collect()
+
+    def _collect(self) -> list[Any]:
+        res = [self.q.get(timeout=300) for _ in self.procs]
+        errors = [r for _, r in res if isinstance(r, str) and r != "ready"]
+        if errors:
+            raise RuntimeError(f"{self.side} metadata client failed: {errors[0]}")
+        return [r for _, r in res]
+
+    def phase(self, op: str, lo: int, hi: int) -> tuple[float, int, bool]:
+        """Every client's calls ``lo``..``hi`` of ``op``: (wall s from the first start to
+        the last end, operations, all verified)."""
+        for c in self.cmds:
+            c.put((op, lo, hi))
+        per = self._collect()
+        wall = max(p[1] for p in per) - min(p[0] for p in per)
+        return wall, sum(p[2] for p in per), all(p[3] for p in per)
+
+    def close(self) -> None:
+        for c in self.cmds:
+            c.put(None)
+        for p in self.procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+
+
+def _round(sides: list[str], ops: int, clients: int, batch: int
+           ) -> dict[str, dict[str, tuple[float, bool]]]:
+    """One round: a fresh cluster per side, all up at once (our master or
+    ``mooncake_master``, plus one holder client with a segment, plus ``clients`` client
+    processes). Each op kind's ``ops // clients`` calls a client run in ``SUBPHASES``
+    sub-phases, the sides taking them in turn in ``sides`` order. ``{side: {op: (ops_per_s,
+    verified)}}``; ops/s = the sub-phases' operations / the sum of their walls."""
     keys = [f"meta-key-{i}" for i in range(256)]
-    if side == "mooncake":
-        cluster = store_bench._mooncake_cluster()
-    else:
-        cluster = _ours_cluster()
-    with cluster as (addr, md):
-        holder = _store(side)  # the segment the keys live in
-        if holder.setup("localhost", md, 64 * MiB, 16 * MiB, "tcp", "", addr) != 0:
-            raise RuntimeError(f"{side}: holder setup failed")
-        try:
+    n = max(batch, ops // clients)
+    with contextlib.ExitStack() as stack:
+        drivers = {}
+        for side in sides:
+            addr, md = stack.enter_context(store_bench._mooncake_cluster() if side == "mooncake"
+                                           else _ours_cluster())
+            holder = _store(side)  # the segment the keys live in
+            stack.callback(holder.close)
+            if holder.setup("localhost", md, 64 * MiB, 16 * MiB, "tcp", "", addr) != 0:
+                raise RuntimeError(f"{side}: holder setup failed")
             for k in keys:
                 if holder.put(k, bytes(VALUE_BYTES)) != 0:
                     raise RuntimeError(f"{side}: put of {k} failed")
-            ctx = mp.get_context("spawn")
-            barrier, q = ctx.Barrier(clients), ctx.Queue()
-            n = max(batch, ops // clients)
-            procs = [ctx.Process(target=_worker, args=(side, addr, md, w, n, batch, keys,
-                                                       barrier, q)) for w in range(clients)]
-            for p in procs:
-                p.start()
-            try:
-                res = [q.get(timeout=300) for _ in procs]
-            finally:
-                for p in procs:
-                    p.join(30)
-                    if p.is_alive():
-                        p.kill()
-        finally:
-            holder.close()
-    errors = [r for _, r in res if isinstance(r, str)]
-    if errors:
-        raise RuntimeError(f"{side} metadata client failed: {errors[0]}")
-    out = {}
+            drivers[side] = _Clients(side, addr, md, clients, n, batch, keys)
+            stack.callback(drivers[side].close)
+        return alternate([drivers[side] for side in sides], n)
+
+
+def alternate(drivers: list[Any], n: int, subphases: int = SUBPHASES
+              ) -> dict[str, dict[str, tuple[float, bool]]]:
+    """Each op kind's calls ``0..n`` of a client, cut into ``subphases`` sub-phases that the
+    ``drivers`` (each with ``side`` and ``phase(op, lo, hi) -> (wall_s, operations,
+    verified)``) take in turn, in list order. ``{side: {op: (operations / the sum of the
+    walls, all verified)}}``."""
+    totals = {d.side: {op: [0.0, 0, True] for op in OPS} for d in drivers}
+    bounds = [n * i // subphases for i in range(subphases + 1)]
     for op in OPS:
-        per = [r[op] for _, r in res]
-        wall = max(p[1] for p in per) - min(p[0] for p in per)
-        out[op] = (sum(p[2] for p in per) / wall, all(p[3] for p in per))
-    return out
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
+            for d in drivers:
+                wall, done, ok = d.phase(op, lo, hi)
+                t = totals[d.side][op]
+                t[0] += wall
+                t[1] += done
+                t[2] = t[2] and ok
+    return {side: {op: (t[1] / t[0], bool(t[2])) for op, t in per.items()}
+            for side, per in totals.items()}
 
 
 def _ours_cluster() -> Any:
@@ -156,11 +217,11 @@ def run(ops: int = 20_000, clients: int = 4, batch: int = 16, repeat: int = 3,
     mc = with_mooncake and store_bench.mooncake_available()
     ours_runs, theirs_runs = [], []
     for r in range(max(1, repeat)):
-        for side in (("ours", "mooncake") if r % 2 == 0 else ("mooncake", "ours")):
-            if side == "ours":
-                ours_runs.append(_round("ours", ops, clients, batch))
-            elif mc:
-                theirs_runs.append(_round("mooncake", ops, clients, batch))
+        sides = ["ours", "mooncake"] if mc else ["ours"]
+        got = _round(sides if r % 2 == 0 else sides[::-1], ops, clients, batch)
+        ours_runs.append(got["ours"])
+        if mc:
+            theirs_runs.append(got["mooncake"])
     rows = []
     for op in OPS:
         ours = [x[op][0] for x in ours_runs]
