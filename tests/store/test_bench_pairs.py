@@ -32,9 +32,9 @@ def test_puts_then_gets_alternate_chunk_by_chunk_and_every_value_is_checked() ->
     out = _run_pair([a, b], 64, 16)
     timed = log[4:]                      # after each side's warm-up put and get
     step = 16 // CHUNKS
-    want = [(t, op) for op in ("put", "get") for _ in range(CHUNKS)
-            for t in ("a", "b") for _ in range(step)]
-    assert timed == want
+    want = [(t, op) for op in ("put", "get") for n in range(CHUNKS)
+            for t in (("a", "b") if n % 2 == 0 else ("b", "a")) for _ in range(step)]
+    assert timed == want                 # A B, B A, A B, ... chunk by chunk
     assert da == {} and db == {}          # removed at the end
     for put, get in out:
         assert put["count"] == get["count"] == 16
@@ -81,7 +81,7 @@ def test_metadata_sides_take_their_sub_phases_in_turn() -> None:
     out = alternate([_Driver("ours", log, lambda: 1e-5), _Driver("mooncake", log,
                                                                   lambda: 2e-5)], 100, 4)
     assert log == [(side, op, lo, lo + 25) for op in OPS for lo in (0, 25, 50, 75)
-                   for side in ("ours", "mooncake")]
+                   for side in (("ours", "mooncake") if lo % 50 == 0 else ("mooncake", "ours"))]
     assert out["ours"]["remove"][0] == pytest.approx(1e5)
     assert out["mooncake"]["is_exist"] == (pytest.approx(5e4), True)
 
@@ -99,3 +99,31 @@ def test_metadata_a_slow_spell_hits_both_sides_alike() -> None:
     out = alternate([_Driver("ours", log, cost), _Driver("mooncake", log, cost)], 100, 4)
     for op, (ops_s, _) in out["ours"].items():
         assert ops_s / out["mooncake"][op][0] == pytest.approx(1.0)
+
+
+def _worker_that_fails_once(side, addr, md, wid, n, batch, keys, barrier, cmds, q):  # noqa: ANN001, ANN201
+    """A stand-in client process: number 1 fails to start, the others wait for orders."""
+    if wid == 1:
+        q.put((wid, "RuntimeError('setup failed')"))
+        return
+    q.put((wid, "ready"))
+    while cmds.get() is not None:
+        pass
+
+
+def test_a_client_that_fails_to_start_takes_its_siblings_down(monkeypatch) -> None:  # noqa: ANN001
+    from pymooncake.bench import store_meta
+
+    monkeypatch.setattr(store_meta, "_worker", _worker_that_fails_once)
+    made = []
+    real_init = store_meta._Clients.__init__
+
+    def init(self, *a, **k) -> None:  # noqa: ANN001, ANN002, ANN003
+        made.append(self)
+        real_init(self, *a, **k)
+
+    monkeypatch.setattr(store_meta._Clients, "__init__", init)
+    with pytest.raises(RuntimeError, match="setup failed"):
+        store_meta._Clients("ours", "127.0.0.1:1", "http://127.0.0.1:1/metadata", 3, 10, 16,
+                            ["k"])
+    assert [p.is_alive() for p in made[0].procs] == [False, False, False]

@@ -71,11 +71,12 @@ def cpu_s(child: int) -> float:
 
 
 def rounds(size_bytes: int, batch: int) -> None:
-    """The initiator, driven round by round over stdin: prints ``ready CPU`` after its
-    set-up and a warm-up round (connections), then answers each ``r`` line with one
-    round's ``WRITE_S READ_S CPU`` and ``verify`` with ``1`` when every round succeeded and
-    the read-back equals the source (else ``0``); ``exit`` ends it. CPU: seconds so far of
-    this process and its target."""
+    """The initiator, driven round by round over stdin: prints ``ready`` after its set-up
+    and a warm-up round (connections), then answers each ``r`` line with one round's
+    ``WRITE_S READ_S``, ``cpu`` with the CPU seconds so far of this process and its target,
+    and ``verify`` with ``1`` when every round since the last ``verify`` succeeded and the
+    read-back equals the source (else ``0``), clearing the read-back buffer; ``exit`` ends
+    it."""
     import numpy as np
     from mooncake.engine import TransferEngine
 
@@ -111,15 +112,19 @@ def rounds(size_bytes: int, batch: int) -> None:
 
         one()  # warm-up: connections
         ctypes.memset(dst_addr, 0, total)
-        print(f"ready {cpu_s(proc.pid)}", flush=True)
+        print("ready", flush=True)
         for line in sys.stdin:
             cmd = line.strip()
             if cmd == "r":
                 w, r = one()
-                print(f"{w} {r} {cpu_s(proc.pid)}", flush=True)
+                print(f"{w} {r}", flush=True)
+            elif cmd == "cpu":
+                print(cpu_s(proc.pid), flush=True)
             elif cmd == "verify":
                 good = ok and ctypes.string_at(dst_addr, total) == data.tobytes()
                 print("1" if good else "0", flush=True)
+                ctypes.memset(dst_addr, 0, total)
+                ok = True
             elif cmd == "exit":
                 break
     finally:

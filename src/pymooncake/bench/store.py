@@ -39,8 +39,8 @@ from pymooncake.bench.store_procs import (
     _HELPERS,
     _MC_HOLDER,
     MiB,
-    _cpu_s,
     _free_port,
+    _helpers_cpu_s,
     _mooncake_cluster,
     _mooncake_master,
     _pymooncake_cluster,
@@ -86,10 +86,14 @@ two stores take their chunks in turn."""
 
 def _run_pair(sides: list[_Side], size: int, count: int) -> list[tuple[dict, dict]]:
     """``count`` puts of ``size`` bytes on every side, then their gets, then removes; the
-    puts (and then the gets) of the sides alternate chunk by chunk (``CHUNKS`` a phase, in
-    ``sides`` order), so a swing in the host's speed, which moves within a second here,
-    hits both stores alike (issue 16). One ``(put, get)`` stats pair per side."""
-    vals = _values(size, count)
+    puts (and then the gets) of the sides alternate chunk by chunk (``CHUNKS`` a phase;
+    ``sides`` order in even chunks, reversed in odd ones), so a swing in the host's speed,
+    which moves within a second here, hits both stores alike (issue 16). CPU: this
+    process's (it holds both clients) and the side's helpers', around the side's own
+    chunks. One ``(put, get)`` stats pair per side."""
+    # each side its own copy of the values: the second side of a chunk would otherwise
+    # read a source the first one just brought into the CPU caches
+    vals = {sd.tag: _values(size, count) for sd in sides}
     step = -(-count // CHUNKS)
     chunks = [range(lo, min(lo + step, count)) for lo in range(0, count, step)]
     ok = {}
@@ -99,26 +103,31 @@ def _run_pair(sides: list[_Side], size: int, count: int) -> list[tuple[dict, dic
         # one untimed put/get first: connections to the data's segment are set up on
         # first use on both sides, and the figures are the steady state
         warm = f"bench-{sd.tag}-{size}-warm"
-        sd.put(warm, vals[0])
-        ok[sd.tag] = sd.get(warm) == vals[0]
+        sd.put(warm, vals[sd.tag][0])
+        ok[sd.tag] = sd.get(warm) == vals[sd.tag][0]
         sd.remove(warm)
         lat[sd.tag], cpu[sd.tag] = ([], []), [0.0, 0.0]
     for j in (0, 1):   # puts, then gets
-        for idx in chunks:
-            for sd in sides:
+        for n, idx in enumerate(chunks):
+            # A B, B A, A B, ...: each side goes first, and follows the other, alike
+            for sd in (sides if n % 2 == 0 else sides[::-1]):
                 keys = [f"bench-{sd.tag}-{size}-{i}" for i in idx]
-                out = lat[sd.tag][j]
-                c0 = _cpu_s(sd.pids)
+                out, mine = lat[sd.tag][j], vals[sd.tag]
+                # the helpers' /proc scan before this process's clock is read, and after
+                # it at the end: the scan's own CPU stays out of the chunk's
+                h0 = _helpers_cpu_s(sd.pids)
+                c0 = time.process_time()
                 for k, i in zip(keys, idx, strict=True):
                     t0 = time.perf_counter()
                     if j == 0:
-                        sd.put(k, vals[i])
+                        sd.put(k, mine[i])
                         out.append(time.perf_counter() - t0)
                     else:
                         got = sd.get(k)
                         out.append(time.perf_counter() - t0)
-                        ok[sd.tag] = ok[sd.tag] and got == vals[i]
-                cpu[sd.tag][j] += _cpu_s(sd.pids) - c0
+                        ok[sd.tag] = ok[sd.tag] and got == mine[i]
+                c1 = time.process_time()
+                cpu[sd.tag][j] += (c1 - c0) + (_helpers_cpu_s(sd.pids) - h0)
     for sd in sides:
         for i in range(count):
             sd.remove(f"bench-{sd.tag}-{size}-{i}")
@@ -276,10 +285,11 @@ def run(sizes: list[int], count: int, modes: list[str], metadata_ops: int = 20_0
     ``throughput_min``/``throughput_max``,
     ``mooncake_throughput_min``/``_max`` and ``ratio_min``/``ratio_max``, and the ratio's
     quartiles in ``ratio_q1``/``ratio_q3``.
-    ``cpu_s_per_op`` / ``mooncake_cpu_s_per_op``: CPU seconds (user + system) per operation
-    of all the processes of a run — the bench process with its client, the master and
-    the storage process (``remote``) — medians over the rounds: the cost of an operation
-    that a loaded machine does not blur as it does latency."""
+    ``cpu_s_per_op`` / ``mooncake_cpu_s_per_op``: CPU seconds per operation of the bench
+    process (which holds both stores' clients) and of that store's master and storage
+    process (``remote``), counted around that store's own chunks — medians over the
+    rounds: the cost of an operation that a loaded machine does not blur as it does
+    latency."""
     mc = with_mooncake and mooncake_available()
     machine = f"{os.cpu_count()} CPUs, loopback"
     rows = []

@@ -4,7 +4,7 @@
 
 Holds ``_pymooncake_cluster``, ``_mooncake_cluster``, ``mooncake_available``,
 ``_mooncake_master``, ``_spawn`` / ``_stop`` / ``_free_port``, ``_HELPERS`` (pids whose CPU
-time counts) and ``_cpu_s``; ``bench.store`` re-exports them for its callers.
+time counts) and ``_helpers_cpu_s``; ``bench.store`` re-exports them for its callers.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+
+from pymooncake.bench.transfer_refs import tasks_cpu_s
 
 MiB = 1 << 20
 
@@ -103,22 +105,9 @@ _HELPERS: list[int] = []
 is counted with the bench process's in ``cpu_s_per_op``."""
 
 
-def _cpu_s(pids: list[int]) -> float:
-    """CPU seconds so far of this process (all threads) and of ``pids`` (the sum over their
-    threads of Linux's ``/proc/<pid>/task/<tid>/schedstat``, nanoseconds on a CPU)."""
-    total = time.process_time()
-    for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0]) / 1e9
-            except (OSError, IndexError, ValueError):
-                pass
-    return total
+def _helpers_cpu_s(pids: list[int]) -> float:
+    """CPU seconds so far of ``pids``, all their threads (``transfer_refs.tasks_cpu_s``)."""
+    return sum(tasks_cpu_s(p) for p in pids)
 
 
 _MC_HOLDER = """

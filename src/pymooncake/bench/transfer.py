@@ -48,6 +48,7 @@ from pymooncake.bench.transfer_subjects import (
     MOONCAKE_SCRIPT,
     Memcpy,
     Mooncake,
+    MooncakeFailed,
     Ours,
     Sockets,
     Subject,
@@ -57,6 +58,8 @@ GiB = 1024**3
 MIN_CYCLES = 3
 """Least rounds of each subject in one repeat."""
 MAX_CYCLES = 10_000
+MAX_WORKING_SET = 1 << 30
+"""Largest ``size * batch`` (bytes): the subjects hold ~12 working sets at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,33 +163,42 @@ def mooncake_available(python: str) -> tuple[bool, str]:
                   "P2PHANDSHAKE metadata")
 
 
-def measure_rounds(subjects: Sequence[Subject], min_time_s: float, rotation: int = 0,
+def measure_rounds(live: Sequence[Subject], min_time_s: float, rotation: int = 0,
                    min_cycles: int = MIN_CYCLES, max_cycles: int = MAX_CYCLES
-                   ) -> dict[str, tuple[float, float, int, float]]:
-    """One repeat: cycles of one round of each subject (in ``subjects`` order rotated by
-    ``rotation``) until ``min_cycles`` cycles and ``min_time_s`` × the number of subjects
-    seconds have passed (each subject gets about ``min_time_s``), at most ``max_cycles``.
-    Per subject: ``(median write_s, median read_s, rounds, CPU seconds)``; the CPU is this
-    process's (all threads, around each of the subject's rounds) plus its children's."""
-    order = list(subjects)
-    order = order[rotation % len(order):] + order[:rotation % len(order)]
-    ws: dict[str, list[float]] = {s.name: [] for s in order}
-    rs: dict[str, list[float]] = {s.name: [] for s in order}
+                   ) -> dict[str, tuple[float, float, int, float, bool]]:
+    """One repeat: cycles of one round of each subject until ``min_cycles`` cycles and
+    ``min_time_s`` × the number of subjects seconds have passed, at most ``max_cycles``.
+    Every subject runs the same number of rounds, so the time splits in proportion to
+    their round times. The order is ``live`` rotated by ``rotation``, run forwards in even
+    cycles and backwards in odd ones (A B C, C B A, A B C, ...: no subject always follows
+    the same one, and each is first and last alike).
+
+    Per subject: ``(median write_s, median read_s, rounds, CPU seconds, checked)``. CPU:
+    its child processes' over the whole repeat (a child that spins while the others run
+    pays for it), plus this process's around the subject's own rounds when
+    ``parent_cpu``. ``checked``: the subject's ``check()`` after the last round (every
+    byte read back in the repeat equals the source)."""
+    base = list(live)
+    base = base[rotation % len(base):] + base[:rotation % len(base)]
+    ws: dict[str, list[float]] = {s.name: [] for s in base}
+    rs: dict[str, list[float]] = {s.name: [] for s in base}
     cpu = dict.fromkeys(ws, 0.0)
-    t_end = time.perf_counter() + min_time_s * len(order)
+    child0 = {s.name: s.child_cpu_s() for s in base}
+    t_end = time.perf_counter() + min_time_s * len(base)
     cycles = 0
     while cycles < max_cycles and (cycles < min_cycles or time.perf_counter() < t_end):
-        for s in order:
-            k0 = s.child_cpu_s()
+        for s in (base if cycles % 2 == 0 else base[::-1]):
             p0 = time.process_time()
             w, r = s.round()
-            p1 = time.process_time()
-            cpu[s.name] += (p1 - p0) + (s.child_cpu_s() - k0)
+            if s.parent_cpu:
+                cpu[s.name] += time.process_time() - p0
             ws[s.name].append(w)
             rs[s.name].append(r)
         cycles += 1
-    return {n: (statistics.median(ws[n]), statistics.median(rs[n]), len(ws[n]), cpu[n])
-            for n in ws}
+    for s in base:
+        cpu[s.name] += s.child_cpu_s() - child0[s.name]
+    return {s.name: (statistics.median(ws[s.name]), statistics.median(rs[s.name]),
+                     len(ws[s.name]), cpu[s.name], s.check()) for s in base}
 
 
 # ------------------------------------------------------------------------------ main
@@ -202,8 +214,9 @@ def run(transport: str, size_bytes: int, batch: int, paths: int, min_time_s: flo
         raise ValueError(f"transport must be local, shm or tcp, got {transport!r}")
     if size_bytes <= 0 or batch <= 0 or paths <= 0 or repeat <= 0:
         raise ValueError("size, batch, paths and repeat must be positive")
-    if size_bytes * batch > 2 * 1024**3:
-        raise ValueError("working set size*batch must be <= 2 GiB")
+    if size_bytes * batch > MAX_WORKING_SET:
+        raise ValueError("working set size*batch must be <= 1 GiB (every subject holds its "
+                         "buffers at once: about 12 working sets in all)")
     total = size_bytes * batch
     python = mooncake_python or os.environ.get("PYMOONCAKE_MOONCAKE_PYTHON") or sys.executable
     use_mooncake, note = False, "Mooncake comparison runs for --transport tcp only"
@@ -220,33 +233,32 @@ def run(transport: str, size_bytes: int, batch: int, paths: int, min_time_s: flo
             try:
                 live.append(stack.enter_context(
                     contextlib.closing(Mooncake(python, size_bytes, batch))))
-            except Exception as e:  # noqa: BLE001 - report, do not fail the benchmark
-                note, use_mooncake = f"mooncake run failed: {e!r}", False
+            except MooncakeFailed as e:  # report it; the run goes on without Mooncake
+                note, use_mooncake = f"mooncake run failed: {e}", False
         per: dict[str, list[float]] = {s.name: [] for s in live}
         cpu: dict[str, list[float]] = {s.name: [] for s in live}
         ws: list[float] = []
         rs: list[float] = []
-        rounds = 0
+        rounds, verified = 0, True
         for rep in range(repeat):
             try:
                 got = measure_rounds(live, min_time_s, rotation=rep)
-            except Exception as e:  # noqa: BLE001 - Mooncake failing: report it, go on
-                if not use_mooncake:
-                    raise
-                note, use_mooncake = f"mooncake run failed: {e!r}", False
-                live.pop().close()  # the repeat again without it (its figures stay partial)
+            except MooncakeFailed as e:  # the repeat again without it (its figures partial)
+                note, use_mooncake = f"mooncake run failed: {e}", False
+                live = [s for s in live if s.name != "mooncake"]
                 got = measure_rounds(live, min_time_s, rotation=rep)
             for s in live:
-                w, r, n, c = got[s.name]
+                w, r, n, c, ok = got[s.name]
                 per[s.name].append(s.bytes_per_round / (w + r))
                 cpu[s.name].append(c / (s.bytes_per_round * n / GiB))
-            w, r, n, _ = got["pymooncake"]
+                if s.name == "mooncake" and not ok:
+                    note += f"; Mooncake's read-back did not verify in repeat {rep + 1}"
+                elif s.name != "mooncake":
+                    verified = verified and ok
+            w, r, n, _, _ = got["pymooncake"]
             ws.append(w)
             rs.append(r)
             rounds += n
-        verified = live[0].verified()
-        if use_mooncake and not live[-1].verified():
-            note += "; Mooncake's read-back did not verify"
     figures = {s: spread(v) for s, v in per.items() if v}
     cpu_figures = {s: spread(v) for s, v in cpu.items() if v}
     ours = per["pymooncake"]

@@ -75,9 +75,14 @@ def shares(total: int, connections: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(connections)]
 
 
+def stream_source(total: int) -> np.ndarray:
+    """The bytes ``stream_send`` sends (the socket reference's read-back check)."""
+    return np.random.default_rng(1).integers(0, 256, total, dtype=np.uint8)
+
+
 def stream_send(port: int, total: int, chunk: int, connections: int) -> None:
-    """The child of :func:`measure_socket_stream`: one sending thread per connection."""
-    data = np.random.default_rng(1).integers(0, 256, total, dtype=np.uint8)
+    """The child of ``transfer_subjects.Sockets``: one sending thread per connection."""
+    data = stream_source(total)
     view = memoryview(data)
     parts = shares(total, connections)
     starts = [sum(parts[:i]) for i in range(connections)]

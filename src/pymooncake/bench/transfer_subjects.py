@@ -9,9 +9,12 @@ ratio carries that swing (0.39-1.71 for our shm copy against memcpy in that run)
 taken in turn, a few milliseconds each, meet the same weather.
 
 A subject's ``round()`` returns ``(write_s, read_s)`` and moves ``bytes_per_round`` bytes;
-``child_cpu_s()`` is the CPU seconds so far of the child processes that work for it (the
-parent process's own CPU is measured around each round by the caller). Children talk over
-stdin/stdout lines, never pickle.
+``child_cpu_s()`` is the CPU seconds so far of the child processes that work for it, which
+the caller reads at a repeat's start and end (so a child that spins while other subjects
+run pays for it); the parent process's own CPU is counted around the subject's own rounds
+when ``parent_cpu`` (the parent is then the subject's initiator or receiver). ``check()``
+compares what the repeat's rounds read back with the source and clears the destination for
+the next repeat. Children talk over stdin/stdout lines, never pickle.
 """
 
 from __future__ import annotations
@@ -48,11 +51,16 @@ def spawn_child(*args: str) -> subprocess.Popen[str]:
                             env=refs.child_env())
 
 
+class MooncakeFailed(RuntimeError):
+    """Mooncake's initiator failed or answered out of protocol (the run goes on without it)."""
+
+
 class Subject:
     """One subject: set up at construction, ``round()`` at will, ``close()`` once."""
 
     name = ""
     bytes_per_round = 0
+    parent_cpu = True
     pids: tuple[int, ...] = ()
 
     def round(self) -> tuple[float, float]:
@@ -61,7 +69,7 @@ class Subject:
     def child_cpu_s(self) -> float:
         return sum(refs.tasks_cpu_s(p) for p in self.pids)
 
-    def verified(self) -> bool:
+    def check(self) -> bool:
         return True
 
     def close(self) -> None:
@@ -138,12 +146,15 @@ class Ours(Subject):
         self.ok = self.ok and okw and okr
         return t1 - t0, t2 - t1
 
-    def verified(self) -> bool:
-        """Every round succeeded, the read-back equals the source, and so does the
-        target's copy (its digest, asked of the target process)."""
+    def check(self) -> bool:
+        """Every round since the last check succeeded, the read-back equals the source, and
+        so does the target's copy (its digest, asked of the target process); then the
+        read-back buffer is cleared for the next repeat."""
         ok = self.ok and bool(np.array_equal(self.dst, self.src))
         if self.proc is not None:
             ok = ok and refs.ask(self.proc, "digest") == digest(self.src_addr, self.total)
+        self.dst[:] = 0
+        self.ok = True
         return ok
 
     def close(self) -> None:
@@ -168,6 +179,12 @@ class Memcpy(Subject):
         self.mid = np.zeros_like(self.src)
         self.dst = np.zeros_like(self.src)
         self.round()
+        self.dst[:] = 0
+
+    def check(self) -> bool:
+        ok = bool(np.array_equal(self.dst, self.src))
+        self.dst[:] = 0
+        return ok
 
     def round(self) -> tuple[float, float]:
         n = self.size
@@ -219,6 +236,8 @@ class Sockets(Subject):
             self.dst = np.zeros(total, dtype=np.uint8)
             self.view = memoryview(self.dst)
             self.round()  # warm-up
+            self.want = refs.stream_source(total)
+            self.dst[:] = 0
         except BaseException:
             self.close()
             raise
@@ -239,6 +258,11 @@ class Sockets(Subject):
             f.result()
         return time.perf_counter() - t0, 0.0
 
+    def check(self) -> bool:
+        ok = bool(np.array_equal(self.dst, self.want))
+        self.dst[:] = 0
+        return ok
+
     def close(self) -> None:
         for conn in self.conns:
             with contextlib.suppress(OSError):
@@ -252,10 +276,13 @@ class Sockets(Subject):
 class Mooncake(Subject):
     """Mooncake's engine doing the same rounds, driven round by round: ``mooncake_te.py
     rounds`` under ``python`` (the wheel's interpreter) is the initiator and starts its
-    own target; each ``r`` line it answers with the round's write and read seconds and
-    its CPU seconds so far (itself and its target)."""
+    own target. Its CPU (itself and its target, which it reads) is asked for with ``cpu``;
+    this process only waits on the pipe meanwhile, which is harness, not Mooncake
+    (``parent_cpu`` False). Any failure or answer out of protocol raises
+    ``MooncakeFailed``."""
 
     name = "mooncake"
+    parent_cpu = False
 
     def __init__(self, python: str, size_bytes: int, batch: int) -> None:
         self.bytes_per_round = 2 * size_bytes * batch
@@ -264,24 +291,35 @@ class Mooncake(Subject):
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, env=refs.child_env())
         try:
-            ready, cpu = (refs.readline(self.proc, timeout_s=120).split() + ["", ""])[:2]
-            if ready != "ready":
-                raise RuntimeError("mooncake initiator did not get ready")
-            self._cpu = float(cpu)  # its set-up and warm-up round: not a round's
+            if self._ask("ready?", timeout_s=120) != "ready":
+                raise MooncakeFailed("mooncake initiator did not get ready")
         except BaseException:
             refs.stop(self.proc)
             raise
 
+    def _ask(self, line: str, timeout_s: float = 60.0) -> str:
+        try:
+            if line == "ready?":
+                return refs.readline(self.proc, timeout_s=timeout_s)
+            return refs.ask(self.proc, line)
+        except (OSError, RuntimeError, ValueError) as e:
+            raise MooncakeFailed(f"mooncake initiator: {e}") from e
+
     def round(self) -> tuple[float, float]:
-        w, r, cpu = refs.ask(self.proc, "r").split()
-        self._cpu = float(cpu)
-        return float(w), float(r)
+        try:
+            w, r = self._ask("r").split()
+            return float(w), float(r)
+        except ValueError as e:
+            raise MooncakeFailed(f"mooncake initiator answered out of protocol: {e}") from e
 
     def child_cpu_s(self) -> float:
-        return self._cpu
+        try:
+            return float(self._ask("cpu"))
+        except ValueError as e:
+            raise MooncakeFailed(f"mooncake initiator answered out of protocol: {e}") from e
 
-    def verified(self) -> bool:
-        return refs.ask(self.proc, "verify") == "1"
+    def check(self) -> bool:
+        return self._ask("verify") == "1"
 
     def close(self) -> None:
         refs.stop(self.proc)

@@ -33,7 +33,8 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--rpc-poll", type=float, default=None, metavar="S",
                    help="our master's --rpc-poll in every cluster (default: its own)")
     b.add_argument("--repeat", type=int, default=1,
-                   help="interleaved rounds (ours, Mooncake, ...); medians with min/max")
+                   help="rounds, each with both stores up and taking turns chunk by chunk "
+                        "(the one that starts swapped per round); medians with quartiles")
     b.add_argument("--mooncake-path", default=None, metavar="DIR",
                    help="a site-packages directory holding the Mooncake wheel (appended to "
                    "sys.path; its ../../../bin is searched for mooncake_master)")

@@ -90,8 +90,9 @@ def _add_bench(sub: argparse._SubParsersAction, name: str) -> None:
         description="Write a working set of BATCH requests of SIZE bytes into another "
                     "process's registered memory and read it back (verified). Every subject "
                     "(our engine, memcpy, plain sockets with as many connections as --paths, "
-                    "Mooncake's engine when its wheel is importable) runs in every repeat, "
-                    "interleaved; figures are median [min-max] over the repeats, ratios are "
+                    "Mooncake's engine when its wheel is importable) is set up once and "
+                    "every repeat takes single rounds of them in turn; figures are median "
+                    "[quartiles] over the repeats, ratios are "
                     "taken per repeat and judged 'met', 'missed' or 'not distinguishable'.")
     p.add_argument("--transport", choices=("local", "shm", "tcp"), default="tcp",
                    help="local: same engine; shm: target in shared memory of another "
@@ -103,8 +104,9 @@ def _add_bench(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--paths", type=int, default=2, metavar="K",
                    help="TCP connections per peer, and of the socket reference (default 2)")
     p.add_argument("--min-time-s", type=float, default=1.0,
-                   help="each repeat alternates single rounds of the subjects for about this "
-                        "long per subject, at least 3 rounds each (default 1 s)")
+                   help="each repeat alternates single rounds of the subjects, as many "
+                        "of each, for at least this long times the number of subjects and "
+                        "3 rounds each (default 1 s)")
     p.add_argument("--repeat", type=int, default=3,
                    help="interleaved repeats of every subject; medians reported (default 3)")
     p.add_argument("--no-mooncake", action="store_true",
