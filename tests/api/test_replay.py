@@ -43,6 +43,23 @@ def test_replay_reports_exact_token_counts_and_hits(server_url: str, tmp_path) -
 
 
 @pytest.mark.integration
+def test_replay_skip_sends_a_later_slice_with_the_same_tokens(server_url: str) -> None:
+    n, skip, scale = 30, 22, 32
+    out = subprocess.run(
+        [sys.executable, "-m", "pymooncake", "replay", "--url", server_url, "--limit", str(n),
+         "--skip", str(skip), "--time-scale", "200", "--length-scale", str(scale), "--json"],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    s = json.loads(out.stdout)
+    reqs = take_first(load_trace(bundled_trace_path()), n).requests[skip:]
+    fits = [r for r in reqs if math.ceil(r.input_length / scale)
+            + math.ceil(r.output_length / scale) <= 2048]      # server context is 2048
+    assert s["num_requests"] == n - skip
+    assert s["num_served"] == len(fits)
+    assert s["prompt_tokens"] == sum(math.ceil(r.input_length / scale) for r in fits)
+
+
+@pytest.mark.integration
 def test_replay_where_every_request_fails_exits_1_and_says_why(server_url: str) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "pymooncake", "replay", "--url", server_url, "--limit", "3",
@@ -56,7 +73,8 @@ def test_replay_where_every_request_fails_exits_1_and_says_why(server_url: str) 
 
 def test_replay_bad_arguments() -> None:
     for args in (["--length-scale", "7"], ["--limit", "0"], ["--time-scale", "-1"],
-                 ["--timeout", "0"], ["--vocab-size", "1"]):
+                 ["--timeout", "0"], ["--vocab-size", "1"], ["--skip", "-1"],
+                 ["--limit", "5", "--skip", "5"]):
         out = subprocess.run([sys.executable, "-m", "pymooncake", "replay", "--url",
                               "http://127.0.0.1:9", *args], capture_output=True, text=True,
                              timeout=60, check=False)

@@ -42,6 +42,12 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--repeats", type=int, default=1,
                    help="replay each configuration this many times, interleaved; numbers "
                         "are means over the repeats, with per-repeat values listed")
+    b.add_argument("--paired", type=int, default=0, metavar="K",
+                   help="start every configuration's cluster at once and replay the trace "
+                        "in K slices that they take in turn (A B, B A, ...), so a slow "
+                        "minute of a shared machine hits them alike; CPU ratios of the "
+                        "first configuration to the others, whole and per slice; 0 = one "
+                        "whole replay each (default)")
     b.add_argument("--time-scale", type=float, default=1.0, help="arrival speed-up")
     b.add_argument("--length-scale", type=int, default=32, help="divide lengths by this")
     b.add_argument("--prefill", type=int, default=2, help="prefill workers (P/D configs)")
@@ -87,8 +93,19 @@ def _cmd_bench_serving(args: argparse.Namespace) -> int:
     if args.decode_step_interval_s >= args.tbt_slo:
         raise UsageError(f"--decode-step-interval-s ({args.decode_step_interval_s} s) must "
                          f"be below --tbt-slo ({args.tbt_slo} s)")
+    if not 0 <= args.paired <= args.limit:
+        raise UsageError(f"--paired must be in [0, --limit], got {args.paired}")
+    if args.paired and args.repeats > 1:
+        raise UsageError("--paired takes every configuration in turn already; "
+                         "use --repeats 1 with it")
+    extra: dict[str, Any] = {}
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    for rep in range(args.repeats):
+    if args.paired:
+        from pymooncake.cli.bench_serving_paired import run_paired
+        got = run_paired(names, args)
+        extra["paired"] = got["paired"]
+        runs = {n: [r] for n, r in got["results"].items()}
+    for rep in range(0 if args.paired else args.repeats):
         # interleaved, each repeat starting one configuration later: a slow minute on the
         # shared machine does not always land on the same configuration
         for name in names[rep % len(names):] + names[:rep % len(names)]:
@@ -98,7 +115,7 @@ def _cmd_bench_serving(args: argparse.Namespace) -> int:
            "limit": args.limit, "time_scale": args.time_scale,
            "length_scale": args.length_scale, "prefill": args.prefill, "decode": args.decode,
            "decode_step_interval_s": args.decode_step_interval_s,
-           "repeats": args.repeats, "results": results}
+           "repeats": args.repeats, "results": results, **extra}
 
     def human(d: dict[str, Any]) -> str:
         keys = ("num_requests", "num_rejected", "ttft_mean_s", "ttft_p50_s", "ttft_p99_s",
@@ -111,6 +128,11 @@ def _cmd_bench_serving(args: argparse.Namespace) -> int:
                 v = res.get(k)
                 cells.append(f"{v:>18.4f}" if isinstance(v, float) else f"{v!s:>18}")
             lines.append(f"{n:<20}" + "".join(cells))
+        for pair, v in d.get("paired", {}).items():
+            if isinstance(v, dict):
+                lines.append(f"cluster CPU {pair}: {v['ratio']:.3f} over the trace; per slice "
+                             f"median {v['slice_median']:.3f} [{v['slice_q1']:.3f}-"
+                             f"{v['slice_q3']:.3f}] ({d['paired']['slices']} slices in turn)")
         if d["repeats"] > 1:
             lines.append("mean TTFT (s) of each repeat, in run order:")
             for n, res in d["results"].items():
@@ -122,6 +144,30 @@ def _cmd_bench_serving(args: argparse.Namespace) -> int:
     return 0
 
 
+def cluster_spec(name: str, args: argparse.Namespace) -> ClusterSpec:
+    """The local cluster of configuration ``name`` (``BENCH_CONFIGS``): every configuration
+    runs ``--prefill`` + ``--decode`` engine processes."""
+    extra = BENCH_CONFIGS[name]
+    n_engines = args.prefill + args.decode
+    return ClusterSpec(port=0, quiet=True, max_model_len=8192, num_kv_blocks=2048,
+                       global_segment_size=args.global_segment_size,
+                       num_prefill=n_engines if extra.get("colocated") else args.prefill,
+                       num_decode=0 if extra.get("colocated") else args.decode,
+                       ttft_slo_s=args.ttft_slo * 10, tbt_slo_s=args.tbt_slo * 10,
+                       model=args.model, **extra, decode_step_interval_s=0.0
+                       if extra.get("colocated") else args.decode_step_interval_s)
+
+
+def replay_argv(url: str, args: argparse.Namespace, skip: int = 0,
+                limit: int | None = None) -> list[str]:
+    """``pymooncake replay`` of the first ``limit`` (default ``--limit``) trace requests
+    less the first ``skip``, against ``url``, with the bench's scales and SLOs."""
+    return [sys.executable, "-m", "pymooncake", "replay", "--url", url,
+            "--limit", str(limit or args.limit), "--skip", str(skip),
+            "--time-scale", str(args.time_scale), "--length-scale", str(args.length_scale),
+            "--ttft-slo", str(args.ttft_slo), "--tbt-slo", str(args.tbt_slo), "--json"]
+
+
 def _bench_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """One configuration: a fresh local cluster, one replay, the replay's JSON report plus
     the CPU seconds each cluster process and the replay client used during it."""
@@ -130,22 +176,10 @@ def _bench_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import subprocess
 
     from pymooncake.cli.main import CommandError
-    extra = BENCH_CONFIGS[name]
-    n_engines = args.prefill + args.decode
-    spec = ClusterSpec(port=0, quiet=True, max_model_len=8192, num_kv_blocks=2048,
-                       global_segment_size=args.global_segment_size,
-                       num_prefill=n_engines if extra.get("colocated") else args.prefill,
-                       num_decode=0 if extra.get("colocated") else args.decode,
-                       ttft_slo_s=args.ttft_slo * 10, tbt_slo_s=args.tbt_slo * 10,
-                       model=args.model, **extra, decode_step_interval_s=0.0
-                       if extra.get("colocated") else args.decode_step_interval_s)
-    cluster = LocalCluster(spec)
+    cluster = LocalCluster(cluster_spec(name, args))
     try:
         cluster.start()
-        argv = [sys.executable, "-m", "pymooncake", "replay", "--url", cluster.url,
-                "--limit", str(args.limit), "--time-scale", str(args.time_scale),
-                "--length-scale", str(args.length_scale), "--ttft-slo", str(args.ttft_slo),
-                "--tbt-slo", str(args.tbt_slo), "--json"]
+        argv = replay_argv(cluster.url, args)
         cpu0, ru0 = cluster.cpu_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
         # the replay dies with this process (SIGTERM, ^C) as the cluster's children do
         env = dict(os.environ, **{PARENT_ENV: str(os.getpid())})

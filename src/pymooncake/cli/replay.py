@@ -279,6 +279,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit must be >= 1, got {args.limit}")
+    if args.skip < 0 or (args.limit is not None and args.skip >= args.limit):
+        raise UsageError(f"--skip must be >= 0 and below --limit, got {args.skip}")
     if args.time_scale <= 0:
         raise UsageError(f"--time-scale must be > 0, got {args.time_scale}")
     if not args.timeout > 0:
@@ -299,6 +301,10 @@ def _run(args: argparse.Namespace) -> int:
     trace = scale_arrivals(trace, args.time_scale)
     requests = materialize_trace(trace, vocab_size=args.vocab_size, scale=args.length_scale,
                                  seed=args.seed)
+    if args.skip:   # after materializing all: the same tokens as in a whole replay
+        if args.skip >= len(requests):
+            raise UsageError(f"--skip {args.skip}: the trace has {len(requests)} requests")
+        requests = requests[args.skip:]
     url = args.url.rstrip("/")
     from pymooncake.cli.readiness import NotReadyError, wait_ready
     try:   # a cluster that is starting answers 503 on /health until it can serve
@@ -344,6 +350,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", help="Mooncake JSONL trace (default: the bundled conversation "
                    "trace)")
     p.add_argument("--limit", type=int, help="replay only the first N requests")
+    p.add_argument("--skip", type=int, default=0, metavar="N",
+                   help="leave out the first N of those (a later slice of the trace, timed "
+                        "from its own first arrival; default 0)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="speed-up of arrivals (2 = twice as fast)")
     p.add_argument("--length-scale", type=int, default=32,
