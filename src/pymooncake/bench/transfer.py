@@ -3,9 +3,10 @@
 A round writes a working set of ``batch`` requests of ``size_bytes`` each from this process
 into a target process's registered memory and reads it back into a second buffer; a
 subject's figure in one repeat is its median round. Every subject is set up once; a repeat
-alternates single rounds of them (one of each per cycle, the order rotated from repeat to
-repeat), so the load of other processes and the host's swings in memory bandwidth, which
-move within a second, hit all of them alike (``transfer_subjects``). The subjects:
+alternates single rounds of them (one of each per cycle, forwards then backwards, the
+order rotated from repeat to repeat), so the load of other processes and the host's
+swings in memory bandwidth, which move within a second, hit all of them alike
+(``transfer_subjects``). The subjects:
 
 * ``pymooncake``: our engine; tcp rounds use ``batch_transfer_sync`` (as Mooncake's bench
   does), local/shm rounds ``submit`` + ``wait`` (the asynchronous copy thread);
