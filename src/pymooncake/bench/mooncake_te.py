@@ -54,7 +54,9 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 def cpu_s(child: int) -> float:
     """CPU seconds so far of this process and ``child``: the sum over their threads of
-    ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds on a CPU)."""
+    ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds on a CPU). The same reading as
+    ``pymooncake.bench.transfer_refs.tasks_cpu_s``, written again because this script runs
+    under the wheel's interpreter, where pymooncake is not importable."""
     total = 0
     for pid in (os.getpid(), child):
         try:

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -291,35 +292,39 @@ class Mooncake(Subject):
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, env=refs.child_env())
         try:
-            if self._ask("ready?", timeout_s=120) != "ready":
+            if self._reply(lambda: refs.readline(self.proc, timeout_s=120)) != "ready":
                 raise MooncakeFailed("mooncake initiator did not get ready")
         except BaseException:
             refs.stop(self.proc)
             raise
 
-    def _ask(self, line: str, timeout_s: float = 60.0) -> str:
+    @staticmethod
+    def _reply(read: Callable[[], str]) -> str:
         try:
-            if line == "ready?":
-                return refs.readline(self.proc, timeout_s=timeout_s)
-            return refs.ask(self.proc, line)
-        except (OSError, RuntimeError, ValueError) as e:
+            return read()
+        except (OSError, RuntimeError) as e:
             raise MooncakeFailed(f"mooncake initiator: {e}") from e
 
-    def round(self) -> tuple[float, float]:
+    def _numbers(self, line: str, n: int) -> list[float]:
+        """The ``n`` numbers the initiator answers to ``line``."""
+        answer = self._reply(lambda: refs.ask(self.proc, line))
         try:
-            w, r = self._ask("r").split()
-            return float(w), float(r)
-        except ValueError as e:
-            raise MooncakeFailed(f"mooncake initiator answered out of protocol: {e}") from e
+            got = [float(x) for x in answer.split()]
+        except ValueError:
+            got = []
+        if len(got) != n:
+            raise MooncakeFailed(f"mooncake initiator answered {answer!r} to {line!r}")
+        return got
+
+    def round(self) -> tuple[float, float]:
+        w, r = self._numbers("r", 2)
+        return w, r
 
     def child_cpu_s(self) -> float:
-        try:
-            return float(self._ask("cpu"))
-        except ValueError as e:
-            raise MooncakeFailed(f"mooncake initiator answered out of protocol: {e}") from e
+        return self._numbers("cpu", 1)[0]
 
     def check(self) -> bool:
-        return self._ask("verify") == "1"
+        return self._reply(lambda: refs.ask(self.proc, "verify")) == "1"
 
     def close(self) -> None:
         refs.stop(self.proc)

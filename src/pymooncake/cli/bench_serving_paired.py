@@ -34,8 +34,7 @@ def merge(slices: list[dict[str, Any]]) -> dict[str, Any]:
     by requests served, ``tbt_mean_s`` by completion tokens, hit ratios recomputed,
     ``cluster_cpu_s`` summed per process; percentiles are not merged (left out)."""
     out: dict[str, Any] = {k: sum(s.get(k) or 0 for s in slices) for k in SUM_KEYS}
-    served = sum(s.get("num_served") or 0 for s in slices)
-    toks = sum(s.get("completion_tokens") or 0 for s in slices)
+    served, toks = out["num_served"], out["completion_tokens"]
     out["ttft_mean_s"] = (sum((s.get("ttft_mean_s") or 0) * (s.get("num_served") or 0)
                               for s in slices) / served) if served else None
     out["tbt_mean_s"] = (sum((s.get("tbt_mean_s") or 0) * (s.get("completion_tokens") or 0)
@@ -75,8 +74,6 @@ def run_paired(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
                 raise CommandError(f"{n}: cluster did not start: {e}") from None
             clusters[n] = c
         for i, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
-            if hi <= lo:
-                continue
             for n in (names if i % 2 == 0 else names[::-1]):
                 c = clusters[n]
                 cpu0 = c.cpu_seconds()
