@@ -62,6 +62,40 @@ def test_bench_store_refuses_a_master_poll_out_of_range():
     assert "--rpc-poll 0.5: must be in [0, 0.01] seconds" in r.stderr
 
 
+def test_bench_store_metadata_only_sweeps_depths_in_order():
+    """``--metadata-only`` with ``--metadata-clients`` given twice (and once repeated):
+    only the side-by-side metadata rows, one set per depth, in the order given, each
+    depth once; every answer checked."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-m", "pymooncake", "bench", "store", "--metadata-only",
+                        "--metadata-ops", "200", "--metadata-clients", "2",
+                        "--metadata-clients", "1", "--metadata-clients", "2", "--no-mooncake",
+                        "--json"],
+                       capture_output=True, text=True, timeout=150, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(r.stdout)
+    assert {x["mode"] for x in rows} == {"metadata_ops"}
+    ops = ["is_exist", "batch_is_exist", "get_size", "remove"]
+    assert [(x["num_clients"], x["op"]) for x in rows] == [(2, o) for o in ops] + [
+        (1, o) for o in ops]
+    for x in rows:
+        assert x["verified"] is True and x["ops_per_s"] > 0 and x["ratio"] is None
+
+
+def test_bench_store_refuses_metadata_only_without_a_depth():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    for extra, why in ((["--metadata-clients", "0"], "--metadata-only needs"),
+                       (["--metadata-clients", "-1"], "--metadata-clients -1: must be >= 0"),
+                       (["--metadata-ops", "0"], "--metadata-only needs")):
+        r = subprocess.run([sys.executable, "-m", "pymooncake", "bench", "store",
+                            "--metadata-only", "--no-mooncake", *extra],
+                           capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+        assert r.returncode == 2, (extra, r.returncode, r.stderr[-2000:])
+        assert why in r.stderr, (extra, r.stderr[-2000:])
+
+
 def test_bench_store_segment_holds_every_object_of_a_run():
     """All objects of one size are put before any is read back, so the segment must hold
     them all: 128 × 1 MiB = 128 MiB (the run that lost its first key to eviction when the
