@@ -62,38 +62,74 @@ def test_bench_store_refuses_a_master_poll_out_of_range():
     assert "--rpc-poll 0.5: must be in [0, 0.01] seconds" in r.stderr
 
 
-def test_bench_store_metadata_only_sweeps_depths_in_order():
-    """``--metadata-only`` with ``--metadata-clients`` given twice (and once repeated):
-    only the side-by-side metadata rows, one set per depth, in the order given, each
-    depth once; every answer checked."""
+def _bench_store(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-m", "pymooncake", "bench", "store", "--metadata-only",
-                        "--metadata-ops", "200", "--metadata-clients", "2",
-                        "--metadata-clients", "1", "--metadata-clients", "2", "--no-mooncake",
-                        "--json"],
-                       capture_output=True, text=True, timeout=150, env=env, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "pymooncake", "bench", "store", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_bench_store_metadata_only_sweeps_depths_in_order():
+    """``--metadata-only`` with ``--metadata-clients`` 2, 1, 3, 1: only the side-by-side
+    metadata rows, one set per depth, in the order given (2, 1, 3: neither sort), a
+    repeated depth once; every answer checked; ``ops`` = the calls each side made per op
+    kind: 201 // 2 × 2 = 200 at depth 2, 201 at depths 1 and 3 (× 16 keys for
+    ``batch_is_exist``)."""
+    r = _bench_store("--metadata-only", "--metadata-ops", "201", "--metadata-clients", "2",
+                     "--metadata-clients", "1", "--metadata-clients", "3",
+                     "--metadata-clients", "1", "--no-mooncake", "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads(r.stdout)
     assert {x["mode"] for x in rows} == {"metadata_ops"}
     ops = ["is_exist", "batch_is_exist", "get_size", "remove"]
-    assert [(x["num_clients"], x["op"]) for x in rows] == [(2, o) for o in ops] + [
-        (1, o) for o in ops]
+    assert [(x["num_clients"], x["op"]) for x in rows] == [
+        (n, o) for n in (2, 1, 3) for o in ops]
     for x in rows:
         assert x["verified"] is True and x["ops_per_s"] > 0 and x["ratio"] is None
+        calls = 200 if x["num_clients"] == 2 else 201
+        assert x["ops"] == (calls * 16 if x["op"] == "batch_is_exist" else calls), x
 
 
-def test_bench_store_refuses_metadata_only_without_a_depth():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    for extra, why in ((["--metadata-clients", "0"], "--metadata-only needs"),
-                       (["--metadata-clients", "-1"], "--metadata-clients -1: must be >= 0"),
-                       (["--metadata-ops", "0"], "--metadata-only needs")):
-        r = subprocess.run([sys.executable, "-m", "pymooncake", "bench", "store",
-                            "--metadata-only", "--no-mooncake", *extra],
-                           capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+def test_bench_store_metadata_only_human_output_has_no_put_get_table():
+    r = _bench_store("--metadata-only", "--metadata-ops", "100", "--metadata-clients", "1",
+                     "--no-mooncake")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert [ln.split()[1] for ln in lines] == ["is_exist", "batch_is_exist", "get_size",
+                                               "remove"], r.stdout
+    assert all(ln.startswith("metadata ") and "(1 in flight)" in ln for ln in lines)
+
+
+def test_bench_store_refuses_bad_metadata_flags():
+    """Each refusal names the flag and the value; nothing runs (exit 2)."""
+    cases = [
+        (["--metadata-only", "--metadata-clients", "0"], "--metadata-clients 0 leaves nothing"),
+        (["--metadata-only", "--metadata-ops", "0"], "--metadata-ops 0 leaves nothing"),
+        (["--metadata-only", "--size", "4K"], "--size and --mode do not apply"),
+        (["--metadata-only", "--mode", "remote"], "--size and --mode do not apply"),
+        (["--metadata-ops", "-5"], "--metadata-ops -5: must be >= 0"),
+        (["--metadata-clients", "-1"], "--metadata-clients -1: must be in 1..64"),
+        (["--metadata-clients", "65"], "--metadata-clients 65: must be in 1..64"),
+        (["--metadata-clients", "2", "--metadata-clients", "0"],
+         "--metadata-clients 0 (skip) cannot be given with other depths"),
+    ]
+    for extra, why in cases:
+        r = _bench_store("--no-mooncake", *extra, timeout=60)
         assert r.returncode == 2, (extra, r.returncode, r.stderr[-2000:])
         assert why in r.stderr, (extra, r.stderr[-2000:])
+
+
+def test_store_meta_run_refuses_bad_arguments_before_starting_anything():
+    import pytest
+
+    from pymooncake.bench import store_meta
+
+    for kw, name in (({"clients": 0}, "clients=0"), ({"ops": 0}, "ops=0"),
+                     ({"batch": 0}, "batch=0"), ({"repeat": 0}, "repeat=0"),
+                     ({"clients": 2.0}, "clients=2.0")):
+        with pytest.raises(ValueError, match=name):
+            store_meta.run(**{"ops": 10, "clients": 1, "batch": 16, "repeat": 1,
+                              "with_mooncake": False, **kw})
 
 
 def test_bench_store_segment_holds_every_object_of_a_run():

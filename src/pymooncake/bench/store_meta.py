@@ -165,7 +165,7 @@ def _round(sides: list[str], ops: int, clients: int, batch: int
     sub-phases, the sides taking them in turn in ``sides`` order. ``{side: {op: (ops_per_s,
     verified)}}``; ops/s = the sub-phases' operations / the sum of their walls."""
     keys = [f"meta-key-{i}" for i in range(256)]
-    n = max(batch, ops // clients)
+    n = calls_per_client(ops, clients, batch)
     with contextlib.ExitStack() as stack:
         drivers = {}
         for side in sides:
@@ -204,6 +204,12 @@ def alternate(drivers: list[Any], n: int, subphases: int = SUBPHASES
             for side, per in totals.items()}
 
 
+def calls_per_client(ops: int, clients: int, batch: int) -> int:
+    """Calls a client makes per op kind: ``ops // clients``, at least ``batch`` (the
+    ``remove`` phase needs as many keys as a batch has)."""
+    return max(batch, ops // clients)
+
+
 def _ours_cluster() -> Any:
     @contextlib.contextmanager
     def cm() -> Any:
@@ -219,10 +225,17 @@ def run(ops: int = 20_000, clients: int = 4, batch: int = 16, repeat: int = 3,
     ``ops_per_s``/``mooncake_ops_per_s`` (medians of ``repeat`` rounds, min/max in
     ``throughput_min``/``_max`` and ``mooncake_throughput_min``/``_max``, here ops/s),
     ``ratio`` (median of the per-round ratios, with ``ratio_min``/``ratio_max``),
-    ``num_clients`` = calls in flight on each side, ``batch_keys``, ``verified``."""
+    ``num_clients`` = calls in flight on each side, ``batch_keys``, ``verified``, ``ops``
+    = the operations each side made per op kind and round (keys for ``batch_is_exist``;
+    ``calls_per_client`` × ``clients``, so ``ops`` rounded to a multiple of ``clients``).
+    ``ValueError`` unless ``ops``, ``clients``, ``batch`` and ``repeat`` are all >= 1."""
+    for name, v in (("ops", ops), ("clients", clients), ("batch", batch), ("repeat", repeat)):
+        if type(v) is not int or v < 1:
+            raise ValueError(f"store_meta.run: {name}={v!r}, need an int >= 1")
+    done = calls_per_client(ops, clients, batch) * clients
     mc = with_mooncake and store_bench.mooncake_available()
     ours_runs, theirs_runs = [], []
-    for r in range(max(1, repeat)):
+    for r in range(repeat):
         sides = ["ours", "mooncake"] if mc else ["ours"]
         got = _round(sides if r % 2 == 0 else sides[::-1], ops, clients, batch)
         ours_runs.append(got["ours"])
@@ -244,7 +257,7 @@ def run(ops: int = 20_000, clients: int = 4, batch: int = 16, repeat: int = 3,
             op=op, mode="metadata_ops", ops_per_s=float(np.median(ours)),
             throughput_min=min(ours), throughput_max=max(ours), num_clients=clients,
             batch_keys=batch if op == "batch_is_exist" else 1,
-            ops=ops * batch if op == "batch_is_exist" else ops, verified=ok,
+            ops=done * batch if op == "batch_is_exist" else done, verified=ok,
             repeats=len(ours), mooncake_available=mc,
             machine=f"{mp.cpu_count()} CPUs, loopback", **extra))
     return rows
