@@ -1,6 +1,8 @@
 """``SyncRpcClient``: the blocking RPC client, and its polled wait for answers.
 
-It connects on first use and reconnects on the next call after the connection is lost.
+It connects on first use and reconnects on the next call after the connection is lost;
+to a loopback address it connects over the server's same-host Unix socket when there is
+one (``rpc.local``), else over TCP.
 Every call has a timeout (``timeout_s``, seconds). A call that times out or loses its
 connection raises ``RpcTimeout`` / ``RpcConnectionError``; the request may or may not
 have run on the server, so callers retry only idempotent methods. The asyncio
@@ -19,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from pymooncake.rpc import local
 from pymooncake.rpc.codec import HEADER, MAX_FRAME_BYTES, Reply, pack_frame
 from pymooncake.rpc.errors import RpcConnectionError, RpcTimeout
 from pymooncake.rpc.replies import reply_of, result_of
@@ -92,16 +95,35 @@ class SyncRpcClient:
 
     def _connect(self) -> socket.socket:
         if self._sock is None:
-            try:
-                sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
-            except OSError as e:
-                raise RpcConnectionError(f"cannot connect to {self.host}:{self.port}: {e}") from e
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock = self._connect_unix()
+            if sock is None:
+                try:
+                    sock = socket.create_connection((self.host, self.port),
+                                                    timeout=self.timeout_s)
+                except OSError as e:
+                    raise RpcConnectionError(
+                        f"cannot connect to {self.host}:{self.port}: {e}") from e
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(None)  # blocking; the timeout is the kernel's (_set_timeout)
             self._sock = sock
             self._sock_timeout = 0.0
             self._buf.clear()
         return self._sock
+
+    def _connect_unix(self) -> socket.socket | None:
+        """A connection to the server's same-host Unix socket (``rpc.local``), or ``None``:
+        not a loopback target, turned off, or nothing listening there."""
+        name = local.client_name(self.host, self.port)
+        if name is None:
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout_s)
+            sock.connect(name)
+        except OSError:
+            sock.close()
+            return None
+        return sock
 
     def _set_timeout(self, sock: socket.socket, timeout: float) -> None:
         if timeout != self._sock_timeout:

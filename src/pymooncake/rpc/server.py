@@ -1,5 +1,6 @@
-"""RPC server: asyncio TCP, one protocol object per connection (``rpc.connection``),
-handlers by method name.
+"""RPC server: asyncio TCP (and, for clients on the same host, a Unix socket:
+``rpc.local``), one protocol object per connection (``rpc.connection``), handlers by method
+name.
 
 A handler is a plain function or a coroutine function taking the request's params (a
 ``Message`` or dataclass instance when registered with ``params_type``, else the decoded
@@ -36,6 +37,7 @@ import msgspec
 
 from pymooncake.obs import metrics
 from pymooncake.obs.logging import init_logger
+from pymooncake.rpc import local
 from pymooncake.rpc.codec import (
     NIL,
     Message,
@@ -94,6 +96,8 @@ class RpcServer:
         self._requested_port = port
         self._methods: dict[str, _Method] = {}
         self._server: asyncio.base_events.Server | None = None
+        self._unix: asyncio.base_events.Server | None = None
+        """The same-host listener (``rpc.local``), when bound."""
         self._conns: set[Connection] = set()
         self.port: int = port
         self.poll_s = poll_s
@@ -118,25 +122,36 @@ class RpcServer:
         self._methods[name] = _Method(name, handler, params_type)
 
     async def start(self) -> None:
-        """Bind and start accepting connections."""
+        """Bind and start accepting connections: on TCP, and — for a loopback or wildcard
+        ``host`` — on the same-host Unix socket named after the port (``rpc.local``;
+        skipped, TCP only, when that name is taken)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._on_connect, self.host,
                                                 self._requested_port)
         self.port = self._server.sockets[0].getsockname()[1]
+        if local.serves_unix(self.host):
+            try:
+                self._unix = await loop.create_unix_server(self._on_connect,
+                                                           local.unix_name(self.port))
+            except OSError as e:
+                logger.info("rpc: port %d serves TCP only (same-host socket: %s)", self.port, e)
 
     async def stop(self) -> None:
         """Stop accepting, close every connection and wait for their loops to end."""
         if self._server is not None:
             self._server.close()
+        if self._unix is not None:
+            self._unix.close()
         conns = list(self._conns)
         for conn in conns:
             conn.close()
         if conns:   # all at once: one slow connection does not add a second per peer
             await asyncio.wait([c.closed for c in conns], timeout=1.0)  # never cancels them
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
-            self._server = None
+        for srv in (self._server, self._unix):
+            if srv is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(srv.wait_closed(), 2.0)
+        self._server = self._unix = None
 
     async def serve_forever(self) -> None:
         """``start()`` if needed, then serve until cancelled."""
