@@ -5,6 +5,7 @@ Real server processes, real sockets."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -13,7 +14,7 @@ import textwrap
 
 import pytest
 
-from pymooncake.rpc import RpcTimeout, SyncRpcClient, local
+from pymooncake.rpc import RpcClient, RpcTimeout, SyncRpcClient, local
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="abstract Unix sockets are Linux's")
@@ -99,6 +100,24 @@ def test_a_loopback_client_talks_over_the_unix_socket(host: str) -> None:
     finally:
         _stop(proc)
     assert not _listens_unix(port)                      # gone with the server
+
+
+def test_the_asyncio_client_takes_the_unix_socket_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    proc, port = _server("127.0.0.1")
+
+    async def family(client: RpcClient) -> tuple[int, int]:
+        try:
+            got = await client.call("mul", [6, 7])
+            return got, client._writer.get_extra_info("socket").family
+        finally:
+            await client.close()
+
+    try:
+        assert asyncio.run(family(RpcClient("127.0.0.1", port))) == (42, socket.AF_UNIX)
+        monkeypatch.setenv(local.ENV, "0")
+        assert asyncio.run(family(RpcClient("127.0.0.1", port))) == (42, socket.AF_INET)
+    finally:
+        _stop(proc)
 
 
 def test_a_server_on_another_address_or_turned_off_serves_tcp_only() -> None:

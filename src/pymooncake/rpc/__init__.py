@@ -1,4 +1,5 @@
-"""The one control-plane RPC layer: msgpack frames over TCP, typed messages, timeouts.
+"""The one control-plane RPC layer: msgpack frames over TCP (over a Unix socket between
+processes of one host: ``rpc.local``), typed messages, timeouts.
 
 No pickle on the wire. Every call has a timeout. See ``rpc.codec`` for the frame format,
 ``rpc.server.RpcServer``, ``rpc.async_client.RpcClient`` and ``rpc.client.SyncRpcClient``

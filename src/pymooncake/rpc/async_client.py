@@ -1,6 +1,8 @@
 """``RpcClient``: the asyncio RPC client, many calls in flight on its one connection.
 
-It connects on first use and reconnects on the next call after the connection is lost.
+It connects on first use and reconnects on the next call after the connection is lost;
+to a loopback address over the server's same-host Unix socket when there is one
+(``rpc.local``), else over TCP.
 Every call has a timeout (``timeout_s``, seconds). A call that times out or loses its
 connection raises ``RpcTimeout`` / ``RpcConnectionError``; the request may or may not
 have run on the server, so callers retry only idempotent methods. The blocking
@@ -16,6 +18,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from pymooncake.rpc import local
 from pymooncake.rpc.codec import HEADER, MAX_FRAME_BYTES, pack_frame
 from pymooncake.rpc.errors import RpcConnectionError, RpcTimeout
 from pymooncake.rpc.replies import reply_of, result_of
@@ -54,19 +57,34 @@ class RpcClient:
         async with self._connect_lock:
             if self._writer is not None and not self._writer.is_closing():
                 return self._writer
-            try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(self.host, self.port, limit=2**20),
-                    self.connect_timeout_s)
-            except (TimeoutError, OSError) as e:
-                raise RpcConnectionError(
-                    f"cannot connect to {self.host}:{self.port}: {e or type(e).__name__}") from e
-            sock = writer.get_extra_info("socket")
-            if sock is not None:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            opened = await self._open_unix()  # same host: the server's Unix socket first
+            if opened is None:
+                try:
+                    opened = await asyncio.wait_for(
+                        asyncio.open_connection(self.host, self.port, limit=2**20),
+                        self.connect_timeout_s)
+                except (TimeoutError, OSError) as e:
+                    raise RpcConnectionError(f"cannot connect to {self.host}:{self.port}: "
+                                             f"{e or type(e).__name__}") from e
+                sock = opened[1].get_extra_info("socket")
+                if sock is not None:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            reader, writer = opened
             self._writer = writer
             self._reader_task = asyncio.ensure_future(self._read_loop(reader))
             return writer
+
+    async def _open_unix(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """Streams to the server's same-host Unix socket (``rpc.local``), or ``None``: not a
+        loopback target, turned off, or nothing listening there."""
+        name = local.client_name(self.host, self.port)
+        if name is None:
+            return None
+        try:
+            return await asyncio.wait_for(asyncio.open_unix_connection(name, limit=2**20),
+                                          self.connect_timeout_s)
+        except (TimeoutError, OSError):
+            return None
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         reason = "connection closed by the server"
