@@ -75,16 +75,26 @@ class RpcClient:
             return writer
 
     async def _open_unix(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        """Streams to the server's same-host Unix socket (``rpc.local``), or ``None``: not a
-        loopback target, turned off, or nothing listening there."""
-        name = local.client_name(self.host, self.port)
-        if name is None:
-            return None
-        try:
-            return await asyncio.wait_for(asyncio.open_unix_connection(name, limit=2**20),
-                                          self.connect_timeout_s)
-        except (TimeoutError, OSError):
-            return None
+        """Streams to the server's same-host Unix socket (``rpc.local``), or ``None`` (then
+        TCP): not a loopback target, turned off, or every connect failed, took over
+        ``connect_timeout_s`` seconds, or left no connection (a full backlog: asyncio's
+        connect reports success on a socket that is not connected)."""
+        for name in local.client_names(self.host, self.port):
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_unix_connection(name, limit=2**20), self.connect_timeout_s)
+            except (TimeoutError, OSError):
+                continue
+            sock = writer.get_extra_info("socket")
+            try:
+                if writer.is_closing() or sock is None:
+                    raise OSError("not connected")
+                sock.getpeername()
+            except OSError:
+                writer.close()
+                continue
+            return reader, writer
+        return None
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         reason = "connection closed by the server"

@@ -111,19 +111,18 @@ class SyncRpcClient:
         return self._sock
 
     def _connect_unix(self) -> socket.socket | None:
-        """A connection to the server's same-host Unix socket (``rpc.local``), or ``None``:
-        not a loopback target, turned off, or nothing listening there."""
-        name = local.client_name(self.host, self.port)
-        if name is None:
-            return None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout_s)
-            sock.connect(name)
-        except OSError:
-            sock.close()
-            return None
-        return sock
+        """A connection to the server's same-host Unix socket (``rpc.local``), or ``None``
+        (then TCP): not a loopback target, turned off, or every connect failed or took
+        over ``timeout_s`` seconds (nothing listening, a full backlog)."""
+        for name in local.client_names(self.host, self.port):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(self.timeout_s)
+                sock.connect(name)
+                return sock
+            except OSError:
+                sock.close()
+        return None
 
     def _set_timeout(self, sock: socket.socket, timeout: float) -> None:
         if timeout != self._sock_timeout:

@@ -96,8 +96,8 @@ class RpcServer:
         self._requested_port = port
         self._methods: dict[str, _Method] = {}
         self._server: asyncio.base_events.Server | None = None
-        self._unix: asyncio.base_events.Server | None = None
-        """The same-host listener (``rpc.local``), when bound."""
+        self._unix: list[asyncio.base_events.Server] = []
+        """The same-host listeners (``rpc.local``)."""
         self._conns: set[Connection] = set()
         self.port: int = port
         self.poll_s = poll_s
@@ -123,42 +123,49 @@ class RpcServer:
 
     async def start(self) -> None:
         """Bind and start accepting connections: on TCP, and — for a loopback or wildcard
-        ``host`` — on the same-host Unix socket named after the port (``rpc.local``;
-        skipped, TCP only, when that name is taken)."""
+        ``host`` — on the same-host Unix sockets named after the port (``rpc.local``).
+        ``OSError`` when the TCP port or a Unix name is taken (nothing stays bound)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._on_connect, self.host,
                                                 self._requested_port)
         self.port = self._server.sockets[0].getsockname()[1]
-        if local.serves_unix(self.host):
-            try:
-                self._unix = await loop.create_unix_server(self._on_connect,
-                                                           local.unix_name(self.port))
-            except OSError as e:
-                logger.info("rpc: port %d serves TCP only (same-host socket: %s)", self.port, e)
+        try:
+            for name in local.server_names(self.host, self.port):
+                self._unix.append(await loop.create_unix_server(self._on_connect, name))
+        except OSError as e:
+            self._close_listeners()
+            raise OSError(e.errno, f"RPC server on port {self.port}: its same-host Unix "
+                          f"socket {name[1:]!r} is taken ({e.strerror})") from e
+
+    def _close_listeners(self) -> None:
+        for srv in (self._server, *self._unix):
+            if srv is not None:
+                srv.close()
 
     async def stop(self) -> None:
         """Stop accepting, close every connection and wait for their loops to end."""
-        if self._server is not None:
-            self._server.close()
-        if self._unix is not None:
-            self._unix.close()
+        self._close_listeners()
         conns = list(self._conns)
         for conn in conns:
             conn.close()
         if conns:   # all at once: one slow connection does not add a second per peer
             await asyncio.wait([c.closed for c in conns], timeout=1.0)  # never cancels them
-        for srv in (self._server, self._unix):
+        for srv in (self._server, *self._unix):
             if srv is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(srv.wait_closed(), 2.0)
-        self._server = self._unix = None
+        self._server, self._unix = None, []
 
     async def serve_forever(self) -> None:
-        """``start()`` if needed, then serve until cancelled."""
+        """``start()`` if needed, then serve until cancelled; the listeners (TCP and Unix)
+        are closed when it ends."""
         if self._server is None:
             await self.start()
         assert self._server is not None
-        await self._server.serve_forever()
+        try:
+            await self._server.serve_forever()
+        finally:
+            self._close_listeners()
 
     # -- work after the answer ---------------------------------------------------------
 

@@ -5,12 +5,14 @@ from pymooncake.bench import store_meta as sm
 from pymooncake.bench import store_procs as sp
 from pymooncake.bench.transfer_refs import tasks_cpu_s
 MiB = 1 << 20
-VARIANTS = {"cur": None, "nopoll": (0.0, None), "flat50": (50e-6, 0.0), "cap100": (50e-6, 100e-6)}
+VARIANTS = {"cur": None, "tcp": "tcp", "nopoll": (0.0, None), "flat50": (50e-6, 0.0), "cap100": (50e-6, 100e-6)}
 
 def vworker(variant, side, addr, md, wid, n, batch, keys, barrier, cmds, q):
     import pymooncake.rpc.client as rc
     v = VARIANTS[variant]
-    if v is not None:
+    if v == "tcp":
+        os.environ["PYMOONCAKE_RPC_UNIX"] = "0"
+    elif v is not None:
         poll, cap = v
         rc.SyncRpcClient.__init__.__defaults__ = (5.0, poll)
         if cap is not None:
@@ -30,12 +32,12 @@ class Group(sm._Clients):
 def main():
     clients, sub, names = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
     keys = [f"meta-key-{i}" for i in range(256)]
-    n = 3000
+    n = int(os.environ.get("N", "3000"))
     with contextlib.ExitStack() as st:
         addr, md = st.enter_context(sm._ours_cluster())
         master = sp._HELPERS[0]
         h = sm._store("ours"); st.callback(h.close)
-        assert h.setup("localhost", md, 256 * MiB, 16 * MiB, "tcp", "", addr) == 0
+        assert h.setup("localhost", md, 512 * MiB, 16 * MiB, "tcp", "", addr) == 0
         for k in keys: assert h.put(k, bytes(1024)) == 0
         groups = []
         for g, v in enumerate(names):
