@@ -243,3 +243,24 @@ def test_the_asyncio_client_falls_back_when_the_unix_connect_leaves_no_connectio
         assert asyncio.run(call()) == (42, socket.AF_INET)
     finally:
         _stop(proc)
+
+
+def test_the_master_cli_names_a_taken_unix_socket() -> None:
+    """``pymooncake master``: exit 1 with one line naming the flag, the port and the taken
+    Unix name (not "address already in use", which would send the user after the TCP
+    port)."""
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    holder.bind(local.unix_name(port))
+    holder.listen()
+    try:
+        r = subprocess.run([sys.executable, "-m", "pymooncake", "master", "--port", str(port)],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        holder.close()
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert (f"--port {port}: cannot listen on 127.0.0.1:{port}: RPC server on port {port}: "
+            f"its same-host Unix socket 'pymooncake-rpc-v4-{port}' is taken") in r.stderr, r.stderr

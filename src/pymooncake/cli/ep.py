@@ -104,6 +104,8 @@ def _ranks(spec: str) -> list[tuple[str, int]]:
 def _bind_error(what: str, host: str, port: int, e: OSError) -> Any:
     from pymooncake.cli.main import CommandError
     why = os.strerror(e.errno).lower() if e.errno else str(e)
+    if "same-host Unix socket" in str(e.strerror):  # rpc.local's taken name: its own words
+        why = e.strerror
     return CommandError(f"{what}: cannot listen on {host}:{port}: {why}")
 
 

@@ -255,8 +255,8 @@ def _binding(flag: str, port: int, host: str):
         yield
     except OSError as e:
         why = e.strerror or str(e)
-        if e.errno == errno.EADDRINUSE:
-            why = "address already in use"
+        if e.errno == errno.EADDRINUSE and "same-host Unix socket" not in why:
+            why = "address already in use"  # rpc.local's taken name keeps its own words
         raise CommandError(f"{flag} {port}: cannot listen on {host}:{port}: {why}") from None
 
 
