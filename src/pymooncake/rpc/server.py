@@ -134,6 +134,7 @@ class RpcServer:
                 self._unix.append(await loop.create_unix_server(self._on_connect, name))
         except OSError as e:
             self._close_listeners()
+            self._server, self._unix = None, []
             raise OSError(e.errno, f"RPC server on port {self.port}: its same-host Unix "
                           f"socket {name[1:]!r} is taken ({e.strerror})") from e
 
