@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 
 import pytest
 
@@ -59,6 +60,22 @@ def _server(host: str, port: int = 0, env: dict[str, str] | None = None
 def _stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     proc.wait(10)
+
+
+@contextlib.contextmanager
+def _name_taken() -> Iterator[int]:
+    """A free TCP port whose v4 Unix name a plain listener holds while the block runs."""
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    holder.bind(local.unix_name(port))
+    holder.listen()
+    try:
+        yield port
+    finally:
+        holder.close()
 
 
 def _listens_unix(port: int, family: str = "v4") -> bool:
@@ -149,14 +166,7 @@ def test_a_server_on_another_address_or_turned_off_serves_tcp_only() -> None:
 def test_a_taken_name_fails_the_start_as_a_taken_port_does() -> None:
     """A server whose Unix name is already bound (here by a plain listener: only a foreign
     process can hold it) does not start, and leaves its TCP port free."""
-    free = socket.socket()
-    free.bind(("127.0.0.1", 0))
-    port = free.getsockname()[1]
-    free.close()
-    holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    holder.bind(local.unix_name(port))
-    holder.listen()
-    try:
+    with _name_taken() as port:
         proc = subprocess.Popen([sys.executable, "-c", SERVER, "127.0.0.1", str(port)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out, err = proc.communicate(timeout=60)
@@ -164,8 +174,6 @@ def test_a_taken_name_fails_the_start_as_a_taken_port_does() -> None:
         assert f"its same-host Unix socket 'pymooncake-rpc-v4-{port}' is taken" in err, err
         with socket.socket() as again:    # the TCP port was given back
             again.bind(("127.0.0.1", port))
-    finally:
-        holder.close()
 
 
 def test_a_v6_server_is_not_reached_by_a_v4_client() -> None:
@@ -249,18 +257,9 @@ def test_the_master_cli_names_a_taken_unix_socket() -> None:
     """``pymooncake master``: exit 1 with one line naming the flag, the port and the taken
     Unix name (not "address already in use", which would send the user after the TCP
     port)."""
-    free = socket.socket()
-    free.bind(("127.0.0.1", 0))
-    port = free.getsockname()[1]
-    free.close()
-    holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    holder.bind(local.unix_name(port))
-    holder.listen()
-    try:
+    with _name_taken() as port:
         r = subprocess.run([sys.executable, "-m", "pymooncake", "master", "--port", str(port)],
                            capture_output=True, text=True, timeout=60)
-    finally:
-        holder.close()
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
     assert (f"--port {port}: cannot listen on 127.0.0.1:{port}: RPC server on port {port}: "
             f"its same-host Unix socket 'pymooncake-rpc-v4-{port}' is taken") in r.stderr, r.stderr

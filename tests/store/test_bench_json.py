@@ -13,14 +13,17 @@ REQUIRED = ("op", "size_bytes", "mode", "throughput_bytes_per_s", "p50_s", "p99_
             "verified", "mooncake_throughput_bytes_per_s")
 
 
-def test_bench_store_json_is_a_list_of_rows():
+def _bench_store(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-m", "pymooncake", "bench", "store", "--size", "4K",
-                        "--size", "64K", "--count", "4", "--mode", "embedded",
-                        "--metadata-ops", "400", "--metadata-clients", "2", "--no-mooncake",
-                        "--rpc-poll", "5e-5", "--json"],
-                       capture_output=True, text=True, timeout=150, env=env, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "pymooncake", "bench", "store", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_bench_store_json_is_a_list_of_rows():
+    r = _bench_store("--size", "4K", "--size", "64K", "--count", "4", "--mode", "embedded",
+                     "--metadata-ops", "400", "--metadata-clients", "2", "--no-mooncake",
+                     "--rpc-poll", "5e-5", "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads(r.stdout)
     assert isinstance(rows, list)
@@ -53,20 +56,10 @@ def test_bench_store_json_is_a_list_of_rows():
 
 
 def test_bench_store_refuses_a_master_poll_out_of_range():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-m", "pymooncake", "bench", "store", "--size", "4K",
-                        "--count", "1", "--no-mooncake", "--rpc-poll", "0.5"],
-                       capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    r = _bench_store("--size", "4K", "--count", "1", "--no-mooncake", "--rpc-poll", "0.5",
+                     timeout=60)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "--rpc-poll 0.5: must be in [0, 0.01] seconds" in r.stderr
-
-
-def _bench_store(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "pymooncake", "bench", "store", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
 def test_bench_store_metadata_only_sweeps_depths_in_order():

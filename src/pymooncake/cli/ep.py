@@ -103,9 +103,11 @@ def _ranks(spec: str) -> list[tuple[str, int]]:
 
 def _bind_error(what: str, host: str, port: int, e: OSError) -> Any:
     from pymooncake.cli.main import CommandError
-    why = os.strerror(e.errno).lower() if e.errno else str(e)
-    if "same-host Unix socket" in str(e.strerror):  # rpc.local's taken name: its own words
+    from pymooncake.rpc.local import UnixNameTaken
+    if isinstance(e, UnixNameTaken):  # the server's own words name the Unix socket
         why = e.strerror
+    else:
+        why = os.strerror(e.errno).lower() if e.errno else str(e)
     return CommandError(f"{what}: cannot listen on {host}:{port}: {why}")
 
 

@@ -250,13 +250,14 @@ def _binding(flag: str, port: int, host: str):
     """Turn a failure to listen on ``host:port`` into a one-line ``CommandError`` that
     names the flag (exit 1), instead of a traceback."""
     from pymooncake.cli.main import CommandError
+    from pymooncake.rpc.local import UnixNameTaken
 
     try:
         yield
     except OSError as e:
         why = e.strerror or str(e)
-        if e.errno == errno.EADDRINUSE and "same-host Unix socket" not in why:
-            why = "address already in use"  # rpc.local's taken name keeps its own words
+        if e.errno == errno.EADDRINUSE and not isinstance(e, UnixNameTaken):
+            why = "address already in use"  # a taken Unix name keeps the server's words
         raise CommandError(f"{flag} {port}: cannot listen on {host}:{port}: {why}") from None
 
 

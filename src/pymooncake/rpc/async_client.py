@@ -87,13 +87,12 @@ class RpcClient:
                 continue
             sock = writer.get_extra_info("socket")
             try:
-                if writer.is_closing() or sock is None:
-                    raise OSError("not connected")
-                sock.getpeername()
+                if sock is not None and not writer.is_closing():
+                    sock.getpeername()  # raises when the connect left no connection
+                    return reader, writer
             except OSError:
-                writer.close()
-                continue
-            return reader, writer
+                pass
+            writer.close()
         return None
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:

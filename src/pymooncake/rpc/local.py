@@ -37,6 +37,12 @@ _SERVER = {"127.0.0.1": (_V4,), "0.0.0.0": (_V4,), "::1": (_V6,), "::": (_V6,),
            "localhost": (_V4, _V6), "": (_V4, _V6)}
 
 
+class UnixNameTaken(OSError):
+    """``RpcServer.start``: the server's same-host Unix name is bound already (``errno``
+    ``EADDRINUSE``; the message names the socket). A subclass so that a caller reporting
+    bind errors keeps these words instead of the generic "address already in use"."""
+
+
 def enabled() -> bool:
     """Linux (abstract names) and not turned off by ``PYMOONCAKE_RPC_UNIX=0``."""
     return sys.platform.startswith("linux") and os.environ.get(ENV, "1") != "0"

@@ -135,8 +135,9 @@ class RpcServer:
         except OSError as e:
             self._close_listeners()
             self._server, self._unix = None, []
-            raise OSError(e.errno, f"RPC server on port {self.port}: its same-host Unix "
-                          f"socket {name[1:]!r} is taken ({e.strerror})") from e
+            raise local.UnixNameTaken(
+                e.errno, f"RPC server on port {self.port}: its same-host Unix socket "
+                f"{name[1:]!r} is taken ({e.strerror})") from e
 
     def _close_listeners(self) -> None:
         for srv in (self._server, *self._unix):
