@@ -34,11 +34,14 @@ def main() -> None:
     ap.add_argument("--drop-after-slices", type=int, default=None)
     ap.add_argument("--delay-per-slice-ms", type=float, default=0.0)
     ap.add_argument("--segment-ttl-s", type=float, default=10.0)
+    ap.add_argument("--transports", default="local,shm,tcp")
     args = ap.parse_args()
 
     engine = TransferEngine(args.name, args.metadata,
                             config=TransferConfig(checksum=True, tcp_port=args.port,
-                                                  segment_ttl_s=args.segment_ttl_s)).start()
+                                                  segment_ttl_s=args.segment_ttl_s,
+                                                  transports=tuple(
+                                                      args.transports.split(",")))).start()
     buf = np.random.default_rng(args.seed).integers(0, 256, args.size, dtype=np.uint8)
     addr = engine.register_memory(buf)
     shm_addr = 0
@@ -47,9 +50,9 @@ def main() -> None:
         np.frombuffer(shm.view(), dtype=np.uint8)[:] = np.random.default_rng(
             args.seed + 1).integers(0, 256, args.shm_size, dtype=np.uint8)
         shm_addr = shm.addr
-    assert engine.server is not None
-    engine.server.fault_drop_after_slices = args.drop_after_slices
-    if args.delay_per_slice_ms:
+    if engine.server is not None:
+        engine.server.fault_drop_after_slices = args.drop_after_slices
+    if args.delay_per_slice_ms and engine.server is not None:
         delay_s = args.delay_per_slice_ms / 1000
         # per 64 KiB served: a run of contiguous slices is one wire request (tcp.runs)
         engine.server.on_slice = lambda op, n: time.sleep(delay_s * max(1, n >> 16))
@@ -63,7 +66,7 @@ def main() -> None:
         if cmd[0] == "digest":
             a, n = int(cmd[1]), int(cmd[2])
             print(hashlib.blake2b(view_at(a, n), digest_size=16).hexdigest(), flush=True)
-        elif cmd[0] == "drop":
+        elif cmd[0] == "drop" and engine.server is not None:
             print(engine.server.drop_connections(), flush=True)
         elif cmd[0] == "unregister":
             engine.unregister_memory(int(cmd[1]))

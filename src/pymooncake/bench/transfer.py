@@ -9,7 +9,9 @@ swings in memory bandwidth, which move within a second, hit all of them alike
 (``transfer_subjects``). The subjects:
 
 * ``pymooncake``: our engine; tcp rounds use ``batch_transfer_sync`` (as Mooncake's bench
-  does), local/shm rounds ``submit`` + ``wait`` (the asynchronous copy thread);
+  does), local/shm/cma rounds ``submit`` + ``wait`` (the asynchronous copy thread). shm's
+  target is a ``/dev/shm`` buffer of the target process, cma's an ordinary numpy array
+  there (``transports/cma.py``);
 * ``memcpy``: numpy copies of the working set in ``size_bytes`` pieces;
 * ``socket``: plain Python sockets from a child process, **as many connections as the
   engine has paths**, each sending its share (``sendall`` of ``min(size, 4 MiB)`` chunks,
@@ -132,9 +134,14 @@ def targets(transport: str, size_bytes: int) -> dict[str, float]:
 
 
 def _serve(metadata_url: str, name: str, total: int, kind: str) -> None:
+    """The target process: ``total`` bytes registered, in ``/dev/shm`` for ``kind`` shm,
+    ordinary memory otherwise (offered over ``cma`` too for ``kind`` cma)."""
+    from pymooncake.transfer.config import TransferConfig
     from pymooncake.transfer.engine import TransferEngine
 
-    eng = TransferEngine(name, metadata_url).start()
+    cfg = TransferConfig(transports=("local", "shm", "cma", "tcp") if kind == "cma"
+                         else ("local", "shm", "tcp"))
+    eng = TransferEngine(name, metadata_url, config=cfg).start()
     if kind == "shm":
         addr = eng.allocate_shared(total).addr
     else:
@@ -211,8 +218,8 @@ def run(transport: str, size_bytes: int, batch: int, paths: int, min_time_s: flo
     ``mooncake_python``: the interpreter that has the Mooncake wheel (default: this one,
     or ``$PYMOONCAKE_MOONCAKE_PYTHON``). Raises ``ValueError`` for bad arguments.
     """
-    if transport not in ("local", "shm", "tcp"):
-        raise ValueError(f"transport must be local, shm or tcp, got {transport!r}")
+    if transport not in ("local", "shm", "cma", "tcp"):
+        raise ValueError(f"transport must be local, shm, cma or tcp, got {transport!r}")
     if size_bytes <= 0 or batch <= 0 or paths <= 0 or repeat <= 0:
         raise ValueError("size, batch, paths and repeat must be positive")
     if size_bytes * batch > MAX_WORKING_SET:

@@ -79,8 +79,9 @@ class Subject:
 
 class Ours(Subject):
     """Our Transfer Engine: ``batch`` writes of ``size_bytes`` into the target (the same
-    engine for ``local``, another process's shared memory for ``shm``, another process over
-    ``paths`` connections for ``tcp``), then ``batch`` reads back into a second buffer. tcp
+    engine for ``local``, another process's shared memory for ``shm``, another process's
+    ordinary memory for ``cma``, another process over ``paths`` connections for ``tcp``),
+    then ``batch`` reads back into a second buffer. tcp
     rounds use ``batch_transfer_sync`` (as Mooncake's bench does), local/shm rounds
     ``submit`` + ``wait`` (the asynchronous copy thread)."""
 
@@ -94,7 +95,8 @@ class Ours(Subject):
         self.bytes_per_round = 2 * total
         self.proc: subprocess.Popen[str] | None = None
         self.server = MetadataHttpServer("127.0.0.1", 0).start()
-        transports = {"local": ("local",), "shm": ("local", "shm"), "tcp": ("local", "tcp")}
+        transports = {"local": ("local",), "shm": ("local", "shm"), "cma": ("local", "cma"),
+                      "tcp": ("local", "tcp")}
         cfg = TransferConfig(num_paths=paths, transports=transports[transport])
         self.eng = eng = TransferEngine(f"bench-initiator-{os.getpid()}", self.server.url,
                                         config=cfg).start()
@@ -110,7 +112,7 @@ class Ours(Subject):
             else:
                 target = f"bench-target-{os.getpid()}"
                 self.proc = spawn_child("--serve", self.server.url, target, str(total),
-                                        "shm" if transport == "shm" else "plain")
+                                        transport if transport in ("shm", "cma") else "plain")
                 self.pids = (self.proc.pid,)
                 taddr = int(refs.readline(self.proc))
             self.writes = [TransferRequest(TransferOp.WRITE, self.src_addr + i * size_bytes,

@@ -94,9 +94,11 @@ def _add_bench(sub: argparse._SubParsersAction, name: str) -> None:
                     "every repeat takes single rounds of them in turn; figures are median "
                     "[quartiles] over the repeats, ratios are "
                     "taken per repeat and judged 'met', 'missed' or 'not distinguishable'.")
-    p.add_argument("--transport", choices=("local", "shm", "tcp"), default="tcp",
+    p.add_argument("--transport", choices=("local", "shm", "cma", "tcp"), default="tcp",
                    help="local: same engine; shm: target in shared memory of another "
-                        "process; tcp: sockets to another process (default)")
+                        "process; cma: target in ordinary memory of another process, one "
+                        "kernel copy (process_vm_writev); tcp: sockets to another process "
+                        "(default)")
     p.add_argument("--size", type=int, default=1 << 20, metavar="BYTES",
                    help="bytes per request (default 1 MiB)")
     p.add_argument("--batch", type=int, default=16, metavar="N",

@@ -28,8 +28,8 @@ from pymooncake.transfer.batch import (
 from pymooncake.transfer.transports.base import Slice
 from pymooncake.transfer.transports.local import CopyJob
 
-_LATENCY = {t: m.latency_seconds.labels(t) for t in ("none", "local", "shm", "tcp")}
-_BYTES_NO_PATH = {t: m.bytes_total.labels(t, "-") for t in ("local", "shm")}
+_LATENCY = {t: m.latency_seconds.labels(t) for t in ("none", "local", "shm", "cma", "tcp")}
+_BYTES_NO_PATH = {t: m.bytes_total.labels(t, "-") for t in ("local", "shm", "cma")}
 
 
 @dataclass(slots=True, eq=False)
@@ -168,9 +168,9 @@ class BatchTable:
         _observe("tcp", tally)
 
     def finish_copies(self, jobs: Sequence[CopyJob], error: str) -> None:
-        """Finish local/shm requests (from the copy thread, or inline): OK, or failed
+        """Finish local/shm/cma requests (from the copy thread, or inline): OK, or failed
         ``INTERNAL`` with ``error``."""
-        tallies: dict[str, dict[float, int]] = {"local": {}, "shm": {}}
+        tallies: dict[str, dict[float, int]] = {"local": {}, "shm": {}, "cma": {}}
         with self.lock:
             for j in jobs:
                 batch = self._batches.get(j.batch_id)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KNOWN_TRANSPORTS = ("local", "shm", "tcp")
+KNOWN_TRANSPORTS = ("local", "shm", "cma", "tcp")
+DEFAULT_TRANSPORTS = ("local", "shm", "tcp")
+"""``cma`` is opt-in: it needs the right to ``process_vm_writev`` into peers (the same user,
+no seccomp filter against it), which containers often withhold."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,9 +16,11 @@ class TransferConfig:
     """Address the TCP data server listens on and publishes in the segment descriptor."""
     tcp_port: int = 0
     """TCP data port; 0 picks a free port."""
-    transports: tuple[str, ...] = KNOWN_TRANSPORTS
-    """Transports this engine may use, best first: local (same engine), shm (same host,
-    target in shared memory), tcp (anything else)."""
+    transports: tuple[str, ...] = DEFAULT_TRANSPORTS
+    """Transports this engine may use and offers its peers: local (same engine), shm (same
+    host, target in shared memory), cma (same host, target in ordinary memory: one kernel
+    copy, ``transports/cma.py``; opt-in), tcp (anything else). The choice is fixed:
+    local, then shm, then cma, then tcp, whatever the order given."""
     num_paths: int = 2
     """TCP connections per peer; each is a path ("NIC") and slices spread over them."""
     min_slice_bytes: int = 64 * 1024

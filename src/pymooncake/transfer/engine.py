@@ -1,4 +1,4 @@
-"""TransferEngine: segments, batch transfers over local/shm/tcp, failover (DESIGN.md §4).
+"""TransferEngine: segments, batch transfers over local/shm/cma/tcp, failover (DESIGN.md §4).
 
 Mooncake FAST'25 §3.2.3 and the open-source Mooncake Transfer Engine: a process registers
 memory (its *segment*), publishes the segment's descriptor to the metadata service, and
@@ -12,7 +12,8 @@ moves bytes between its registered memory and any other segment's with batch tra
 
 The parts: ``publisher.py`` (the descriptor on the metadata service, peer lookups),
 ``routing.py`` (submit-time checks, transport choice, slicing), ``batch_table.py``
-(statuses and waiting), ``transports/local.py`` (the copy thread), ``paths.py`` and
+(statuses and waiting), ``transports/local.py`` (the copy thread; ``cma.py`` for copies
+into a same-host peer's ordinary memory), ``paths.py`` and
 ``transports/tcp.py`` (tcp paths and the wire).
 
 Rules (BUG-36, BUG-37, BUG-38, BUG-64):
@@ -22,8 +23,9 @@ Rules (BUG-36, BUG-37, BUG-38, BUG-64):
   ``NOT_FOUND``; ``length == 0`` completes at once (an OK no-op); an empty request list is
   an OK no-op. The target checks every tcp slice against its own registered ranges again
   and never trusts the peer's address or length.
-* ``submit`` returns before the bytes move: ``local`` and ``shm`` requests go to the
-  engine's copy thread (``memmove`` without the GIL), ``tcp`` requests are cut into slices
+* ``submit`` returns before the bytes move: ``local``, ``shm`` and ``cma`` requests go to
+  the engine's copy thread (``memmove`` or ``process_vm_writev``/``readv`` without the
+  GIL), ``tcp`` requests are cut into slices
   that the peer's paths (one pooled TCP connection each) take from a shared queue, so
   bandwidths add up. ``batch_transfer_sync`` does the work in the calling thread (it
   waits anyway): copies directly, tcp windows on an idle path.
@@ -68,6 +70,7 @@ from pymooncake.transfer.topology import Topology, get_topology
 from pymooncake.transfer.transports import local as local_transport
 from pymooncake.transfer.transports import tcp
 from pymooncake.transfer.transports.base import Slice
+from pymooncake.transfer.transports.cma import CmaAnchor, CmaPeer
 from pymooncake.transfer.transports.local import CopyJob, LocalCopier
 
 
@@ -95,8 +98,10 @@ class TransferEngine(SegmentMemory):
         self._owned_shm: dict[int, SharedBuffer] = {}
         self._publisher = SegmentPublisher(name, self.metadata, self.config, self._descriptor,
                                            self._peer_moved)
+        self._cma_anchor = CmaAnchor() if "cma" in self.config.transports else None
         self._router = Router(name, self.config, self.registry, self._publisher.resolve,
-                              lambda: self.metadata.url)
+                              lambda: self.metadata.url,
+                              lambda segment: self._publisher.peers.pop(segment, None))
         self._paths = TcpPaths(self.config, self.topology, self._batches.finish_slices,
                                lambda name: self._publisher.resolve(name, True))
         self._copier = LocalCopier(name, self._batches.finish_copies)
@@ -164,6 +169,8 @@ class TransferEngine(SegmentMemory):
         if self._closed:
             return
         self._closed = True
+        if self._cma_anchor is not None:
+            self._cma_anchor.bump()  # no peer copies into memory about to be freed
         self._copier.close()
         self._batches.fail_all("engine closed")
         self._paths.close()
@@ -192,7 +199,12 @@ class TransferEngine(SegmentMemory):
             tcp_port=self.tcp_port, transports=self.config.transports,
             buffers=tuple(BufferDesc(r.addr, r.length, r.shm_name)
                           for r in self.registry.regions),
-            version=version)
+            version=version, **self._cma_fields())
+
+    def _cma_fields(self) -> dict[str, int | str]:
+        a = self._cma_anchor
+        return {} if a is None else {"cma_anchor": a.addr, "cma_token": a.token.hex(),
+                                     "cma_generation": a.generation}
 
     def _peer_moved(self, name: str, host: str, port: int) -> None:
         self._paths.update_address(name, host, port)
@@ -287,20 +299,19 @@ class TransferEngine(SegmentMemory):
                     reqs.append(self._router.own(slices, state))
                     work = tcp_work.get(req.target_segment)
                     if work is None:
-                        assert desc is not None
+                        assert isinstance(desc, SegmentDescriptor)
                         work = tcp_work[req.target_segment] = (desc, [])
                     work[1].extend(slices)
                 else:
                     reqs.append(RequestState(PENDING, transport, 0, req.length, now))
                     copies.append(CopyJob(req.op, req.local_addr, target_addr, req.length,
-                                          batch_id, idx, transport))
+                                          batch_id, idx, transport,
+                                          desc if isinstance(desc, CmaPeer) else None))
             if batch.num_pending == 0:
                 table.wake_locked(batch)
         if copies:
             if inline:
-                for j in copies:
-                    local_transport.copy(j.op, j.local_addr, j.target_addr, j.length)
-                self._batches.finish_copies(copies, "")
+                local_transport.run_copies(copies, self._batches.finish_copies)
             else:
                 self._copier.submit(copies, self.config.inline_copy_max_bytes)
         for desc, slices in tcp_work.values():

@@ -9,6 +9,7 @@ from pymooncake.transfer.memory import (
     SharedBuffer,
     buffer_address,
 )
+from pymooncake.transfer.transports.cma import CmaAnchor
 
 
 class SegmentMemory:
@@ -17,6 +18,7 @@ class SegmentMemory:
 
     registry: MemoryRegistry
     _owned_shm: dict[int, SharedBuffer]
+    _cma_anchor: CmaAnchor | None
 
     def _publish(self) -> None:
         raise NotImplementedError
@@ -25,7 +27,8 @@ class SegmentMemory:
         """Register a contiguous buffer; returns its base address.
 
         Accepts bytearray, mmap, numpy arrays, torch CPU tensors and :class:`SharedBuffer`
-        (the only kind same-host peers reach with ``shm``; others go over ``tcp``). The
+        (the only kind same-host peers reach with ``shm``; others go over ``cma`` where
+        both offer it, else ``tcp``). The
         buffer must stay alive until :meth:`unregister_memory`. Raises ``ValueError`` for a
         non-contiguous, empty, overlapping or CUDA buffer, ``TypeError`` for a non-buffer.
         """
@@ -57,10 +60,13 @@ class SegmentMemory:
     def unregister_memory(self, addr_or_buffer: int | object) -> None:
         """Withdraw a registered range (by base address or the registered object).
 
-        Raises ``KeyError`` when nothing is registered there.
+        Raises ``KeyError`` when nothing is registered there. ``cma`` peers holding an
+        older descriptor fail their copies from now on (``transports.cma``).
         """
         addr = (addr_or_buffer if isinstance(addr_or_buffer, int)
                 else buffer_address(addr_or_buffer)[0])
+        if self._cma_anchor is not None and self.registry.find(addr, 1) is not None:
+            self._cma_anchor.bump()
         self.registry.remove(addr)
         self._publish()
         shm = self._owned_shm.pop(addr, None)

@@ -12,6 +12,7 @@ from pymooncake.transfer.batch_table import completed, observe_latency
 from pymooncake.transfer.config import TransferConfig
 from pymooncake.transfer.paths import TcpPaths
 from pymooncake.transfer.routing import Route, Router
+from pymooncake.transfer.segment import SegmentDescriptor
 from pymooncake.transfer.transports.base import Slice
 
 
@@ -27,7 +28,7 @@ def sync_one(router: Router, paths: TcpPaths, config: TransferConfig, req: Trans
         return [verdict], None
     t0 = time.monotonic()
     _, _, desc, local = verdict
-    assert desc is not None
+    assert isinstance(desc, SegmentDescriptor)
     (s,) = router.slices(BatchId(0), 0, req, local)
     out = paths.run_one(desc, s)
     if out is None:

@@ -2,7 +2,9 @@
 
 :meth:`Router.route` answers, before any I/O, either a final status (refused, or an OK
 no-op for ``length == 0``) or the transport that moves the request: ``local`` (the target
-is this engine), ``shm`` (a same-host peer's shared-memory buffer, mapped here) or ``tcp``.
+is this engine), ``shm`` (a same-host peer's shared-memory buffer, mapped here), ``cma`` (a
+same-host peer's other memory, when both offer it and the peer's anchor reads back:
+``transports/cma.py``) or ``tcp``.
 Both ranges are checked against registered memory: ours in the registry, the target's in
 its published descriptor (re-read once when the cached one does not cover the range).
 """
@@ -25,12 +27,13 @@ from pymooncake.transfer.config import TransferConfig
 from pymooncake.transfer.memory import MemoryRegion, MemoryRegistry, PeerMapping
 from pymooncake.transfer.segment import BufferDesc, SegmentDescriptor, local_host_id
 from pymooncake.transfer.transports.base import Slice
+from pymooncake.transfer.transports.cma import CmaPeer, CmaPeers
 
 logger = init_logger(__name__)
 
-Route = tuple[str, int, SegmentDescriptor | None, MemoryRegion]
-"""``(transport, target address in this process or the peer's, target descriptor, the
-registered local region)``."""
+Route = tuple[str, int, SegmentDescriptor | CmaPeer | None, MemoryRegion]
+"""``(transport, target address in this process or the peer's, the target's descriptor
+(tcp, shm) or its :class:`CmaPeer` (cma), the registered local region)``."""
 
 _NOOP = TransferStatus.completed(0)
 _S = TypeVar("_S")
@@ -41,7 +44,8 @@ class Router:
 
     def __init__(self, name: str, config: TransferConfig, registry: MemoryRegistry,
                  resolve: Callable[[str, bool], SegmentDescriptor | None],
-                 metadata_url: Callable[[], str]) -> None:
+                 metadata_url: Callable[[], str],
+                 stale: Callable[[str], None] = lambda segment: None) -> None:
         self.name = name
         self.config = config
         self.registry = registry
@@ -50,6 +54,8 @@ class Router:
         self._lock = threading.Lock()
         self.mappings: dict[str, PeerMapping] = {}
         self._host_id = local_host_id()
+        self.cma = CmaPeers(stale)
+        """Peers reached by ``cma`` (``stale(segment)`` drops a cached descriptor)."""
 
     def route(self, req: TransferRequest) -> TransferStatus | Route:
         if req.length < 0:
@@ -89,6 +95,12 @@ class Router:
                 return ("shm", mapping.addr + (req.target_addr - buf.addr), desc, local)
             except OSError as e:
                 logger.info("shm mapping of %s failed (%r); using tcp", buf.shm_name, e)
+        if (desc.cma_anchor and "cma" in cfg.transports and "cma" in desc.transports
+                and desc.host_id == self._host_id):
+            peer = self.cma.peer(desc.name, desc.pid, desc.cma_anchor, desc.cma_token,
+                                 desc.cma_generation)
+            if peer is not None:
+                return ("cma", req.target_addr, peer, local)
         if "tcp" in cfg.transports and "tcp" in desc.transports and desc.tcp_port:
             return ("tcp", req.target_addr, desc, local)
         return TransferStatus.failed(

@@ -6,7 +6,9 @@ Key: ``pymooncake/segments/<segment name>``; value: JSON (as Mooncake's
     {"name": "prefill-0", "host": "127.0.0.1", "host_id": "<boot id>/<hostname>",
      "pid": 1234, "tcp_port": 41000, "transports": ["local", "shm", "tcp"],
      "buffers": [{"addr": 140..., "length": 1048576, "shm_name": "pymooncake-..."}],
-     "version": 3}
+     "version": 3, "cma": {"anchor": 140..., "token": "<32 hex>", "generation": 0}}
+
+``cma`` is there only when the owner offers the ``cma`` transport (``transports.cma``).
 
 ``version`` increases with every (un)registration, so a reader can tell a stale copy.
 """
@@ -56,6 +58,12 @@ class SegmentDescriptor:
     transports: tuple[str, ...]
     buffers: tuple[BufferDesc, ...]
     version: int = 0
+    cma_anchor: int = 0
+    """Address of the owner's ``cma`` anchor (0: ``cma`` not offered; ``transports.cma``)."""
+    cma_token: str = ""
+    """The anchor's 16 random bytes, hex."""
+    cma_generation: int = 0
+    """The anchor's generation when this descriptor was published."""
 
     def find(self, addr: int, length: int) -> BufferDesc | None:
         """The registered buffer holding all of ``[addr, addr+length)``, else ``None``."""
@@ -71,6 +79,8 @@ class SegmentDescriptor:
             "buffers": [{"addr": b.addr, "length": b.length, "shm_name": b.shm_name}
                         for b in self.buffers],
             "version": self.version,
+            **({"cma": {"anchor": self.cma_anchor, "token": self.cma_token,
+                        "generation": self.cma_generation}} if self.cma_anchor else {}),
         }).encode()
 
     @classmethod
@@ -84,6 +94,17 @@ class SegmentDescriptor:
                 transports=tuple(d["transports"]),
                 buffers=tuple(BufferDesc(int(b["addr"]), int(b["length"]), b.get("shm_name"))
                               for b in d["buffers"]),
-                version=int(d.get("version", 0)))
-        except (KeyError, TypeError, json.JSONDecodeError) as e:
+                version=int(d.get("version", 0)),
+                **_cma_fields(d.get("cma")))
+        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
             raise ValueError(f"malformed segment descriptor: {e}") from e
+
+
+def _cma_fields(c: object) -> dict[str, object]:
+    """The descriptor's ``cma`` entry as fields (none when absent)."""
+    if c is None:
+        return {}
+    if not isinstance(c, dict):
+        raise TypeError(f"'cma' must be an object, got {type(c).__name__}")
+    return {"cma_anchor": int(c["anchor"]), "cma_token": str(c["token"]),
+            "cma_generation": int(c["generation"])}

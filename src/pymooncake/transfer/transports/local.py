@@ -1,8 +1,10 @@
-"""``local`` and ``shm`` transports: one memcpy between two mapped ranges.
+"""``local``, ``shm`` and ``cma`` transports: one copy between two ranges on this host.
 
 ``local`` copies between ranges of the same engine; ``shm`` between this process's
 registered range and a same-host peer's shared-memory range mapped here
-(:class:`~pymooncake.transfer.memory.PeerMapping`). ``ctypes.memmove`` releases the GIL.
+(:class:`~pymooncake.transfer.memory.PeerMapping`); ``cma`` into or out of a same-host
+peer's ordinary memory with one kernel copy (:mod:`.cma`). ``ctypes.memmove`` and the
+``process_vm_*`` calls release the GIL.
 
 :class:`LocalCopier` makes these copies asynchronous: ``submit`` hands them to the
 engine's copy thread and returns at once, so the caller's thread (an engine computing the
@@ -23,6 +25,8 @@ from dataclasses import dataclass
 
 from pymooncake.obs.logging import init_logger
 from pymooncake.transfer.batch import TransferOp
+from pymooncake.transfer.transports import cma
+from pymooncake.transfer.transports.cma import CmaPeer
 
 logger = init_logger(__name__)
 
@@ -39,7 +43,8 @@ def copy(op: TransferOp, local_addr: int, target_addr: int, length: int) -> None
 
 @dataclass(slots=True, frozen=True)
 class CopyJob:
-    """One request's copy; ``batch_id``/``index`` say whom to report it to."""
+    """One request's copy; ``batch_id``/``index`` say whom to report it to. ``peer`` is
+    set for ``cma`` (``target_addr`` is then in the peer's address space)."""
 
     op: TransferOp
     local_addr: int
@@ -48,6 +53,38 @@ class CopyJob:
     batch_id: int
     index: int
     transport: str
+    peer: CmaPeer | None = None
+
+
+def run_copies(jobs: Sequence[CopyJob], done: Done) -> None:
+    """Copy ``jobs`` in order and report each through ``done``: ``""`` or its failure's
+    reason (never an exception). A ``cma`` peer's anchor is checked once per run of jobs
+    to it (:meth:`CmaPeer.check`); a failed check fails those jobs uncopied."""
+    ok: list[CopyJob] = []
+    failed: dict[str, list[CopyJob]] = {}
+    checked: dict[int, str] = {}
+    for j in jobs:
+        reason = ""
+        try:
+            if j.peer is None:
+                copy(j.op, j.local_addr, j.target_addr, j.length)
+            else:
+                if id(j.peer) not in checked:
+                    checked[id(j.peer)] = j.peer.check()
+                reason = checked[id(j.peer)]
+                if not reason:
+                    cma.copy(j.peer.pid, j.op, j.local_addr, j.target_addr, j.length)
+        except Exception as e:  # noqa: BLE001 - a status, never a dead copy thread
+            reason = f"{j.transport} copy failed: {e}"
+            logger.error("%s", reason)
+        if reason:
+            failed.setdefault(reason, []).append(j)
+        else:
+            ok.append(j)
+    if ok:
+        done(ok, "")
+    for reason, group in failed.items():
+        done(group, reason)
 
 
 Done = Callable[[Sequence[CopyJob], str], None]
@@ -135,13 +172,4 @@ class LocalCopier:
                 return
 
     def _run(self, jobs: list[CopyJob]) -> None:
-        """Copy ``jobs`` in order and report them; a failure is their status, never an
-        exception (the copy thread lives on)."""
-        try:
-            for j in jobs:
-                copy(j.op, j.local_addr, j.target_addr, j.length)
-        except Exception as e:  # noqa: BLE001 - report, keep the thread alive
-            logger.error("local copy failed: %r", e)
-            self._done(jobs, f"local copy failed: {e!r}")
-            return
-        self._done(jobs, "")
+        run_copies(jobs, self._done)
