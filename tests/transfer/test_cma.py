@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import os
 import time
 
@@ -70,7 +71,7 @@ def test_cma_write_and_read_are_byte_exact(user: TransferEngine, spawn_peer) -> 
     # a read of the whole buffer in uneven requests, through the copy thread
     cuts = [0, 1, 4096 + 7, 3 * MiB + 5, 8 * MiB]
     reqs = [TransferRequest(TransferOp.READ, addr + a, peer.name, peer.addr + a, b - a)
-            for a, b in zip(cuts, cuts[1:])]
+            for a, b in itertools.pairwise(cuts)]
     bid = user.allocate_batch(len(reqs))
     assert user.submit(bid, reqs) == 0
     assert all(s.state is TransferState.COMPLETED for s in user.wait(bid, timeout_s=30))
