@@ -5,6 +5,7 @@ Then answers one line per command:
   digest ADDR LEN      blake2b-128 hex of the bytes at ADDR (the test checks it itself)
   drop                 close the server side of every accepted data connection
   unregister ADDR      withdraw a registered range (the memory stays allocated)
+  close                close the engine (the process and its memory stay)
   exit
 """
 
@@ -68,6 +69,9 @@ def main() -> None:
             print(hashlib.blake2b(view_at(a, n), digest_size=16).hexdigest(), flush=True)
         elif cmd[0] == "drop" and engine.server is not None:
             print(engine.server.drop_connections(), flush=True)
+        elif cmd[0] == "close":
+            engine.close()
+            print("ok", flush=True)
         elif cmd[0] == "unregister":
             engine.unregister_memory(int(cmd[1]))
             print("ok", flush=True)

@@ -3,13 +3,17 @@
 Real peer processes (tests/transfer/peer.py) that offer only ``local`` and ``cma``, so a
 request that did not go over ``cma`` fails; expected bytes are regenerated here from the
 peer's seed or compared by the BLAKE2b digest the peer computes. The guards of
-``transports/cma.py`` (anchor token, generation) are checked across processes and, for
-the cases a live peer cannot be made to show, on this process's own anchor.
+``transports/cma.py`` — the anchor's token and name digest, and the owner's own table of
+registered ranges — are checked across processes, against descriptors forged in the
+metadata service, and (for a reused pid, which a test cannot arrange) on this process's
+own anchor.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
+import dataclasses
 import hashlib
 import itertools
 import os
@@ -18,6 +22,7 @@ import time
 import numpy as np
 import pytest
 
+from pymooncake.metadata import open_metadata
 from pymooncake.obs.metrics import REGISTRY
 from pymooncake.transfer import (
     StatusCode,
@@ -27,7 +32,7 @@ from pymooncake.transfer import (
     TransferRequest,
     TransferState,
 )
-from pymooncake.transfer.segment import BufferDesc, SegmentDescriptor
+from pymooncake.transfer.segment import BufferDesc, SegmentDescriptor, segment_key
 from pymooncake.transfer.transports import cma
 from pymooncake.transfer.transports.local import CopyJob, run_copies
 
@@ -42,13 +47,32 @@ def digest(data: np.ndarray | bytes) -> str:
     return hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).hexdigest()
 
 
-def cma_bytes() -> float:
+def transport_bytes(transport: str) -> float:
     total = 0.0
     for fam in REGISTRY.collect():
         for s in fam.samples:
-            if s.name == "pymooncake_transfer_bytes_total" and s.labels.get("transport") == "cma":
+            if (s.name == "pymooncake_transfer_bytes_total"
+                    and s.labels.get("transport") == transport):
                 total += s.value
     return total
+
+
+def publish_raw(url: str, name: str, desc: SegmentDescriptor) -> None:
+    """Write a descriptor into the metadata service as anyone with access could."""
+    async def go() -> None:
+        md = open_metadata(url)
+        try:
+            await md.put(segment_key(name), desc.encode())
+        finally:
+            await md.close()
+    asyncio.run(go())
+
+
+def copies(jobs: list[CopyJob]) -> list[tuple[list[int], str]]:
+    """``run_copies`` outcome: one ``(indices, reason)`` per ``done`` call."""
+    out: list[tuple[list[int], str]] = []
+    run_copies(jobs, lambda js, reason: out.append(([j.index for j in js], reason)))
+    return out
 
 
 @pytest.fixture
@@ -61,12 +85,21 @@ def user(metadata_url: str):  # noqa: ANN201
         eng.close()
 
 
+def held_peer(eng: TransferEngine, name: str) -> cma.CmaPeer:
+    """The peer as ``eng`` routes to it now, kept past later changes on the peer's side."""
+    desc = eng._resolve(name)
+    assert desc is not None and desc.cma_anchor
+    peer = eng._router.cma.peer(desc.name, desc.pid, desc.cma_anchor, desc.cma_token)
+    assert isinstance(peer, cma.CmaPeer), peer
+    return peer
+
+
 def test_cma_write_and_read_are_byte_exact(user: TransferEngine, spawn_peer) -> None:  # noqa: ANN001
     peer = spawn_peer("cma-peer", size=8 * MiB, seed=5, transports=CMA_ONLY)
     want = peer.initial_bytes()
     local = np.zeros(8 * MiB, dtype=np.uint8)
     addr = user.register_memory(local)
-    before = cma_bytes()
+    before = transport_bytes("cma")
 
     # a read of the whole buffer in uneven requests, through the copy thread
     cuts = [0, 1, 4096 + 7, 3 * MiB + 5, 8 * MiB]
@@ -85,83 +118,145 @@ def test_cma_write_and_read_are_byte_exact(user: TransferEngine, spawn_peer) -> 
     assert st.state is TransferState.COMPLETED, st
     assert peer.digest(peer.addr + 333, 3 * MiB) == digest(src)
     assert peer.digest(peer.addr, 333) == digest(want[:333])  # nothing before it touched
-    assert cma_bytes() - before == 8 * MiB + 3 * MiB
+    assert transport_bytes("cma") - before == 8 * MiB + 3 * MiB
 
 
-def test_a_peer_without_cma_is_reached_over_tcp(metadata_url: str, spawn_peer) -> None:  # noqa: ANN001
-    peer = spawn_peer("no-cma-peer", size=MiB, seed=6)  # local,shm,tcp: no anchor
-    with TransferEngine("cma-tcp-user", metadata_url,
-                        config=TransferConfig(transports=("local", "cma", "tcp"))) as eng:
-        local = np.zeros(MiB, dtype=np.uint8)
-        addr = eng.register_memory(local)
-        before = cma_bytes()
-        st = eng.transfer_sync(TransferOp.READ, addr, peer.name, peer.addr, MiB)
-        assert st.state is TransferState.COMPLETED, st
-        assert np.array_equal(local, peer.initial_bytes())
-        assert cma_bytes() == before
+def test_cma_is_used_only_where_both_ends_offer_it(metadata_url: str, spawn_peer) -> None:  # noqa: ANN001
+    plain = spawn_peer("no-cma-peer", size=MiB, seed=6)  # local,shm,tcp: no anchor
+    offers = spawn_peer("cma-tcp-peer", size=MiB, seed=11, transports="local,cma,tcp")
+    for ours, target, via in ((("local", "cma", "tcp"), plain, "tcp"),
+                              (("local", "tcp"), offers, "tcp"),
+                              (("local", "cma", "tcp"), offers, "cma")):
+        with TransferEngine(f"cma-optin-{time.monotonic_ns()}", metadata_url,
+                            config=TransferConfig(transports=ours)) as eng:
+            local = np.zeros(MiB, dtype=np.uint8)
+            addr = eng.register_memory(local)
+            before = {t: transport_bytes(t) for t in ("cma", "tcp")}
+            st = eng.transfer_sync(TransferOp.READ, addr, target.name, target.addr, MiB)
+            assert st.state is TransferState.COMPLETED, (ours, target.name, st)
+            assert np.array_equal(local, target.initial_bytes())
+            moved = {t: transport_bytes(t) - before[t] for t in ("cma", "tcp")}
+            assert moved == {via: MiB, ("tcp" if via == "cma" else "cma"): 0}, (ours, moved)
 
 
-def test_memory_withdrawn_after_the_descriptor_was_read_is_never_written(
+def test_withdrawn_memory_is_never_copied_whatever_the_descriptor(
         user: TransferEngine, spawn_peer) -> None:  # noqa: ANN001
     peer = spawn_peer("cma-unreg", size=2 * MiB, seed=7, transports=CMA_ONLY)
     local = np.random.default_rng(10).integers(0, 256, MiB, dtype=np.uint8)
+    first = local.copy()
     addr = user.register_memory(local)
     st = user.transfer_sync(TransferOp.WRITE, addr, peer.name, peer.addr, MiB)
     assert st.state is TransferState.COMPLETED, st
-    # the peer as routed with the descriptor read before the withdrawal
-    desc = user._resolve(peer.name)
-    assert desc is not None and desc.cma_anchor
-    held = user._router.cma.peer(desc.name, desc.pid, desc.cma_anchor, desc.cma_token,
-                                 desc.cma_generation)
-    assert held is not None and held.pid == peer.pid
+    held = held_peer(user, peer.name)  # routed with the descriptor read before
 
     assert peer.ask(f"unregister {peer.addr}") == "ok"  # the memory stays allocated there
     local[:] = 0xAB
-    outcome: list[tuple[int, str]] = []
-    run_copies([CopyJob(TransferOp.WRITE, addr, peer.addr, MiB, 0, 0, "cma", held)],
-               lambda jobs, reason: outcome.extend((j.index, reason) for j in jobs))
-    assert len(outcome) == 1 and "withdrew memory" in outcome[0][1], outcome
-    # and through the engine: refused, stale descriptor or not
+    out = copies([CopyJob(TransferOp.WRITE, addr, peer.addr, MiB, 0, 0, "cma", held),
+                  CopyJob(TransferOp.READ, addr, peer.addr + MiB, 4096, 0, 1, "cma", held)])
+    assert [i for i, _ in out] == [[0], [1]], out  # each its own reason (its range)
+    assert all("outside every range segment 'cma-unreg' has registered" in r for _, r in out)
     st = user.transfer_sync(TransferOp.WRITE, addr, peer.name, peer.addr, MiB)
-    assert st.state is TransferState.FAILED, st
-    first = np.random.default_rng(10).integers(0, 256, MiB, dtype=np.uint8)
+    assert st.state is TransferState.FAILED, st  # through the engine too
     assert peer.digest(peer.addr, MiB) == digest(first)  # still the first write's bytes
+    assert not (local != 0xAB).any()  # and nothing read from it
 
 
-def test_a_killed_peer_fails_the_request_at_once(user: TransferEngine, spawn_peer) -> None:  # noqa: ANN001
+def test_a_closed_engine_is_not_copied_to(user: TransferEngine, spawn_peer) -> None:  # noqa: ANN001
+    peer = spawn_peer("cma-closed", size=MiB, seed=12, transports=CMA_ONLY)
+    local = np.full(MiB, 0x11, dtype=np.uint8)
+    addr = user.register_memory(local)
+    held = held_peer(user, peer.name)
+    assert copies([CopyJob(TransferOp.WRITE, addr, peer.addr, 4096, 0, 0, "cma", held)]) \
+        == [([0], "")]
+    assert peer.ask("close") == "ok"  # its process and buffer stay
+    out = copies([CopyJob(TransferOp.WRITE, addr, peer.addr + 4096, 4096, 0, 0, "cma", held)])
+    assert "outside every range" in out[0][1], out
+    assert peer.digest(peer.addr + 4096, 4096) == digest(peer.initial_bytes()[4096:8192])
+
+
+def test_forged_descriptors_reach_no_unregistered_memory(user: TransferEngine, spawn_peer,  # noqa: ANN001
+                                                         metadata_url: str) -> None:
+    victim = spawn_peer("cma-victim", size=MiB, seed=13, transports=CMA_ONLY)
+    real = user._resolve(victim.name)
+    assert real is not None
+    wide = (BufferDesc(victim.addr, 64 * MiB),)  # far past what the victim registered
+    local = np.full(4096, 0x5A, dtype=np.uint8)
+    addr = user.register_memory(local)
+    beyond = victim.addr + 2 * MiB
+
+    # 1. the victim's own name rewritten with a wider buffer: its table still decides
+    publish_raw(metadata_url, victim.name, dataclasses.replace(real, buffers=wide))
+    st = user._resolve(victim.name, True)
+    assert st is not None and st.buffers == wide
+    st = user.transfer_sync(TransferOp.WRITE, addr, victim.name, beyond, 4096)
+    assert st.state is TransferState.FAILED and "outside every range" in st.reason, st
+
+    # 2. another name pointing at the victim's pid and anchor: the name digest differs
+    publish_raw(metadata_url, "cma-evil", dataclasses.replace(real, name="cma-evil",
+                                                              buffers=wide))
+    st = user.transfer_sync(TransferOp.WRITE, addr, "cma-evil", victim.addr, 4096)
+    assert st.state is TransferState.FAILED and st.code is StatusCode.INVALID_ARGUMENT, st
+    assert "cma refused" in st.reason and "does not hold its anchor" in st.reason, st
+
+    # 3. another host, or no cma in its transports: not tried at all
+    for i, forged in enumerate((dataclasses.replace(real, host_id="elsewhere"),
+                                dataclasses.replace(real, transports=("local",)))):
+        publish_raw(metadata_url, f"cma-forged-{i}", dataclasses.replace(forged,
+                                                                         name=f"cma-forged-{i}"))
+        st = user.transfer_sync(TransferOp.WRITE, addr, f"cma-forged-{i}", victim.addr, 4096)
+        assert st.state is TransferState.FAILED and "no common transport" in st.reason, st
+        assert "cma refused" not in st.reason, st
+    assert victim.digest(victim.addr, MiB) == digest(victim.initial_bytes())
+
+
+def test_a_killed_peer_fails_the_rest_of_the_hand_off_at_once(user: TransferEngine,  # noqa: ANN001
+                                                              spawn_peer) -> None:
     peer = spawn_peer("cma-dead", size=MiB, seed=8, transports=CMA_ONLY)
     local = np.zeros(MiB, dtype=np.uint8)
     addr = user.register_memory(local)
     st = user.transfer_sync(TransferOp.READ, addr, peer.name, peer.addr, MiB)
     assert st.state is TransferState.COMPLETED, st
+    held = held_peer(user, peer.name)
     peer.kill()
+    out = copies([CopyJob(TransferOp.WRITE, addr + i * 4096, peer.addr + i * 4096, 4096, 0, i,
+                          "cma", held) for i in range(6)])
+    assert len(out) == 1 and out[0][0] == list(range(6)), out  # one reason, one report
+    assert "No such process" in out[0][1], out
     t0 = time.monotonic()
     bid = user.allocate_batch(1)
     user.submit(bid, [TransferRequest(TransferOp.WRITE, addr, peer.name, peer.addr, MiB)])
     (st,) = user.wait(bid, timeout_s=10)
     assert st.state is TransferState.FAILED and st.code is StatusCode.INTERNAL, st
-    assert "No such process" in st.reason or "no longer" in st.reason, st.reason
+    assert "No such process" in st.reason, st.reason
     assert time.monotonic() - t0 < 5
 
 
 # ------------------------------------------------------------- this process's own anchor
-def test_anchor_token_and_generation_guard_a_peer() -> None:
-    anchor = cma.CmaAnchor()
+def test_anchor_token_name_and_table_guard_a_peer() -> None:
+    buf = np.zeros(8192, dtype=np.uint8)
+    base = buf.ctypes.data
+    anchor = cma.CmaAnchor("me")
+    anchor.publish(lambda: [(base, 8192)])
     stale: list[str] = []
     peers = cma.CmaPeers(stale.append)
     pid = os.getpid()
-    assert peers.peer("me", pid, anchor.addr, os.urandom(16).hex(), 0) is None  # wrong token
-    assert peers.peer("me", pid, anchor.addr, "not hex", 0) is None
-    me = peers.peer("me", pid, anchor.addr, anchor.token.hex(), 0)
-    assert me is not None and me.check() == "" and stale == []
+    wrong = peers.peer("me", pid, anchor.addr, os.urandom(16).hex())
+    assert isinstance(wrong, str) and "does not hold its anchor" in wrong
+    assert isinstance(peers.peer("you", pid, anchor.addr, anchor.token.hex()), str)
+    me = peers.peer("me", pid, anchor.addr, anchor.token.hex())
+    assert isinstance(me, cma.CmaPeer)
+    assert me.refresh() == "" and me.covers(base, 8192) and me.covers(base + 100, 10)
+    assert not me.covers(base + 1, 8192) and not me.covers(base - 1, 2)
 
-    anchor.bump()  # a range withdrawn since the descriptor was read
-    reason = me.check()
-    assert "generation 0 -> 1" in reason and stale == ["me"]
-    # probing with the old generation: not used, and the descriptor is dropped again
-    assert cma.CmaPeers(stale.append).peer("me", pid, anchor.addr, anchor.token.hex(), 0) is None
-    assert stale == ["me", "me"]
-    assert cma.CmaPeers(stale.append).peer("me", pid, anchor.addr, anchor.token.hex(), 1)
+    anchor.publish(lambda: [(base, 4096)])  # a range withdrawn: the next read sees it
+    assert me.refresh() == "" and me.covers(base, 4096) and not me.covers(base + 4096, 1)
+    anchor.publish(tuple)  # closed
+    assert me.refresh() == "" and not me.covers(base, 1)
+
+    # the pid now another process (reused): its anchor address holds other bytes
+    ctypes.memmove(anchor.addr, os.urandom(16), 16)
+    reason = me.refresh()
+    assert "no longer holds its anchor" in reason and stale == ["me"]
 
 
 def test_copy_reports_the_errno() -> None:
@@ -174,16 +269,26 @@ def test_copy_reports_the_errno() -> None:
     assert buf.raw == b"x" * 64
 
 
-def test_descriptor_carries_the_anchor() -> None:
+def test_descriptor_carries_the_anchor_and_refuses_a_bad_one() -> None:
     d = SegmentDescriptor("s", "127.0.0.1", "h", 12, 0, ("local", "cma"),
-                          (BufferDesc(4096, 10),), 3, 0x7f00, "ab" * 16, 2)
-    back = SegmentDescriptor.decode(d.encode())
-    assert back == d
+                          (BufferDesc(4096, 10),), 3, 0x7f00, "ab" * 16)
+    assert SegmentDescriptor.decode(d.encode()) == d
     plain = SegmentDescriptor("s", "127.0.0.1", "h", 12, 0, ("local",), (), 1)
     assert b'"cma"' not in plain.encode() and SegmentDescriptor.decode(plain.encode()) == plain
-    bad = plain.encode().replace(b'"version": 1', b'"version": 1, "cma": {"anchor": "x"}')
-    with pytest.raises(ValueError, match="malformed segment descriptor"):
-        SegmentDescriptor.decode(bad)
-    with pytest.raises(ValueError, match="malformed segment descriptor"):
-        SegmentDescriptor.decode(plain.encode().replace(b'"version": 1',
-                                                        b'"version": 1, "cma": [1]'))
+    good = '{"anchor": 4096, "token": "' + "ab" * 16 + '"}'
+    for cma_json, pid, says in (
+            ("[1]", 12, "'cma' must be"),
+            ('{"anchor": 4096}', 12, "'cma' must be"),
+            ('{"anchor": true, "token": "' + "ab" * 16 + '"}', 12, "'cma.anchor'"),
+            ('{"anchor": -5, "token": "' + "ab" * 16 + '"}', 12, "'cma.anchor'"),
+            ('{"anchor": 4096.0, "token": "' + "ab" * 16 + '"}', 12, "'cma.anchor'"),
+            ('{"anchor": 4096, "token": 7}', 12, "'cma.token'"),
+            ('{"anchor": 4096, "token": "abcd"}', 12, "'cma.token'"),
+            ('{"anchor": 4096, "token": "' + "zz" * 16 + '"}', 12, "'cma.token'"),
+            (good, 2**40 + 12, "'pid'"),
+            (good, 0, "'pid'")):
+        raw = plain.encode().replace(b'"pid": 12', f'"pid": {pid}'.encode()).replace(
+            b'"version": 1', b'"version": 1, "cma": ' + cma_json.encode())
+        with pytest.raises(ValueError, match="malformed segment descriptor") as e:
+            SegmentDescriptor.decode(raw)
+        assert says in str(e.value), (cma_json, str(e.value))

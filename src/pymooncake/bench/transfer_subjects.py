@@ -81,9 +81,9 @@ class Ours(Subject):
     """Our Transfer Engine: ``batch`` writes of ``size_bytes`` into the target (the same
     engine for ``local``, another process's shared memory for ``shm``, another process's
     ordinary memory for ``cma``, another process over ``paths`` connections for ``tcp``),
-    then ``batch`` reads back into a second buffer. tcp
-    rounds use ``batch_transfer_sync`` (as Mooncake's bench does), local/shm rounds
-    ``submit`` + ``wait`` (the asynchronous copy thread)."""
+    then ``batch`` reads back into a second buffer. tcp rounds use ``batch_transfer_sync``
+    (as Mooncake's bench does), local/shm/cma rounds ``submit`` + ``wait`` (the
+    asynchronous copy thread)."""
 
     name = "pymooncake"
 

@@ -49,7 +49,7 @@ class TransferConfig:
     polls) before it sleeps in the kernel; 0 never polls. A small transfer's reply usually
     comes within it, and a woken sleeper costs far more than that on a VM's CPUs."""
     inline_copy_max_bytes: int = 256 * 1024
-    """A ``submit`` whose local/shm copies total at most this many bytes copies them on the
+    """A ``submit`` whose local/shm/cma copies total at most this many bytes copies them on the
     caller's thread while the copy thread is idle (a few tens of microseconds of memcpy,
     less than waking that thread and handing the GIL back); larger ones go to the copy
     thread and overlap the caller's work. 0: always the copy thread."""

@@ -81,7 +81,7 @@ class TransferEngine(SegmentMemory):
     :func:`~pymooncake.metadata.open_metadata`. All methods are synchronous and
     thread-safe except :meth:`wait_async`; the engine owns a small event-loop thread for
     metadata calls, a TCP data server thread (plus one per accepted connection), one
-    thread per path of each peer it talks to and a copy thread for local/shm requests.
+    thread per path of each peer it talks to and a copy thread for local/shm/cma requests.
     """
 
     def __init__(self, name: str, metadata: MetadataStore | str = "embedded://", *,
@@ -98,7 +98,7 @@ class TransferEngine(SegmentMemory):
         self._owned_shm: dict[int, SharedBuffer] = {}
         self._publisher = SegmentPublisher(name, self.metadata, self.config, self._descriptor,
                                            self._peer_moved)
-        self._cma_anchor = CmaAnchor() if "cma" in self.config.transports else None
+        self._cma_anchor = CmaAnchor(name) if "cma" in self.config.transports else None
         self._router = Router(name, self.config, self.registry, self._publisher.resolve,
                               lambda: self.metadata.url,
                               lambda segment: self._publisher.peers.pop(segment, None))
@@ -170,7 +170,7 @@ class TransferEngine(SegmentMemory):
             return
         self._closed = True
         if self._cma_anchor is not None:
-            self._cma_anchor.bump()  # no peer copies into memory about to be freed
+            self._cma_anchor.publish(tuple)  # no peer copies into memory about to be freed
         self._copier.close()
         self._batches.fail_all("engine closed")
         self._paths.close()
@@ -203,8 +203,7 @@ class TransferEngine(SegmentMemory):
 
     def _cma_fields(self) -> dict[str, int | str]:
         a = self._cma_anchor
-        return {} if a is None else {"cma_anchor": a.addr, "cma_token": a.token.hex(),
-                                     "cma_generation": a.generation}
+        return {} if a is None else {"cma_anchor": a.addr, "cma_token": a.token.hex()}
 
     def _peer_moved(self, name: str, host: str, port: int) -> None:
         self._paths.update_address(name, host, port)
@@ -249,7 +248,7 @@ class TransferEngine(SegmentMemory):
         ``FAILED``; nothing was written for them). Raises ``TransferError`` for an unknown
         batch or when the batch would overflow its capacity; per-request problems become
         failed statuses, never exceptions. Accepted requests complete later, on the copy
-        thread or the tcp paths (small local/shm copies while that thread is idle: before
+        thread or the tcp paths (small local/shm/cma copies while that thread is idle: before
         this returns, ``TransferConfig.inline_copy_max_bytes``): wait for them with
         :meth:`wait` or :meth:`wait_async`.
         """

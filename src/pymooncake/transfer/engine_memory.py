@@ -23,6 +23,12 @@ class SegmentMemory:
     def _publish(self) -> None:
         raise NotImplementedError
 
+    def _changed(self) -> None:
+        """After a registration change: the ``cma`` anchor's table, then the descriptor."""
+        if self._cma_anchor is not None:
+            self._cma_anchor.publish(lambda: [(r.addr, r.length) for r in self.registry.regions])
+        self._publish()
+
     def register_memory(self, buffer: object) -> int:
         """Register a contiguous buffer; returns its base address.
 
@@ -35,7 +41,7 @@ class SegmentMemory:
         addr, nbytes, keepalive = buffer_address(buffer)
         shm_name = buffer.name if isinstance(buffer, SharedBuffer) else None
         self.registry.add(MemoryRegion(addr, nbytes, keepalive, shm_name))
-        self._publish()
+        self._changed()
         return addr
 
     def register_memory_at(self, addr: int, length: int) -> int:
@@ -43,7 +49,7 @@ class SegmentMemory:
         if addr <= 0 or length <= 0:
             raise ValueError(f"need addr > 0 and length > 0, got {addr:#x} and {length}")
         self.registry.add(MemoryRegion(addr, length, None))
-        self._publish()
+        self._changed()
         return addr
 
     def allocate_shared(self, length: int) -> SharedBuffer:
@@ -60,15 +66,14 @@ class SegmentMemory:
     def unregister_memory(self, addr_or_buffer: int | object) -> None:
         """Withdraw a registered range (by base address or the registered object).
 
-        Raises ``KeyError`` when nothing is registered there. ``cma`` peers holding an
-        older descriptor fail their copies from now on (``transports.cma``).
+        Raises ``KeyError`` when nothing is registered there. ``cma`` peers refuse the
+        range from the moment this returns, whatever descriptor they hold
+        (``transports.cma``).
         """
         addr = (addr_or_buffer if isinstance(addr_or_buffer, int)
                 else buffer_address(addr_or_buffer)[0])
-        if self._cma_anchor is not None and self.registry.find(addr, 1) is not None:
-            self._cma_anchor.bump()
         self.registry.remove(addr)
-        self._publish()
+        self._changed()
         shm = self._owned_shm.pop(addr, None)
         if shm is not None:
             shm.close()

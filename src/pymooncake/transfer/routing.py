@@ -95,18 +95,19 @@ class Router:
                 return ("shm", mapping.addr + (req.target_addr - buf.addr), desc, local)
             except OSError as e:
                 logger.info("shm mapping of %s failed (%r); using tcp", buf.shm_name, e)
+        cma_refused = ""
         if (desc.cma_anchor and "cma" in cfg.transports and "cma" in desc.transports
                 and desc.host_id == self._host_id):
-            peer = self.cma.peer(desc.name, desc.pid, desc.cma_anchor, desc.cma_token,
-                                 desc.cma_generation)
-            if peer is not None:
+            peer = self.cma.peer(desc.name, desc.pid, desc.cma_anchor, desc.cma_token)
+            if not isinstance(peer, str):
                 return ("cma", req.target_addr, peer, local)
+            cma_refused = f"; cma refused: {peer}"
         if "tcp" in cfg.transports and "tcp" in desc.transports and desc.tcp_port:
             return ("tcp", req.target_addr, desc, local)
         return TransferStatus.failed(
             StatusCode.INVALID_ARGUMENT,
             f"no common transport with {req.target_segment!r} (ours {cfg.transports},"
-            f" theirs {desc.transports})")
+            f" theirs {desc.transports}{cma_refused})")
 
     def map(self, buf: BufferDesc) -> PeerMapping:
         """The peer's shared buffer mapped here (mapped once, kept until :meth:`close`)."""

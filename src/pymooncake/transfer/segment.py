@@ -6,7 +6,7 @@ Key: ``pymooncake/segments/<segment name>``; value: JSON (as Mooncake's
     {"name": "prefill-0", "host": "127.0.0.1", "host_id": "<boot id>/<hostname>",
      "pid": 1234, "tcp_port": 41000, "transports": ["local", "shm", "tcp"],
      "buffers": [{"addr": 140..., "length": 1048576, "shm_name": "pymooncake-..."}],
-     "version": 3, "cma": {"anchor": 140..., "token": "<32 hex>", "generation": 0}}
+     "version": 3, "cma": {"anchor": 140..., "token": "<32 hex digits>"}}
 
 ``cma`` is there only when the owner offers the ``cma`` transport (``transports.cma``).
 
@@ -61,9 +61,7 @@ class SegmentDescriptor:
     cma_anchor: int = 0
     """Address of the owner's ``cma`` anchor (0: ``cma`` not offered; ``transports.cma``)."""
     cma_token: str = ""
-    """The anchor's 16 random bytes, hex."""
-    cma_generation: int = 0
-    """The anchor's generation when this descriptor was published."""
+    """The anchor's 16 random bytes, 32 hex digits."""
 
     def find(self, addr: int, length: int) -> BufferDesc | None:
         """The registered buffer holding all of ``[addr, addr+length)``, else ``None``."""
@@ -79,8 +77,8 @@ class SegmentDescriptor:
             "buffers": [{"addr": b.addr, "length": b.length, "shm_name": b.shm_name}
                         for b in self.buffers],
             "version": self.version,
-            **({"cma": {"anchor": self.cma_anchor, "token": self.cma_token,
-                        "generation": self.cma_generation}} if self.cma_anchor else {}),
+            **({"cma": {"anchor": self.cma_anchor, "token": self.cma_token}}
+               if self.cma_anchor else {}),
         }).encode()
 
     @classmethod
@@ -95,16 +93,26 @@ class SegmentDescriptor:
                 buffers=tuple(BufferDesc(int(b["addr"]), int(b["length"]), b.get("shm_name"))
                               for b in d["buffers"]),
                 version=int(d.get("version", 0)),
-                **_cma_fields(d.get("cma")))
+                **_cma_fields(d.get("cma"), d["pid"]))
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
             raise ValueError(f"malformed segment descriptor: {e}") from e
 
 
-def _cma_fields(c: object) -> dict[str, object]:
-    """The descriptor's ``cma`` entry as fields (none when absent)."""
+def _cma_fields(c: object, pid: object) -> dict[str, object]:
+    """The descriptor's ``cma`` entry as fields (none when absent); ``ValueError`` naming
+    what is wrong with it or with the ``pid`` it goes with."""
     if c is None:
         return {}
-    if not isinstance(c, dict):
-        raise TypeError(f"'cma' must be an object, got {type(c).__name__}")
-    return {"cma_anchor": int(c["anchor"]), "cma_token": str(c["token"]),
-            "cma_generation": int(c["generation"])}
+    if type(pid) is not int or not 0 < pid < 1 << 31:
+        raise ValueError(f"'pid' must be a process id (int in (0, 2**31)) with 'cma', "
+                         f"got {pid!r:.40}")
+    if not isinstance(c, dict) or set(c) != {"anchor", "token"}:
+        raise ValueError(f"'cma' must be {{'anchor': int, 'token': hex}}, got {c!r:.80}")
+    anchor, token = c["anchor"], c["token"]
+    if type(anchor) is not int or not 0 < anchor < 1 << 64:
+        raise ValueError(f"'cma.anchor' must be an address (int in (0, 2**64)), "
+                         f"got {anchor!r:.40}")
+    if (not isinstance(token, str) or len(token) != 32
+            or any(ch not in "0123456789abcdef" for ch in token)):
+        raise ValueError(f"'cma.token' must be 32 lower-case hex digits, got {token!r:.40}")
+    return {"cma_anchor": anchor, "cma_token": token}

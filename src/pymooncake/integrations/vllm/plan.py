@@ -25,6 +25,7 @@ from pathlib import Path
 import blake3
 
 from pymooncake.identity import CacheNamespace, encode_block_tokens, kv_layout_descriptor
+from pymooncake.transfer.config import DEFAULT_TRANSPORTS, KNOWN_TRANSPORTS
 
 VLLM_CPU_LAYOUT = "vllm_cpu_h_2n_d"
 """Layout name in the namespace: one layer's block is ``[kv_heads][2 * block_size]
@@ -56,8 +57,9 @@ class ConnectorConfig:
     files (``weight_digest``), required when the model is not a local directory."""
     local_hostname: str = "127.0.0.1"
     """Address this process's Transfer Engine publishes."""
-    transports: tuple[str, ...] = ("local", "shm", "tcp")
-    """Transfer Engine transports, best first."""
+    transports: tuple[str, ...] = DEFAULT_TRANSPORTS
+    """Transfer Engine transports (``TransferConfig.transports``; add ``cma`` to reach
+    same-host peers' KV caches with one kernel copy)."""
     rpc_timeout_s: float = 5.0
     """Master RPC timeout (s)."""
     load: bool = True
@@ -96,7 +98,7 @@ class ConnectorConfig:
                 t = [s.strip() for s in t.split(",") if s.strip()]
             if not isinstance(t, list | tuple) or not t or not all(isinstance(s, str) for s in t):
                 raise ValueError("kv_connector_extra_config.transports must be a list of "
-                                 f"transport names (local, shm, tcp), got {extra['transports']!r}")
+                                 f"transport names {KNOWN_TRANSPORTS}, got {extra['transports']!r}")
             extra["transports"] = tuple(t)
         for k in ("rpc_timeout_s", "pd_hold_s"):
             if k not in extra:

@@ -9,7 +9,7 @@ peer's ordinary memory with one kernel copy (:mod:`.cma`). ``ctypes.memmove`` an
 :class:`LocalCopier` makes these copies asynchronous: ``submit`` hands them to the
 engine's copy thread and returns at once, so the caller's thread (an engine computing the
 next layer) runs while the bytes move. A caller that blocks for the result anyway
-(``batch_transfer_sync``) copies in its own thread with :func:`copy` instead of handing
+(``batch_transfer_sync``) copies in its own thread with :func:`run_copies` instead of handing
 the work over and sleeping until it is done. So does a small submission while the copy
 thread has nothing queued (``idle``, ``TransferConfig.inline_copy_max_bytes``): a memcpy of
 a few hundred KiB takes less CPU than waking a thread for it and handing the GIL back.
@@ -56,27 +56,41 @@ class CopyJob:
     peer: CmaPeer | None = None
 
 
+Done = Callable[[Sequence[CopyJob], str], None]
+"""Called on the copy thread with the jobs just finished (``""``) or failed (a reason)."""
+
+
 def run_copies(jobs: Sequence[CopyJob], done: Done) -> None:
     """Copy ``jobs`` in order and report each through ``done``: ``""`` or its failure's
-    reason (never an exception). A ``cma`` peer's anchor is checked once per run of jobs
-    to it (:meth:`CmaPeer.check`); a failed check fails those jobs uncopied."""
+    reason (never an exception). For ``cma``, the peer's anchor is read once per run of
+    jobs to it (:meth:`CmaPeer.refresh`); a job outside the ranges its table lists fails
+    uncopied, and after a failed copy the rest of the run to that peer is not tried."""
     ok: list[CopyJob] = []
     failed: dict[str, list[CopyJob]] = {}
-    checked: dict[int, str] = {}
+    peers: dict[int, str] = {}
     for j in jobs:
         reason = ""
+        peer = j.peer
         try:
-            if j.peer is None:
+            if peer is None:
                 copy(j.op, j.local_addr, j.target_addr, j.length)
             else:
-                if id(j.peer) not in checked:
-                    checked[id(j.peer)] = j.peer.check()
-                reason = checked[id(j.peer)]
+                if id(peer) not in peers:
+                    peers[id(peer)] = peer.refresh()
+                reason = peers[id(peer)]
+                if not reason and not peer.covers(j.target_addr, j.length):
+                    reason = (f"target range [{j.target_addr:#x}, +{j.length}) is outside "
+                              f"every range segment {peer.segment!r} has registered (its "
+                              "own record)")
                 if not reason:
-                    cma.copy(j.peer.pid, j.op, j.local_addr, j.target_addr, j.length)
+                    try:
+                        cma.copy(peer.pid, j.op, j.local_addr, j.target_addr, j.length)
+                    except cma.CmaError as e:
+                        reason = f"segment {peer.segment!r}: {e}"
+                        peers[id(peer)] = (f"segment {peer.segment!r}: not tried after an "
+                                           f"earlier copy of the same hand-off failed ({e})")
         except Exception as e:  # noqa: BLE001 - a status, never a dead copy thread
             reason = f"{j.transport} copy failed: {e}"
-            logger.error("%s", reason)
         if reason:
             failed.setdefault(reason, []).append(j)
         else:
@@ -84,11 +98,9 @@ def run_copies(jobs: Sequence[CopyJob], done: Done) -> None:
     if ok:
         done(ok, "")
     for reason, group in failed.items():
+        logger.error("%d %s cop%s failed: %s", len(group), group[0].transport,
+                     "y" if len(group) == 1 else "ies", reason)
         done(group, reason)
-
-
-Done = Callable[[Sequence[CopyJob], str], None]
-"""Called on the copy thread with the jobs just finished (``""``) or failed (a reason)."""
 
 
 class LocalCopier:
