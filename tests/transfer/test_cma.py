@@ -259,6 +259,19 @@ def test_anchor_token_name_and_table_guard_a_peer() -> None:
     assert "no longer holds its anchor" in reason and stale == ["me"]
 
 
+def test_after_a_failed_copy_the_rest_to_that_peer_is_not_tried() -> None:
+    anchor = cma.CmaAnchor("holey")
+    anchor.publish(lambda: [(4096, 3 * 4096)])  # registered, but nothing mapped there
+    me = cma.CmaPeers(lambda s: None).peer("holey", os.getpid(), anchor.addr,
+                                           anchor.token.hex())
+    assert isinstance(me, cma.CmaPeer)
+    src = np.ones(4096, dtype=np.uint8)
+    out = copies([CopyJob(TransferOp.WRITE, src.ctypes.data, 4096 * (1 + i), 4096, 0, i,
+                          "cma", me) for i in range(3)])
+    assert [i for i, _ in out] == [[0], [1, 2]], out
+    assert "Bad address" in out[0][1] and "not tried after an earlier copy" in out[1][1]
+
+
 def test_copy_reports_the_errno() -> None:
     buf = ctypes.create_string_buffer(64)
     with pytest.raises(cma.CmaError) as e:
