@@ -167,9 +167,10 @@ class BatchTable:
                                        r.failure or completed(r.nbytes), "tcp", tally)
         _observe("tcp", tally)
 
-    def finish_copies(self, jobs: Sequence[CopyJob], error: str) -> None:
+    def finish_copies(self, jobs: Sequence[CopyJob], error: str,
+                      code: StatusCode = StatusCode.INTERNAL) -> None:
         """Finish local/shm/cma requests (from the copy thread, or inline): OK, or failed
-        ``INTERNAL`` with ``error``."""
+        ``code`` with ``error``."""
         tallies: dict[str, dict[float, int]] = {"local": {}, "shm": {}, "cma": {}}
         with self.lock:
             for j in jobs:
@@ -177,7 +178,7 @@ class BatchTable:
                 if batch is None:
                     continue
                 if error:
-                    status = TransferStatus.failed(StatusCode.INTERNAL, error)
+                    status = TransferStatus.failed(code, error)
                 else:
                     _BYTES_NO_PATH[j.transport].inc(j.length)
                     status = completed(j.length)

@@ -170,7 +170,7 @@ class TransferEngine(SegmentMemory):
             return
         self._closed = True
         if self._cma_anchor is not None:
-            self._cma_anchor.publish(tuple)  # no peer copies into memory about to be freed
+            self._cma_anchor.publish(tuple, close=True)  # none from now on, for good
         self._copier.close()
         self._batches.fail_all("engine closed")
         self._paths.close()

@@ -46,8 +46,9 @@ class SegmentMemory:
 
     def register_memory_at(self, addr: int, length: int) -> int:
         """Register raw memory ``[addr, addr+length)`` owned by the caller (Mooncake style)."""
-        if addr <= 0 or length <= 0:
-            raise ValueError(f"need addr > 0 and length > 0, got {addr:#x} and {length}")
+        if addr <= 0 or length <= 0 or addr + length > 1 << 64:
+            raise ValueError(f"need addr > 0, length > 0 and addr + length <= 2**64, got "
+                             f"{addr:#x} and {length}")
         self.registry.add(MemoryRegion(addr, length, None))
         self._changed()
         return addr
@@ -67,7 +68,7 @@ class SegmentMemory:
         """Withdraw a registered range (by base address or the registered object).
 
         Raises ``KeyError`` when nothing is registered there. ``cma`` peers refuse the
-        range from the moment this returns, whatever descriptor they hold
+        range in every copy they start after this returns, whatever descriptor they hold
         (``transports.cma``).
         """
         addr = (addr_or_buffer if isinstance(addr_or_buffer, int)

@@ -27,7 +27,7 @@ from pymooncake.transfer.config import TransferConfig
 from pymooncake.transfer.memory import MemoryRegion, MemoryRegistry, PeerMapping
 from pymooncake.transfer.segment import BufferDesc, SegmentDescriptor, local_host_id
 from pymooncake.transfer.transports.base import Slice
-from pymooncake.transfer.transports.cma import CmaPeer, CmaPeers
+from pymooncake.transfer.transports.cma import CmaPeer, CmaPeers, in_address_space
 
 logger = init_logger(__name__)
 
@@ -63,6 +63,12 @@ class Router:
                                          f"length must be >= 0, got {req.length}")
         if req.length == 0:
             return _NOOP
+        if not (in_address_space(req.local_addr, req.length)
+                and in_address_space(req.target_addr, req.length)):
+            return TransferStatus.failed(
+                StatusCode.INVALID_ARGUMENT,
+                f"range of {req.length} bytes at {req.local_addr:#x} (local) or "
+                f"{req.target_addr:#x} (target) is outside a 64-bit address space")
         local = self.registry.find(req.local_addr, req.length)
         if local is None:
             return TransferStatus.failed(
@@ -98,7 +104,8 @@ class Router:
         cma_refused = ""
         if (desc.cma_anchor and "cma" in cfg.transports and "cma" in desc.transports
                 and desc.host_id == self._host_id):
-            peer = self.cma.peer(desc.name, desc.pid, desc.cma_anchor, desc.cma_token)
+            peer = self.cma.peer(req.target_segment, desc.pid, desc.cma_anchor,
+                                 desc.cma_token)  # the name asked for, not the one inside
             if not isinstance(peer, str):
                 return ("cma", req.target_addr, peer, local)
             cma_refused = f"; cma refused: {peer}"
@@ -146,6 +153,7 @@ class Router:
         return state
 
     def close(self) -> None:
+        self.cma.close()
         with self._lock:
             mappings = list(self.mappings.values())
             self.mappings.clear()

@@ -3,47 +3,56 @@
 Linux cross-memory attach (``process_vm_writev``/``process_vm_readv``, the CMA path of
 UCX and Open MPI's shared-memory transports) copies between two processes' address spaces
 in one kernel copy. The target needs no ``/dev/shm`` buffer: any range it registered (a
-numpy array, a torch tensor, a paged KV cache) is reachable, and the copy runs at memcpy
-speed where a mapping of ``/dev/shm`` pages in 4 KiB pages does not (docs/benchmarks.md,
-issue 16 session 35).
+numpy array, a torch tensor, a paged KV cache) is reachable, which only ``tcp`` reached
+before (docs/benchmarks.md, issue 16 session 35).
 
-Who may: the kernel allows it to the same user (``PTRACE_MODE_ATTACH_REALCREDS``) unless a
-seccomp filter forbids the calls, as container runtimes often do. Under Yama's
-``ptrace_scope`` 1 (Ubuntu's default) only an ancestor may, so an engine that offers
-``cma`` declares any process a permitted tracer (``prctl(PR_SET_PTRACER_ANY)``, as Open
-MPI does); the uid check still applies. Where the kernel refuses, peers use ``shm`` or
-``tcp``.
+Who may: the kernel's ptrace access check (``PTRACE_MODE_ATTACH_REALCREDS``): the same
+uid and gid, at least the target's capabilities (so a root initiator needs
+``CAP_SYS_PTRACE``), a dumpable target, and no seccomp filter against the calls, which
+container runtimes often add. Under Yama's ``ptrace_scope`` 1 (Ubuntu's default) only an
+ancestor may, so an engine that offers ``cma`` sets ``prctl(PR_SET_PTRACER_ANY)`` as Open
+MPI does: for the rest of the process's life, any process that passes those checks may
+attach to it, as without Yama. Where the first probe of a peer is refused, the peer is
+reached over ``shm`` or ``tcp``; a refusal after that fails the requests.
 
 The peer does not take part in a copy, so its own record decides what may be copied, as
 its server's checks do on ``tcp`` (BUG-64). Every engine offering ``cma`` keeps an
 *anchor* in its memory (:class:`CmaAnchor`) and publishes its address and token:
 
-* 16 random bytes and a digest of the segment name. A peer is used only after both read
-  back through the pid of its descriptor, so another pid namespace, a reused pid, a
-  process that is not the segment's owner, or a descriptor naming another segment cannot
-  be written through;
-* the owner's registered ranges, a table the owner rewrites before ``register_memory``
-  or ``unregister_memory`` returns and empties on ``close``, under a generation word
-  (a seqlock). Before each run of copies to a peer the initiator reads the generation
-  (the table too when it changed) and refuses any request outside the ranges it lists,
-  whatever the descriptor says: a withdrawn range, or one a forged descriptor adds, is
-  never copied to or from.
+* 16 random bytes and a digest of the segment name. A peer is used for a segment only
+  after both read back through the pid of the descriptor found under that name, so
+  another pid namespace, a reused pid, a process that is not the segment's owner, or a
+  descriptor stored under another name cannot be copied through. The initiator holds a
+  pidfd of that process from then on and checks it before every copy, so a pid freed and
+  reused later is never written;
+* the address of a *snapshot* of the owner's registered ranges: an immutable buffer
+  (generation, count, ranges) swapped in with one aligned 8-byte store whenever
+  ``register_memory`` or ``unregister_memory`` changes them, and emptied for good by
+  ``close``. Before each run of copies to a peer the initiator reads the snapshot (again
+  only when its generation changed, re-reading the pointer afterwards so that a snapshot
+  replaced meanwhile is read again) and checks every request against that copy, whatever
+  the descriptor says: a range withdrawn, or one a forged descriptor adds, is refused
+  ``INVALID_ARGUMENT`` with nothing copied either way.
 
-A copy that races the owner's withdrawal of the same range is the caller's error, as with
-every transport (Mooncake: memory must stay registered while transfers to it are in flight).
+A copy that races the owner's withdrawal of the same range (submitted before
+``unregister_memory`` returned) is the caller's error, as with every transport (Mooncake:
+memory must stay registered while transfers to it are in flight).
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import ctypes.util
 import errno
 import hashlib
 import os
 import secrets
+import select
 import struct
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from pymooncake.obs.logging import init_logger
 from pymooncake.transfer.batch import TransferOp
@@ -51,13 +60,21 @@ from pymooncake.transfer.batch import TransferOp
 logger = init_logger(__name__)
 
 TOKEN_BYTES = 16
-_HEADER = struct.Struct("<16sQQQ16s")
-"""token, generation (odd while the table is rewritten), table address, ranges, name digest."""
+ADDRESS_LIMIT = 1 << 64
+_HEAD = struct.Struct("<16s16sQ")
+"""token, name digest, address of the current snapshot."""
+_SNAP = struct.Struct("<QQ")
+"""generation, number of ranges; then the ranges."""
 _RANGE = struct.Struct("<QQ")
 MAX_RANGES = 1 << 16
-_READ_TRIES = 8
+KEEP_SNAPSHOTS = 8
+"""Snapshots kept allocated after being replaced (a reader that still reads one sees the
+pointer changed and reads again)."""
+_READ_TRIES = 64
 _PR_SET_PTRACER = 0x59616D61
-_PR_SET_PTRACER_ANY = ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF)
+_PR_SET_PTRACER_ANY = ctypes.c_ulong(ADDRESS_LIMIT - 1)
+PASS_ON = (errno.ESRCH, errno.EPERM)
+"""Copy errors that fail the rest of a run to the same peer (the process, not a range)."""
 
 
 class CmaError(OSError):
@@ -69,6 +86,8 @@ class _Iovec(ctypes.Structure):
 
 
 def _bind() -> tuple[ctypes.CDLL, Callable[..., int], Callable[..., int]] | None:
+    if not hasattr(os, "pidfd_open"):
+        return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
         fns = libc.process_vm_writev, libc.process_vm_readv
@@ -85,7 +104,7 @@ _LIBC = _bind()
 
 
 def supported() -> bool:
-    """The C library has ``process_vm_writev``/``readv`` (Linux ≥ 3.2, glibc ≥ 2.15)."""
+    """``process_vm_writev``/``readv`` (Linux ≥ 3.2) and pidfds (Linux ≥ 5.3) exist."""
     return _LIBC is not None
 
 
@@ -94,13 +113,22 @@ def name_digest(segment: str) -> bytes:
     return hashlib.blake2b(segment.encode(), digest_size=16).digest()
 
 
+def in_address_space(addr: int, length: int) -> bool:
+    """``[addr, addr+length)`` lies within a 64-bit address space."""
+    return addr >= 0 and length >= 0 and addr + length <= ADDRESS_LIMIT
+
+
 def copy(pid: int, op: TransferOp, local_addr: int, remote_addr: int, length: int) -> None:
     """WRITE: ``length`` bytes from ``local_addr`` here to ``remote_addr`` in process ``pid``;
     READ: the other way. A short copy is continued from where it stopped. Raises
     :class:`CmaError` with the errno (``ESRCH``: no such process; ``EPERM``: not allowed;
-    ``EFAULT``: a range not mapped on either side). The GIL is released meanwhile."""
+    ``EFAULT``: a range not mapped on either side; ``EINVAL``: a range outside the address
+    space). The GIL is released meanwhile."""
     if _LIBC is None:
-        raise CmaError(errno.ENOSYS, "process_vm_writev/readv are not available")
+        raise CmaError(errno.ENOSYS, "process_vm_writev/readv or pidfds are not available")
+    if not (in_address_space(local_addr, length) and in_address_space(remote_addr, length)):
+        raise CmaError(errno.EINVAL, f"range of {length} bytes at {remote_addr:#x} or "
+                                     f"{local_addr:#x} is outside the address space")
     fn = _LIBC[1] if op is TransferOp.WRITE else _LIBC[2]
     local, remote = _Iovec(), _Iovec()
     done = 0
@@ -122,100 +150,166 @@ def _read(pid: int, addr: int, n: int) -> bytes:
 
 
 class CmaAnchor:
-    """This engine's anchor: token, name digest and the table of its registered ranges.
+    """This engine's anchor: token, name digest and a pointer to its ranges' snapshot.
 
-    ``addr`` and ``token`` go into the segment descriptor. :meth:`publish` rewrites the
-    table; old tables stay allocated for the engine's life, so a peer reading a table
-    just replaced never reads freed memory (registrations are few)."""
+    ``addr`` and ``token`` go into the segment descriptor."""
 
     def __init__(self, segment: str) -> None:
         self.token = secrets.token_bytes(TOKEN_BYTES)
-        self._digest = name_digest(segment)
-        self._header = ctypes.create_string_buffer(_HEADER.size)
-        self.addr = ctypes.addressof(self._header)
-        self._tables: list[ctypes.Array[ctypes.c_char]] = []
+        self._head = ctypes.create_string_buffer(_HEAD.size)
+        self.addr = ctypes.addressof(self._head)
+        ctypes.memmove(self.addr, _HEAD.pack(self.token, name_digest(segment), 0), _HEAD.size)
+        self._pointer = ctypes.c_uint64.from_address(self.addr + 32)  # 8-byte aligned
+        self._snapshots: collections.deque[ctypes.Array[ctypes.c_char]] = collections.deque()
         self._lock = threading.Lock()
         self.generation = 0
-        self._write(0, 0)
-        if _LIBC is not None:  # Yama ptrace_scope 1: let same-user peers attach (not root)
-            _LIBC[0].prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY, 0, 0, 0)
+        self.closed = False
+        self.publish(tuple)
+        if _LIBC is not None and _LIBC[0].prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY,
+                                                0, 0, 0) != 0:
+            err = ctypes.get_errno()
+            if err != errno.EINVAL:  # EINVAL: no Yama, nothing to allow
+                logger.warning("prctl(PR_SET_PTRACER_ANY) failed: %s; same-host peers "
+                               "may be refused cma", os.strerror(err))
 
-    def _write(self, table_addr: int, count: int) -> None:
-        ctypes.memmove(self.addr, _HEADER.pack(self.token, self.generation, table_addr, count,
-                                               self._digest), _HEADER.size)
-
-    def publish(self, ranges: Callable[[], Iterable[tuple[int, int]]]) -> None:
-        """Make ``ranges()`` (``(addr, length)`` pairs) the registered memory peers may copy
-        to or from; takes effect before this returns. ``ranges`` is called under this
-        anchor's lock, so of concurrent registration changes the last table written is
-        read after the last change."""
+    def publish(self, ranges: Callable[[], Iterable[tuple[int, int]]],
+                close: bool = False) -> None:
+        """Make ``ranges()`` (``(addr, length)`` pairs) the memory peers may copy to or
+        from, before this returns; with ``close``, none, for good. ``ranges`` is called
+        under this anchor's lock, so of concurrent changes the last snapshot is taken
+        after the last change."""
         with self._lock:
-            packed = b"".join(_RANGE.pack(a, n) for a, n in ranges())
-            table = ctypes.create_string_buffer(packed, max(1, len(packed)))
-            self._tables.append(table)
-            self.generation += 1  # odd: being rewritten
-            self._write(0, 0)
+            if self.closed:
+                return
+            self.closed = close
+            rs = () if close else tuple(ranges())
             self.generation += 1
-            self._write(ctypes.addressof(table), len(packed) // _RANGE.size)
+            snap = ctypes.create_string_buffer(
+                _SNAP.pack(self.generation, len(rs)) + b"".join(_RANGE.pack(a, n)
+                                                                for a, n in rs))
+            self._snapshots.append(snap)
+            self._pointer.value = ctypes.addressof(snap)  # one aligned store: the swap
+            while len(self._snapshots) > KEEP_SNAPSHOTS:
+                self._snapshots.popleft()
+
+
+@dataclass(frozen=True, slots=True)
+class CmaTable:
+    """One snapshot of a peer's registered ranges, as read."""
+
+    pointer: int
+    generation: int
+    ranges: tuple[tuple[int, int], ...]
+
+    def covers(self, addr: int, length: int) -> bool:
+        """``[addr, addr+length)`` lies in one of the ranges."""
+        return in_address_space(addr, length) and any(
+            a <= addr and addr + length <= a + n for a, n in self.ranges)
+
+
+_NO_TABLE = CmaTable(0, 0, ())
 
 
 class CmaPeer:
-    """A peer reached by ``cma``: its pid, its anchor, and its table as last read."""
+    """A peer reached by ``cma``: its pid (and a pidfd of it), anchor and last table."""
 
-    __slots__ = ("segment", "pid", "anchor_addr", "token", "digest", "_stale", "_table")
+    __slots__ = ("segment", "pid", "anchor_addr", "token", "digest", "_stale", "_table",
+                 "_lock", "_pidfd", "_poll", "on_exit")
 
     def __init__(self, segment: str, pid: int, anchor_addr: int, token: bytes,
                  stale: Callable[[str], None]) -> None:
         self.segment, self.pid, self.anchor_addr, self.token = segment, pid, anchor_addr, token
         self.digest = name_digest(segment)
         self._stale = stale
-        self._table: tuple[int, tuple[tuple[int, int], ...]] = (-1, ())
+        self.on_exit: Callable[[CmaPeer], None] = lambda peer: None
+        """Called when :meth:`table` finds the process gone (``CmaPeers`` forgets it)."""
+        self._table = _NO_TABLE
+        self._lock = threading.Lock()
+        self._pidfd = -1
+        self._poll: select.poll | None = None
 
-    def _header(self) -> tuple[bytes, int, int, int, bytes]:
-        return _HEADER.unpack(_read(self.pid, self.anchor_addr, _HEADER.size))
-
-    def identity(self) -> str:
-        """``""`` when the pid holds this segment's anchor, else why not (no exception)."""
+    def open(self) -> str:
+        """Take a pidfd of the pid, then check that it holds this segment's anchor:
+        ``""``, or why not (nothing kept open then)."""
         try:
-            token, *_, digest = self._header()
+            self._pidfd = os.pidfd_open(self.pid)
+        except OSError as e:
+            return f"segment {self.segment!r}: pid {self.pid}: {e.strerror}"
+        try:
+            token, digest, _ = _HEAD.unpack(_read(self.pid, self.anchor_addr, _HEAD.size))
         except CmaError as e:
+            self.close()
             return f"segment {self.segment!r}: {e}"
         if token != self.token or digest != self.digest:
+            self.close()
             return (f"segment {self.segment!r}: pid {self.pid} does not hold its anchor "
                     "(another process, or a descriptor not its owner's)")
+        self._poll = select.poll()
+        self._poll.register(self._pidfd, select.POLLIN)
         return ""
 
-    def refresh(self) -> str:
-        """Read the anchor (and the table when it changed): ``""``, or why this peer
-        cannot be copied with now, for every request of the run."""
+    def alive(self) -> bool:
+        """The process checked by :meth:`open` has not exited (its pid is still its own)."""
+        poll = self._poll
+        if poll is None:
+            return False
+        try:
+            return not poll.poll(0)
+        except (OSError, ValueError):  # closed with the engine
+            return False
+
+    def close(self) -> None:
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd, self._poll = -1, None
+
+    def _still(self, ptr: int, gen: int) -> bool:
+        """The anchor still points at ``ptr``, which still holds generation ``gen``."""
+        again = _HEAD.unpack(_read(self.pid, self.anchor_addr, _HEAD.size))[2]
+        return again == ptr and _SNAP.unpack(_read(self.pid, ptr, _SNAP.size))[0] == gen
+
+    def table(self) -> tuple[str, CmaTable]:
+        """The owner's registered ranges now: ``("", table)``, or ``(why not, empty)``.
+        Two reads when nothing changed since the last call; the snapshot too when it did."""
         try:
             for _ in range(_READ_TRIES):
-                token, gen, table_addr, count, digest = self._header()
+                if not self.alive():
+                    self.on_exit(self)
+                    return (f"segment {self.segment!r}: pid {self.pid} has exited"), _NO_TABLE
+                token, digest, ptr = _HEAD.unpack(_read(self.pid, self.anchor_addr,
+                                                        _HEAD.size))
                 if token != self.token or digest != self.digest:
                     self._stale(self.segment)
                     return (f"segment {self.segment!r}: pid {self.pid} no longer holds its "
-                            "anchor (the process is gone or is another one)")
-                if gen & 1:
-                    continue  # the owner is rewriting its table
-                if gen == self._table[0]:
-                    return ""
-                if count > MAX_RANGES:
-                    return f"segment {self.segment!r}: anchor lists {count} ranges"
-                raw = _read(self.pid, table_addr, count * _RANGE.size) if count else b""
-                if self._header()[1] == gen:  # not rewritten while we read it
-                    self._table = (gen, tuple(_RANGE.iter_unpack(raw)))
-                    return ""
-            return f"segment {self.segment!r}: its registered ranges kept changing"
+                            "anchor"), _NO_TABLE
+                try:
+                    gen, count = _SNAP.unpack(_read(self.pid, ptr, _SNAP.size))
+                    last = self._table
+                    if (ptr, gen) == (last.pointer, last.generation):
+                        return "", last
+                    raw = (_read(self.pid, ptr + _SNAP.size, count * _RANGE.size)
+                           if count <= MAX_RANGES else b"")
+                    if not self._still(ptr, gen):
+                        continue  # replaced (maybe freed) while we read it: read again
+                    if count > MAX_RANGES:
+                        return (f"segment {self.segment!r}: its anchor lists {count} "
+                                "ranges"), _NO_TABLE
+                except CmaError as e:
+                    if e.errno == errno.EFAULT:  # a snapshot freed meanwhile: read again
+                        continue
+                    raise
+                table = CmaTable(ptr, gen, tuple(_RANGE.iter_unpack(raw)))
+                with self._lock:
+                    if gen > self._table.generation:
+                        self._table = table
+                return "", table
+            return f"segment {self.segment!r}: its registered ranges kept changing", _NO_TABLE
         except CmaError as e:
-            return f"segment {self.segment!r}: {e}"
-
-    def covers(self, addr: int, length: int) -> bool:
-        """``[addr, addr+length)`` lies in one range of the table last read."""
-        return any(a <= addr and addr + length <= a + n for a, n in self._table[1])
+            return f"segment {self.segment!r}: {e}", _NO_TABLE
 
 
 class CmaPeers:
-    """Which peers ``cma`` reaches: each probed once (token and name digest read back)."""
+    """Which peers ``cma`` reaches: each probed once per descriptor (:meth:`CmaPeer.open`)."""
 
     def __init__(self, stale: Callable[[str], None]) -> None:
         self._stale = stale
@@ -225,7 +319,7 @@ class CmaPeers:
     def peer(self, segment: str, pid: int, anchor_addr: int, token_hex: str
              ) -> CmaPeer | str:
         """The peer, or why ``cma`` cannot reach it (remembered for this descriptor, and
-        logged once as a warning)."""
+        logged once as a warning). ``segment`` is the name the request used."""
         key = (segment, pid, anchor_addr, token_hex)
         with self._lock:
             got = self._peers.get(key)
@@ -233,14 +327,38 @@ class CmaPeers:
             return got
         out: CmaPeer | str
         if not supported():
-            out = "process_vm_writev/readv are not available"
+            out = "process_vm_writev/readv or pidfds are not available"
         else:
             peer = CmaPeer(segment, pid, anchor_addr, bytes.fromhex(token_hex), self._stale)
-            out = peer.identity() or peer
+            peer.on_exit = self._forget
+            out = peer.open() or peer
         if isinstance(out, str):
             logger.warning("cma to segment %r refused: %s", segment, out)
         with self._lock:
+            if key in self._peers:  # another thread probed it meanwhile: keep theirs
+                if isinstance(out, CmaPeer):
+                    out.close()
+                return self._peers[key]
             if len(self._peers) > 4096:  # descriptors of peers long gone
-                self._peers.clear()
+                self._close_locked()
             self._peers[key] = out
         return out
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def _forget(self, peer: CmaPeer) -> None:
+        """Drop an exited peer (its pidfd closed; a new probe is refused while its
+        descriptor stays the same)."""
+        with self._lock:
+            key = (peer.segment, peer.pid, peer.anchor_addr, peer.token.hex())
+            if self._peers.get(key) is peer:
+                self._peers[key] = f"segment {peer.segment!r}: pid {peer.pid} has exited"
+                peer.close()
+
+    def _close_locked(self) -> None:
+        for p in self._peers.values():
+            if isinstance(p, CmaPeer):
+                p.close()
+        self._peers.clear()

@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pymooncake.obs.logging import init_logger
-from pymooncake.transfer.batch import TransferOp
+from pymooncake.transfer.batch import StatusCode, TransferOp
 from pymooncake.transfer.transports import cma
-from pymooncake.transfer.transports.cma import CmaPeer
+from pymooncake.transfer.transports.cma import CmaPeer, CmaTable
 
 logger = init_logger(__name__)
 
@@ -56,51 +56,58 @@ class CopyJob:
     peer: CmaPeer | None = None
 
 
-Done = Callable[[Sequence[CopyJob], str], None]
-"""Called on the copy thread with the jobs just finished (``""``) or failed (a reason)."""
+Done = Callable[[Sequence[CopyJob], str, StatusCode], None]
+"""Called with jobs just finished (``""``) or failed (a reason and its status code)."""
 
 
 def run_copies(jobs: Sequence[CopyJob], done: Done) -> None:
     """Copy ``jobs`` in order and report each through ``done``: ``""`` or its failure's
-    reason (never an exception). For ``cma``, the peer's anchor is read once per run of
-    jobs to it (:meth:`CmaPeer.refresh`); a job outside the ranges its table lists fails
-    uncopied, and after a failed copy the rest of the run to that peer is not tried."""
+    reason (never an exception). For ``cma`` (``transports.cma``): the owner's table of
+    registered ranges is read once per run of jobs to it; a job outside it fails
+    ``INVALID_ARGUMENT`` uncopied, as does every job when the process has exited (its pidfd,
+    checked before each copy) or refuses; after a copy fails for the process rather than
+    the range (``ESRCH``, ``EPERM``), the rest of the run to it is not tried."""
     ok: list[CopyJob] = []
-    failed: dict[str, list[CopyJob]] = {}
-    peers: dict[int, str] = {}
+    failed: dict[tuple[str, StatusCode], list[CopyJob]] = {}
+    tables: dict[int, tuple[str, CmaTable]] = {}
     for j in jobs:
-        reason = ""
+        reason, code = "", StatusCode.INTERNAL
         peer = j.peer
         try:
             if peer is None:
                 copy(j.op, j.local_addr, j.target_addr, j.length)
             else:
-                if id(peer) not in peers:
-                    peers[id(peer)] = peer.refresh()
-                reason = peers[id(peer)]
-                if not reason and not peer.covers(j.target_addr, j.length):
-                    reason = (f"target range [{j.target_addr:#x}, +{j.length}) is outside "
-                              f"every range segment {peer.segment!r} has registered (its "
-                              "own record)")
-                if not reason:
+                got = tables.get(id(peer))
+                if got is None:
+                    got = tables[id(peer)] = peer.table()
+                reason, table = got
+                if not reason and not table.covers(j.target_addr, j.length):
+                    reason, code = (f"target range [{j.target_addr:#x}, +{j.length}) is "
+                                    f"outside every range segment {peer.segment!r} has "
+                                    "registered (its own record)"), StatusCode.INVALID_ARGUMENT
+                elif not reason and not peer.alive():
+                    reason = f"segment {peer.segment!r}: pid {peer.pid} has exited"
+                elif not reason:
                     try:
                         cma.copy(peer.pid, j.op, j.local_addr, j.target_addr, j.length)
                     except cma.CmaError as e:
                         reason = f"segment {peer.segment!r}: {e}"
-                        peers[id(peer)] = (f"segment {peer.segment!r}: not tried after an "
-                                           f"earlier copy of the same hand-off failed ({e})")
+                        if e.errno in cma.PASS_ON:
+                            tables[id(peer)] = (f"segment {peer.segment!r}: not tried after "
+                                                f"an earlier copy of the same hand-off "
+                                                f"failed ({e})", table)
         except Exception as e:  # noqa: BLE001 - a status, never a dead copy thread
             reason = f"{j.transport} copy failed: {e}"
         if reason:
-            failed.setdefault(reason, []).append(j)
+            failed.setdefault((reason, code), []).append(j)
         else:
             ok.append(j)
     if ok:
-        done(ok, "")
-    for reason, group in failed.items():
+        done(ok, "", StatusCode.OK)
+    for (reason, code), group in failed.items():
         logger.error("%d %s cop%s failed: %s", len(group), group[0].transport,
                      "y" if len(group) == 1 else "ies", reason)
-        done(group, reason)
+        done(group, reason, code)
 
 
 class LocalCopier:
@@ -138,7 +145,7 @@ class LocalCopier:
         if self._thread is None:
             with self._lock:
                 if self._closed:
-                    self._done(jobs, "engine closed")
+                    self._done(jobs, "engine closed", StatusCode.INTERNAL)
                     return
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._loop, daemon=True,
