@@ -67,8 +67,9 @@ def main() -> None:
         if cmd[0] == "digest":
             a, n = int(cmd[1]), int(cmd[2])
             print(hashlib.blake2b(view_at(a, n), digest_size=16).hexdigest(), flush=True)
-        elif cmd[0] == "drop" and engine.server is not None:
-            print(engine.server.drop_connections(), flush=True)
+        elif cmd[0] == "drop":
+            print(engine.server.drop_connections() if engine.server is not None
+                  else "no tcp server", flush=True)
         elif cmd[0] == "close":
             engine.close()
             print("ok", flush=True)

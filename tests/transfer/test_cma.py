@@ -337,9 +337,13 @@ def test_anchor_token_name_and_table_guard_a_peer() -> None:
     assert not me.alive()
 
 
-def test_tables_read_while_rewritten_are_never_torn() -> None:
+@pytest.mark.parametrize("keep", [cma.KEEP_SNAPSHOTS, 1])
+def test_tables_read_while_rewritten_are_never_torn(keep: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader against a writer thread swapping two tables: every table read is one of
-    them whole, and none fails."""
+    them whole, and none fails. With ``keep`` 1 a replaced snapshot is freed at once, so
+    the reader often reads freed memory and must notice."""
+    monkeypatch.setattr(cma, "KEEP_SNAPSHOTS", keep)
     a = np.zeros(1 << 16, dtype=np.uint8)
     base = a.ctypes.data
     sets = [tuple((base + i * 64, 64) for i in range(n)) for n in (1, 200)]
