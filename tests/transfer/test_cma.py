@@ -12,6 +12,7 @@ own anchor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import dataclasses
 import hashlib
@@ -447,3 +448,65 @@ def test_descriptor_carries_the_anchor_and_refuses_a_bad_one() -> None:
         with pytest.raises(ValueError, match="malformed segment descriptor") as e:
             SegmentDescriptor.decode(raw)
         assert says in str(e.value), (cma_json, str(e.value))
+
+
+def pidfds() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]"
+    return n
+
+
+def test_departed_peers_leave_no_pidfd_behind(user: TransferEngine, spawn_peer) -> None:  # noqa: ANN001
+    base = pidfds()
+    local = np.zeros(4096, dtype=np.uint8)
+    addr = user.register_memory(local)
+    for i in range(6):
+        peer = spawn_peer(f"cma-transient-{i}", size=MiB, seed=20 + i, transports=CMA_ONLY)
+        st = user.transfer_sync(TransferOp.READ, addr, peer.name, peer.addr, 4096)
+        assert st.state is TransferState.COMPLETED, st
+        assert pidfds() - base <= 2  # this one's, and at most the last departed one's
+        if i % 2:
+            peer.kill()  # gone without a word: its pidfd goes at the next probe
+        else:
+            assert peer.proc.stdin is not None
+            peer.proc.stdin.write("exit\n")  # withdrawn: the next request to it forgets it
+            peer.proc.stdin.flush()
+            peer.proc.wait(timeout=10)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                st = user.transfer_sync(TransferOp.READ, addr, peer.name, peer.addr, 4096)
+                if st.code is StatusCode.NOT_FOUND:
+                    break
+                time.sleep(0.05)
+            assert st.code is StatusCode.NOT_FOUND, st
+    assert pidfds() - base <= 1
+    user._router.cma.close()
+    assert pidfds() == base
+    assert isinstance(user._router.cma.peer("x", os.getpid(), 8, "ab" * 16), str)
+    assert pidfds() == base  # closed: nothing held open
+
+
+def test_a_refusal_is_probed_again_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    anchor = cma.CmaAnchor("later")
+    peers = cma.CmaPeers(lambda s: None)
+    token = anchor.token
+    ctypes.memmove(anchor.addr, bytes(16), 16)  # not readable as its token yet
+    assert isinstance(peers.peer("later", os.getpid(), anchor.addr, token.hex()), str)
+    ctypes.memmove(anchor.addr, token, 16)
+    assert isinstance(peers.peer("later", os.getpid(), anchor.addr, token.hex()), str)
+    monkeypatch.setattr(cma.CmaPeers, "RETRY_S", 0.0)
+    assert isinstance(peers.peer("later", os.getpid(), anchor.addr, token.hex()), cma.CmaPeer)
+    peers.close()
+
+
+def test_numpy_addresses_cannot_wrap_the_check(user: TransferEngine) -> None:
+    local = np.zeros(8192, dtype=np.uint8)
+    addr = user.register_memory(local)
+    near_top = np.uint64((1 << 64) - 4096)
+    st = user.transfer_sync(TransferOp.WRITE, addr, user.name, near_top, np.uint64(8192))
+    assert st.state is TransferState.FAILED and st.code is StatusCode.INVALID_ARGUMENT, st
+    assert "64-bit" in st.reason
+    st = user.transfer_sync(TransferOp.WRITE, addr, user.name, float(addr), 16)
+    assert st.code is StatusCode.INVALID_ARGUMENT and "integers" in st.reason, st

@@ -68,8 +68,8 @@ class SegmentMemory:
         """Withdraw a registered range (by base address or the registered object).
 
         Raises ``KeyError`` when nothing is registered there. ``cma`` peers refuse the
-        range in every copy they start after this returns, whatever descriptor they hold
-        (``transports.cma``).
+        range in every submission made after this returns, whatever descriptor they hold
+        (``transports.cma``; one made before may still land, as on every transport).
         """
         addr = (addr_or_buffer if isinstance(addr_or_buffer, int)
                 else buffer_address(addr_or_buffer)[0])

@@ -63,8 +63,15 @@ class Router:
                                          f"length must be >= 0, got {req.length}")
         if req.length == 0:
             return _NOOP
-        if not (in_address_space(req.local_addr, req.length)
-                and in_address_space(req.target_addr, req.length)):
+        try:
+            inside = (in_address_space(req.local_addr, req.length)
+                      and in_address_space(req.target_addr, req.length))
+        except TypeError:
+            return TransferStatus.failed(
+                StatusCode.INVALID_ARGUMENT,
+                f"addresses and length must be integers, got {req.local_addr!r}, "
+                f"{req.target_addr!r}, {req.length!r}")
+        if not inside:
             return TransferStatus.failed(
                 StatusCode.INVALID_ARGUMENT,
                 f"range of {req.length} bytes at {req.local_addr:#x} (local) or "
@@ -88,6 +95,7 @@ class Router:
         except Exception as e:  # noqa: BLE001 - metadata failures become a status
             return TransferStatus.failed(StatusCode.INTERNAL, f"metadata lookup failed: {e!r}")
         if desc is None:
+            self.cma.forget(req.target_segment)
             return TransferStatus.failed(
                 StatusCode.NOT_FOUND,
                 f"segment {req.target_segment!r} is not published in {self._metadata_url()}")

@@ -7,8 +7,8 @@ numpy array, a torch tensor, a paged KV cache) is reachable, which only ``tcp`` 
 before (docs/benchmarks.md, issue 16 session 35).
 
 Who may: the kernel's ptrace access check (``PTRACE_MODE_ATTACH_REALCREDS``): the same
-uid and gid, at least the target's capabilities (so a root initiator needs
-``CAP_SYS_PTRACE``), a dumpable target, and no seccomp filter against the calls, which
+uid and gid and a permitted capability set holding all of the target's, or
+``CAP_SYS_PTRACE``; a dumpable target; and no seccomp filter against the calls, which
 container runtimes often add. Under Yama's ``ptrace_scope`` 1 (Ubuntu's default) only an
 ancestor may, so an engine that offers ``cma`` sets ``prctl(PR_SET_PTRACER_ANY)`` as Open
 MPI does: for the rest of the process's life, any process that passes those checks may
@@ -23,8 +23,9 @@ its server's checks do on ``tcp`` (BUG-64). Every engine offering ``cma`` keeps 
   after both read back through the pid of the descriptor found under that name, so
   another pid namespace, a reused pid, a process that is not the segment's owner, or a
   descriptor stored under another name cannot be copied through. The initiator holds a
-  pidfd of that process from then on and checks it before every copy, so a pid freed and
-  reused later is never written;
+  pidfd of that process from then on and checks it before every copy, so once the
+  process has exited its pid is not written even if reused (the only window left is
+  between that check and the system call, which takes the bare pid);
 * the address of a *snapshot* of the owner's registered ranges: an immutable buffer
   (generation, count, ranges) swapped in with one aligned 8-byte store whenever
   ``register_memory`` or ``unregister_memory`` changes them, and emptied for good by
@@ -46,11 +47,13 @@ import ctypes
 import ctypes.util
 import errno
 import hashlib
+import operator
 import os
 import secrets
 import select
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -114,7 +117,9 @@ def name_digest(segment: str) -> bytes:
 
 
 def in_address_space(addr: int, length: int) -> bool:
-    """``[addr, addr+length)`` lies within a 64-bit address space."""
+    """``[addr, addr+length)`` lies within a 64-bit address space (computed on Python
+    ints: a numpy ``uint64`` sum would wrap). ``TypeError`` for a non-integer."""
+    addr, length = operator.index(addr), operator.index(length)
     return addr >= 0 and length >= 0 and addr + length <= ADDRESS_LIMIT
 
 
@@ -309,22 +314,31 @@ class CmaPeer:
 
 
 class CmaPeers:
-    """Which peers ``cma`` reaches: each probed once per descriptor (:meth:`CmaPeer.open`)."""
+    """Which peers ``cma`` reaches: each segment's peer probed once per descriptor
+    (:meth:`CmaPeer.open`), holding a pidfd until its process exits, the segment is
+    re-published by another process or withdrawn, or :meth:`close`."""
+
+    MAX_PEERS = 256
+    """Live peers held at once (one pidfd each); beyond, new peers are refused cma."""
+    RETRY_S = 5.0
+    """A refusal is remembered this long, then the peer is probed again."""
 
     def __init__(self, stale: Callable[[str], None]) -> None:
         self._stale = stale
         self._lock = threading.Lock()
-        self._peers: dict[tuple[str, int, int, str], CmaPeer | str] = {}
+        self._peers: dict[str, tuple[tuple[int, int, str], CmaPeer | str, float]] = {}
+        self._closed = False
 
     def peer(self, segment: str, pid: int, anchor_addr: int, token_hex: str
              ) -> CmaPeer | str:
         """The peer, or why ``cma`` cannot reach it (remembered for this descriptor, and
         logged once as a warning). ``segment`` is the name the request used."""
-        key = (segment, pid, anchor_addr, token_hex)
+        key = (pid, anchor_addr, token_hex)
         with self._lock:
-            got = self._peers.get(key)
-        if got is not None:
-            return got
+            got = self._peers.get(segment)
+        if got is not None and got[0] == key and (
+                isinstance(got[1], CmaPeer) or time.monotonic() - got[2] < self.RETRY_S):
+            return got[1]
         out: CmaPeer | str
         if not supported():
             out = "process_vm_writev/readv or pidfds are not available"
@@ -332,33 +346,60 @@ class CmaPeers:
             peer = CmaPeer(segment, pid, anchor_addr, bytes.fromhex(token_hex), self._stale)
             peer.on_exit = self._forget
             out = peer.open() or peer
+        with self._lock:
+            old = self._peers.pop(segment, None)
+            if old is not None and old[0] == key and isinstance(old[1], CmaPeer):
+                self._peers[segment] = old  # another thread probed it meanwhile
+                self._refuse(out, "")
+                return old[1]
+            if old is not None:
+                self._refuse(old[1], "")  # the segment's previous process, or a refusal
+            self._sweep_locked()
+            if self._closed:
+                out = self._refuse(out, "the engine is closed")
+            elif isinstance(out, CmaPeer) and len(self._peers) >= self.MAX_PEERS:
+                out = self._refuse(out, f"{self.MAX_PEERS} cma peers held already")
+            if not self._closed:
+                self._peers[segment] = (key, out, time.monotonic())
         if isinstance(out, str):
             logger.warning("cma to segment %r refused: %s", segment, out)
-        with self._lock:
-            if key in self._peers:  # another thread probed it meanwhile: keep theirs
-                if isinstance(out, CmaPeer):
-                    out.close()
-                return self._peers[key]
-            if len(self._peers) > 4096:  # descriptors of peers long gone
-                self._close_locked()
-            self._peers[key] = out
         return out
+
+    @staticmethod
+    def _refuse(out: CmaPeer | str, why: str) -> str:
+        if isinstance(out, CmaPeer):
+            out.close()
+        return why
+
+    def _sweep_locked(self) -> None:
+        """Forget peers whose process has exited (their pidfds closed); run at every new
+        probe, so a departed peer's pidfd is held at most until the next one."""
+        for segment, (_, p, _t) in list(self._peers.items()):
+            if isinstance(p, CmaPeer) and not p.alive():
+                p.close()
+                del self._peers[segment]
+
+    def forget(self, segment: str) -> None:
+        """``segment`` is no longer published: close its peer's pidfd."""
+        with self._lock:
+            got = self._peers.pop(segment, None)
+        if got is not None:
+            self._refuse(got[1], "")
 
     def close(self) -> None:
         with self._lock:
-            self._close_locked()
+            self._closed = True
+            for _, p, _t in self._peers.values():
+                self._refuse(p, "")
+            self._peers.clear()
 
     def _forget(self, peer: CmaPeer) -> None:
-        """Drop an exited peer (its pidfd closed; a new probe is refused while its
-        descriptor stays the same)."""
+        """Drop an exited peer and close its pidfd (a new probe of the same descriptor
+        is then refused: the process is gone)."""
         with self._lock:
-            key = (peer.segment, peer.pid, peer.anchor_addr, peer.token.hex())
-            if self._peers.get(key) is peer:
-                self._peers[key] = f"segment {peer.segment!r}: pid {peer.pid} has exited"
+            got = self._peers.get(peer.segment)
+            if got is not None and got[1] is peer:
+                self._peers[peer.segment] = (got[0], f"segment {peer.segment!r}: pid "
+                                                     f"{peer.pid} has exited",
+                                             time.monotonic())
                 peer.close()
-
-    def _close_locked(self) -> None:
-        for p in self._peers.values():
-            if isinstance(p, CmaPeer):
-                p.close()
-        self._peers.clear()
