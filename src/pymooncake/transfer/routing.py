@@ -27,7 +27,8 @@ from pymooncake.transfer.config import TransferConfig
 from pymooncake.transfer.memory import MemoryRegion, MemoryRegistry, PeerMapping
 from pymooncake.transfer.segment import BufferDesc, SegmentDescriptor, local_host_id
 from pymooncake.transfer.transports.base import Slice
-from pymooncake.transfer.transports.cma import CmaPeer, CmaPeers, in_address_space
+from pymooncake.transfer.transports.cma import CmaPeer, in_address_space
+from pymooncake.transfer.transports.cma_peers import CmaPeers
 
 logger = init_logger(__name__)
 
