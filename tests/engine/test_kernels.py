@@ -50,9 +50,9 @@ def _ref_attention(q: torch.Tensor, kv: torch.Tensor, scale: float,
 
 @pytest.mark.parametrize("heads,kv_heads,d,bs", [(9, 3, 64, 16), (4, 4, 32, 8), (8, 2, 128, 16),
                                                   (4, 1, 64, 16), (8, 8, 64, 8),
-                                                  (10, 2, 64, 16)])
+                                                  (10, 2, 64, 16), (8, 2, 32, 16)])
 def test_paged_decode_matches_reference(heads: int, kv_heads: int, d: int, bs: int) -> None:
-    lens = [1, 17, 160, 33, 5]
+    lens = [1, 17, 161, 33, 5]  # the longest not a multiple of 16: padded scratch rows
     cache, tables, seqs = _paged(kv_heads, d, bs, lens, seed=heads + d)
     width = max(map(len, tables)) + 2  # padded rows, as the runner builds them
     table_t = torch.tensor([t + [0] * (width - len(t)) for t in tables])
@@ -64,7 +64,7 @@ def test_paged_decode_matches_reference(heads: int, kv_heads: int, d: int, bs: i
         torch.testing.assert_close(out[i:i + 1], ref, rtol=1e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("d", [64, 32])
+@pytest.mark.parametrize("d", [64, 32, 128])
 @pytest.mark.parametrize("ctx,n", [(512, 512), (300, 100), (7, 7), (50, 1), (1000, 300),
                                    (700, 700)])
 def test_prefill_attention_is_causal_over_prefix_and_chunk(d: int, ctx: int, n: int) -> None:

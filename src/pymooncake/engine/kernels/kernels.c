@@ -471,9 +471,10 @@ int pmk_prefill_attn_f32(const float *q, int64_t q_stride, int64_t n, const floa
         return 0;
     }
 #endif
-    /* scratch on 64-byte lines, rows of scores whole lines apart: with malloc's 16-byte
-     * alignment the same call ran 8.0 or 8.6-9.6 ms (tiny model, 448 tokens, one thread)
-     * depending on where the heap put them, so a worker's speed was a draw at start-up */
+    /* scratch on 64-byte lines: `acc`, read and written for every key, at 16 or 48 bytes
+     * past a line (malloc's alignment) made the same call ~15 % slower (tiny model, 448
+     * tokens, one thread: 8.0 or 8.6-9.6 ms, as the heap fell at a worker's start-up);
+     * the scores rows are rounded to 16 floats so that the size is a multiple of 64 */
     const int64_t s_stride = (ctx + 15) / 16 * 16;
     float *scores = aligned_alloc(64, (size_t)(g_count * s_stride) * sizeof(float));
     float *acc = aligned_alloc(64, (size_t)((g_count * d + 15) / 16 * 16) * sizeof(float));
