@@ -56,6 +56,20 @@ static inline float exp_neg(float x) {
     return p * two_n * under;
 }
 
+/* The scratch of attend_group_any for g_count query rows over up to ctx keys: `scores`
+ * (g_count rows, *s_stride floats apart) and `acc` (g_count * d floats), both on 64-byte
+ * lines. `acc`, read and written for every key, at 16 or 48 bytes past a line (malloc's
+ * alignment) made the same call ~15 % slower (tiny model, 448 tokens, one thread: 8.0 or
+ * 8.6-9.6 ms, as the heap fell at a worker's start-up). The scores rows are rounded to 16
+ * floats so that the size is a multiple of 64. Either pointer may come back NULL; free
+ * both with free(). */
+static void attn_scratch(int64_t g_count, int64_t ctx, int64_t d, float **scores,
+                         float **acc, int64_t *s_stride) {
+    *s_stride = (ctx + 15) / 16 * 16;
+    *scores = aligned_alloc(64, (size_t)(g_count * *s_stride) * sizeof(float));
+    *acc = aligned_alloc(64, (size_t)((g_count * d + 15) / 16 * 16) * sizeof(float));
+}
+
 /* Softmax weights in place over s[0..n): returns 1 / sum (the caller scales at the end). */
 static float softmax_unnormalised(float *s, int64_t n) {
 #ifdef PMK_VEXP
@@ -218,9 +232,9 @@ int pmk_paged_decode_f32(const float *q, int64_t q_stride, const float *cache,
 #pragma omp parallel num_threads((int)threads) \
     if (threads > 1 && items > 1 && total_ctx * kv_heads * d >= PMK_DEC_PAR_MIN_WORK)
     {
-        const int64_t s_stride = (max_ctx + 15) / 16 * 16;
-        float *scores = aligned_alloc(64, (size_t)(g_count * s_stride) * sizeof(float));
-        float *acc = aligned_alloc(64, (size_t)((g_count * d + 15) / 16 * 16) * sizeof(float));
+        float *scores, *acc;
+        int64_t s_stride;
+        attn_scratch(g_count, max_ctx, d, &scores, &acc, &s_stride);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             if (!scores || !acc) {
@@ -471,13 +485,9 @@ int pmk_prefill_attn_f32(const float *q, int64_t q_stride, int64_t n, const floa
         return 0;
     }
 #endif
-    /* scratch on 64-byte lines: `acc`, read and written for every key, at 16 or 48 bytes
-     * past a line (malloc's alignment) made the same call ~15 % slower (tiny model, 448
-     * tokens, one thread: 8.0 or 8.6-9.6 ms, as the heap fell at a worker's start-up);
-     * the scores rows are rounded to 16 floats so that the size is a multiple of 64 */
-    const int64_t s_stride = (ctx + 15) / 16 * 16;
-    float *scores = aligned_alloc(64, (size_t)(g_count * s_stride) * sizeof(float));
-    float *acc = aligned_alloc(64, (size_t)((g_count * d + 15) / 16 * 16) * sizeof(float));
+    float *scores, *acc;
+    int64_t s_stride;
+    attn_scratch(g_count, ctx, d, &scores, &acc, &s_stride);
     if (!scores || !acc) { free(scores); free(acc); return -1; }
     for (int64_t i = 0; i < n; i++) {
         const int64_t len = ctx - n + i + 1;
