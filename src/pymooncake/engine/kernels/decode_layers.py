@@ -72,6 +72,8 @@ class DecodeLayers:
         self.scratch = torch.empty(DECODE_ROWS_MAX * (2 * hidden + (2 * heads + 2 * kvh) * d
                                                       + 3 * inter), dtype=torch.float32)
         self.step = torch.zeros(DECODE_ROWS_MAX, 6, dtype=torch.int64)
+        self._step_rows = self.step.numpy()  # the same memory: a step's rows set in place
+        self._block_size = int(rows[0][14])
         self.rows = 1
         self.eps = eps
         self.scales = [layer.self_attn.scale for layer in layers]
@@ -99,14 +101,15 @@ class DecodeLayers:
                 or not tables.is_contiguous() or not cos_t.is_contiguous()
                 or not sin_t.is_contiguous() or cos_t.dtype != torch.float32
                 or sin_t.dtype != torch.float32 or max(positions) >= cos_t.shape[0]
-                or tables.shape[1] * int(self.plan[0, 14]) < max(ctx_lens)):
+                or tables.shape[1] * self._block_size < max(ctx_lens)):
             raise ValueError(f"DecodeLayers.set_step: 1..{DECODE_ROWS_MAX} sequences, an "
                              "int64 table row covering each ctx_len, float32 contiguous "
                              "RoPE tables covering the positions")
         base, stride = tables.data_ptr(), tables.stride(0) * 8
         c, s = cos_t.data_ptr(), sin_t.data_ptr()
-        self.step[:m] = torch.tensor([[positions[r], slots[r], base + r * stride, ctx_lens[r],
-                                       c, s] for r in range(m)], dtype=torch.int64)
+        rows = self._step_rows
+        for r in range(m):
+            rows[r] = (positions[r], slots[r], base + r * stride, ctx_lens[r], c, s)
         self.rows = m
 
     def run(self, i: int, x: torch.Tensor) -> None:

@@ -90,8 +90,7 @@ def forward(model: LlamaForCausalLM, x: torch.Tensor, positions: torch.Tensor,
 def rope_tables(model: LlamaForCausalLM, positions: torch.Tensor,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's RoPE ``cos, sin`` tables ``[P, head_dim]``, grown to cover ``positions``."""
-    model._cos_sin(positions, dtype)
-    cos_t, sin_t = model._rope_table
+    cos_t, sin_t = model.rope_table(positions, dtype)
     return cos_t.view(cos_t.shape[0], -1), sin_t.view(sin_t.shape[0], -1)
 
 

@@ -307,16 +307,23 @@ class LlamaForCausalLM(nn.Module):
 
     def _cos_sin(self, positions: torch.Tensor,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE ``cos, sin`` rows for ``positions`` from a table computed once per 4096
-        positions (the same elementwise values as computing them per step)."""
+        """RoPE ``cos, sin`` rows for ``positions`` (int64 ``[T]``) from ``rope_table``."""
+        cos_t, sin_t = self.rope_table(positions, dtype)
+        return cos_t[positions], sin_t[positions]
+
+    def rope_table(self, positions: torch.Tensor,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole RoPE ``cos, sin`` tables ``[P, 1, head_dim]`` of ``dtype`` (P a multiple
+        of 4096 positions, > every one of ``positions``), computed once and
+        grown when a position passes P (the same elementwise values as computing the rows
+        per step)."""
         need = int(positions.max()) + 1 if positions.numel() else 1
         table = getattr(self, "_rope_table", None)
         if table is None or table[0].shape[0] < need or table[0].dtype != dtype:
             size = -(-need // 4096) * 4096
-            cos, sin = rope_cos_sin(torch.arange(size), self.inv_freq, dtype)
-            table = (cos, sin)
+            table = rope_cos_sin(torch.arange(size), self.inv_freq, dtype)
             self._rope_table = table
-        return table[0][positions], table[1][positions]
+        return table
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
