@@ -276,6 +276,51 @@ def test_decode_layers_refuse_a_step_they_cannot_take() -> None:
         dl.set_step([40], [40], torch.zeros(1, 1, dtype=torch.int64), [41], cos_t, sin_t)
 
 
+def test_decode_layers_set_step_writes_every_sequence_row() -> None:
+    """``DecodeLayers.set_step`` with m = 3 sequences: row r of the step plan holds that
+    sequence's position, slot, block-table row address (base + r * row stride), context
+    and the RoPE tables' addresses, in that order; the rows past m are left alone."""
+    engine = make_engine()
+    engine.generate(random_prompts(1, 20, 20, seed=1), SamplingParams(max_tokens=2))
+    dl = engine.model.__dict__["_decode_layers"]
+    with torch.inference_mode():  # the plan was made under it
+        dl.step.fill_(-7)
+    cos_t, sin_t = torch.zeros(64, 32), torch.zeros(64, 32)
+    tables = torch.zeros(3, 4, dtype=torch.int64)
+    dl.set_step([5, 17, 40], [105, 217, 340], tables, [6, 18, 41], cos_t, sin_t)
+    row_bytes = tables.stride(0) * 8
+    assert dl.rows == 3
+    assert dl.step[:3].tolist() == [
+        [p, s, tables.data_ptr() + r * row_bytes, c, cos_t.data_ptr(), sin_t.data_ptr()]
+        for r, (p, s, c) in enumerate([(5, 105, 6), (17, 217, 18), (40, 340, 41)])]
+    assert (dl.step[3:] == -7).all()
+
+
+def test_rope_table_covers_every_position_and_follows_the_dtype() -> None:
+    """``LlamaForCausalLM.rope_table``: a table of 4096 positions serves position 4095, one
+    at 4096 grows it to 8192; another dtype gives a table of that dtype; the rows
+    ``_cos_sin`` takes from it equal ``rope_cos_sin`` computed for those positions alone
+    (float32 and float64), and ``fused.rope_tables`` is the same table as ``[P, head_dim]``."""
+    from pymooncake.engine.model import fused
+    model = make_engine().model
+    pos = torch.tensor([0, 4095, 17])
+    cos_t, sin_t = model.rope_table(pos, torch.float32)
+    assert cos_t.shape[0] == sin_t.shape[0] == 4096 and cos_t.dtype == torch.float32
+    assert model.rope_table(torch.tensor([4096]), torch.float32)[0].shape[0] == 8192
+    for dtype in (torch.float64, torch.float32):
+        table = model.rope_table(pos, dtype)
+        assert table[0].dtype == table[1].dtype == dtype
+        cos, sin = model._cos_sin(pos, dtype)
+        ref_cos, ref_sin = rope_cos_sin(pos, model.inv_freq, dtype)
+        assert torch.equal(cos, ref_cos) and torch.equal(sin, ref_sin)
+    flat_cos, flat_sin = fused.rope_tables(model, pos, torch.float32)
+    assert flat_cos.shape == (cos_t.shape[0], cos_t.shape[-1])
+    assert torch.equal(flat_cos[4095], rope_cos_sin(torch.tensor([4095]), model.inv_freq,
+                                                    torch.float32)[0].view(-1))
+    assert torch.equal(flat_sin[4095], rope_cos_sin(torch.tensor([4095]), model.inv_freq,
+                                                    torch.float32)[1].view(-1))
+
+
 def test_argmax_rows_is_torch_argmax() -> None:
     """Greedy sampling's C argmax: the first index of each row's largest value (ties), NaN
     counted as the largest (its first index), a strided row view, every length mod 64."""
