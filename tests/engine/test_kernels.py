@@ -315,10 +315,9 @@ def test_rope_table_covers_every_position_and_follows_the_dtype() -> None:
         assert torch.equal(cos, ref_cos) and torch.equal(sin, ref_sin)
     flat_cos, flat_sin = fused.rope_tables(model, pos, torch.float32)
     assert flat_cos.shape == (cos_t.shape[0], cos_t.shape[-1])
-    assert torch.equal(flat_cos[4095], rope_cos_sin(torch.tensor([4095]), model.inv_freq,
-                                                    torch.float32)[0].view(-1))
-    assert torch.equal(flat_sin[4095], rope_cos_sin(torch.tensor([4095]), model.inv_freq,
-                                                    torch.float32)[1].view(-1))
+    ref_cos, ref_sin = rope_cos_sin(torch.tensor([4095]), model.inv_freq, torch.float32)
+    assert torch.equal(flat_cos[4095], ref_cos.view(-1))
+    assert torch.equal(flat_sin[4095], ref_sin.view(-1))
 
 
 def test_argmax_rows_is_torch_argmax() -> None:
