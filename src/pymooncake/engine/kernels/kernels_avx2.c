@@ -92,9 +92,17 @@ static int64_t gemv_rows_simd(const float *w, const float *x, int64_t n_out, int
     int64_t o = 0;
     for (; o + 8 <= n_out; o += 8) {
         const float *r = w + o * k;
+        /* the weights ahead, one tile's worth as this tile streams (see gemv4_rows512) */
+        const char *pf = (const char *)(r + 8 * k) + GEMV_PF_AHEAD;
         __m256 a[8];
         for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
         for (int64_t j = 0; j < kv; j += 8) {
+#ifndef PMK_GEMV_NO_PREFETCH
+            _mm_prefetch(pf + 4 * 8 * j, _MM_HINT_T0);
+            _mm_prefetch(pf + 4 * 8 * j + 64, _MM_HINT_T0);
+            _mm_prefetch(pf + 4 * 8 * j + 128, _MM_HINT_T0);
+            _mm_prefetch(pf + 4 * 8 * j + 192, _MM_HINT_T0);
+#endif
             const __m256 xv = _mm256_loadu_ps(x + j);
             for (int i = 0; i < 8; i++)
                 a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(r + i * k + j), xv, a[i]);
