@@ -1,7 +1,7 @@
 import time, torch, ctypes, statistics, sys
 import importlib; build = importlib.import_module("pymooncake.engine.kernels.build")
 cc = build.compiler()
-variants = {"off": ("-DPMK_GEMV_NO_PREFETCH",), **{str(d): (f"-DGEMV_PF_AHEAD={d}",) for d in (8192, 16384, 32768, 65536)}}
+variants = {"off": ("-DPMK_GEMV_NO_PREFETCH",), **{str(d): (f"-DPMK_GEMV_PF_LEAD={d}",) for d in (8192, 16384, 32768, 65536)}}
 libs = {}
 for n, ex in variants.items():
     path = build.build(cc, build.OPENMP_FLAGS + ex)

@@ -24,12 +24,22 @@
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
-#ifndef GEMV_PF_AHEAD
-/* How far past the next tile of weight rows the GEMVs prefetch, in bytes. A build flag for
- * the A/B in docs/data/issue16_s38, where 8-24 KiB all streamed a 90 MB weight set at
- * 15-16 GB/s against 9 GB/s without prefetch; PMK_GEMV_NO_PREFETCH builds them without. */
-#define GEMV_PF_AHEAD 16384
+/* Software prefetch in the decode GEMVs (gemv4_rows512, gemv_rows_simd). While a tile of
+ * weight rows streams, the weights PMK_GEMV_PF_LEAD bytes past the tile's start (or past
+ * its end, if the tile is longer) are prefetched into L2 (PMK_GEMV_PF_HINT), one line for
+ * each line read. Weights that come from DRAM stream 1.4-1.7x faster with it, and weights
+ * already in cache slightly faster (docs/data/issue16_s38/sweep.txt, where the lead and the
+ * hint were chosen). The flags are for that A/B; PMK_GEMV_NO_PREFETCH builds the GEMVs
+ * without it. The addresses are integers (uintptr_t): near a matrix's end they point past
+ * it, and a prefetch never faults. */
+#ifndef PMK_GEMV_PF_LEAD
+#define PMK_GEMV_PF_LEAD 16384
 #endif
+#ifndef PMK_GEMV_PF_HINT
+#define PMK_GEMV_PF_HINT _MM_HINT_T1
+#endif
+#define PMK_GEMV_PF_START(tile_start, tile_bytes) \
+    ((uintptr_t)(tile_start) + ((tile_bytes) > PMK_GEMV_PF_LEAD ? (tile_bytes) : PMK_GEMV_PF_LEAD))
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 #define PMK_AVX2 1
 #include "kernels_avx2.c"
@@ -541,17 +551,17 @@ static inline void gemv4_rows512(const float *w, const float *x, const int R, in
     __m512 a[4][4];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_ps();
-    /* The weights ahead (contiguous after this tile's 4 rows) are prefetched as this tile
-     * streams, four lines an iteration, i.e. one tile's worth: on rows of 1-4 KiB the
-     * hardware prefetcher alone, which stops at every 4 KiB page, kept the GEMV from DRAM
-     * at ~9 GB/s. A prefetch past the matrix's end is harmless (it never faults). */
-    const char *pf = (const char *)(w0 + 4 * k) + GEMV_PF_AHEAD;
+#ifndef PMK_GEMV_NO_PREFETCH
+    /* the weights ahead, four lines an iteration as this tile's 4 rows read four (without
+     * it the GEMV streamed the tiny model's 1 KiB rows from DRAM at ~9 GB/s) */
+    const uintptr_t pf = PMK_GEMV_PF_START(w0, 4 * k * (int64_t)sizeof(float));
+#endif
     for (int64_t j = 0; j < kv; j += 16) {
 #ifndef PMK_GEMV_NO_PREFETCH
-        _mm_prefetch(pf + 4 * 4 * j, _MM_HINT_T0);
-        _mm_prefetch(pf + 4 * 4 * j + 64, _MM_HINT_T0);
-        _mm_prefetch(pf + 4 * 4 * j + 128, _MM_HINT_T0);
-        _mm_prefetch(pf + 4 * 4 * j + 192, _MM_HINT_T0);
+        _mm_prefetch((const char *)(pf + 16 * j), PMK_GEMV_PF_HINT);
+        _mm_prefetch((const char *)(pf + 16 * j + 64), PMK_GEMV_PF_HINT);
+        _mm_prefetch((const char *)(pf + 16 * j + 128), PMK_GEMV_PF_HINT);
+        _mm_prefetch((const char *)(pf + 16 * j + 192), PMK_GEMV_PF_HINT);
 #endif
         const __m512 v0 = _mm512_loadu_ps(w0 + j), v1 = _mm512_loadu_ps(w1 + j),
                      v2 = _mm512_loadu_ps(w2 + j), v3 = _mm512_loadu_ps(w3 + j);

@@ -92,16 +92,18 @@ static int64_t gemv_rows_simd(const float *w, const float *x, int64_t n_out, int
     int64_t o = 0;
     for (; o + 8 <= n_out; o += 8) {
         const float *r = w + o * k;
-        /* the weights ahead, one tile's worth as this tile streams (see gemv4_rows512) */
-        const char *pf = (const char *)(r + 8 * k) + GEMV_PF_AHEAD;
+#ifndef PMK_GEMV_NO_PREFETCH
+        /* the weights ahead, four lines an iteration as the 8 rows read four (kernels.c) */
+        const uintptr_t pf = PMK_GEMV_PF_START(r, 8 * k * (int64_t)sizeof(float));
+#endif
         __m256 a[8];
         for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
         for (int64_t j = 0; j < kv; j += 8) {
 #ifndef PMK_GEMV_NO_PREFETCH
-            _mm_prefetch(pf + 4 * 8 * j, _MM_HINT_T0);
-            _mm_prefetch(pf + 4 * 8 * j + 64, _MM_HINT_T0);
-            _mm_prefetch(pf + 4 * 8 * j + 128, _MM_HINT_T0);
-            _mm_prefetch(pf + 4 * 8 * j + 192, _MM_HINT_T0);
+            _mm_prefetch((const char *)(pf + 32 * j), PMK_GEMV_PF_HINT);
+            _mm_prefetch((const char *)(pf + 32 * j + 64), PMK_GEMV_PF_HINT);
+            _mm_prefetch((const char *)(pf + 32 * j + 128), PMK_GEMV_PF_HINT);
+            _mm_prefetch((const char *)(pf + 32 * j + 192), PMK_GEMV_PF_HINT);
 #endif
             const __m256 xv = _mm256_loadu_ps(x + j);
             for (int i = 0; i < 8; i++)
