@@ -266,7 +266,14 @@ def test_decode_layers_refuse_a_step_they_cannot_take() -> None:
     lm = engine.model.lm_head.weight
     assert dl.weight_bytes + lm.numel() * 4 < kernels.decode_rows_max.__globals__[
         "CACHED_WEIGHTS_BYTES"] and dl.max_rows == kernels.DECODE_ROWS_MAX == 8
-    assert kernels.decode_rows_max(540 << 20) == 2  # SmolLM2-sized: oneDNN from 3 rows
+    # SmolLM2-sized weights: C rows up to 8 on AVX-512 (the 4-row GEMV tile), else 2
+    assert kernels.decode_rows_max(540 << 20, avx512=True) == kernels.DECODE_ROWS_MAX
+    assert kernels.decode_rows_max(540 << 20, avx512=False) == 2
+    assert kernels.decode_rows_max(11 << 20, avx512=False) == kernels.DECODE_ROWS_MAX
+    # DecodeLayers tells an AVX-512 build by pmk_flash_group_vecs (built with -march=native)
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        avx512 = "avx512f" in next((ln for ln in f if ln.startswith("flags")), "").split()
+    assert hasattr(kernels.library(), "pmk_flash_group_vecs") == avx512
     cos_t = sin_t = torch.zeros(64, 32)
     n = kernels.DECODE_ROWS_MAX + 1
     with pytest.raises(ValueError, match=f"1..{kernels.DECODE_ROWS_MAX} sequences"):

@@ -9,19 +9,27 @@ DECODE_ROWS_MAX = 8
 
 CACHED_WEIGHTS_BYTES = 32 << 20
 """Decode weights (layers + LM head) up to this size take ``DECODE_ROWS_MAX`` rows per
-C step; larger ones 2 (``decode_rows_max``)."""
+C step on any build; larger ones too on an AVX-512 build, 2 elsewhere
+(``decode_rows_max``)."""
 
 
-def decode_rows_max(weight_bytes: int) -> int:
+def decode_rows_max(weight_bytes: int, avx512: bool) -> int:
     """Most sequences a pure decode step of a model with ``weight_bytes`` of decode weights
-    runs through ``DecodeLayers`` (more go to the batched oneDNN GEMM path). Measured with
-    ``pymooncake bench engine --input-len 400 --output-len 48`` (docs/benchmarks.md,
-    "Decode batches"): for the tiny model (11 MB, cache-resident) the C rows beat oneDNN's
-    GEMM at every batch from 2 to 8 (0.54 against 0.96 ms at 2, 1.47 against 1.84 at 8);
-    for SmolLM2-135M (540 MB, memory-bound) they tie at 2 (21.0 against 21.3 ms) and lose
-    from 3 on (24.9 against 24.1 at 3, 39.4 against 27.9 at 6), where oneDNN's GEMM does
-    more arithmetic per weight byte than four-row GEMV tiles."""
-    return DECODE_ROWS_MAX if weight_bytes <= CACHED_WEIGHTS_BYTES else 2
+    runs through ``DecodeLayers`` (more go to the batched oneDNN GEMM path); ``avx512``:
+    the kernels were built with AVX-512 (their GEMV reads each weight once for 4 rows).
+
+    Measured (docs/benchmarks.md, "Decode batches" and issue 16 session 38): for the tiny
+    model (11 MB, cache-resident) the C rows beat oneDNN's GEMM at every batch from 2 to 8
+    (0.54 against 0.96 ms at 2, 1.47 against 1.84 at 8). For SmolLM2-135M (540 MB,
+    memory-bound) they lost from 3 rows on before the GEMVs prefetched their weights
+    (24.9 against 24.1 ms at 3, 39.4 against 27.9 at 6); since then, on the AVX-512 build,
+    they win at 3, 4, 6 and 8 rows (32.3 against 45.3 ms at 3, 28.6 against 44.5 at 4,
+    42.5 against 45.0 at 6, 48.0 against 55.8 at 8). The AVX2 build's rows (one GEMV per
+    row over L2-sized tiles) were not measured against oneDNN for large weights, so they
+    keep the old bound of 2."""
+    if weight_bytes <= CACHED_WEIGHTS_BYTES or avx512:
+        return DECODE_ROWS_MAX
+    return 2
 
 
 class DecodeLayers:
@@ -83,7 +91,9 @@ class DecodeLayers:
                                           layer.mlp.gate_up_proj.weight,
                                           layer.mlp.down_proj.weight))
         """Bytes of the layers' GEMV weights (qkv, o, gate|up, down)."""
-        self.max_rows = decode_rows_max(self.weight_bytes + extra_weight_bytes)
+        # pmk_flash_group_vecs exists in AVX-512 builds only (so does gemv4_rows512)
+        self.max_rows = decode_rows_max(self.weight_bytes + extra_weight_bytes,
+                                        avx512=hasattr(self._lib, "pmk_flash_group_vecs"))
         """Sequences a step runs here at most (``decode_rows_max`` of the layers' weights
         and ``extra_weight_bytes``: the model's LM head, ``model/fused.py``)."""
 

@@ -1,0 +1,41 @@
+"""SmolLM2-135M, 6 prompts decoded greedily in one batch, twice: through DecodeLayers' C
+rows (up to 8 sequences a step on AVX-512 since session 38), and with each decode step's
+rows run one by one through the one-row C call (tests/engine/test_kernels.py's
+row_by_row). Token ids and logits must be equal bit for bit (the rows path is
+batch-invariant); the first run must have stepped 6 rows at once."""
+import random, torch
+from pymooncake.engine import kernels
+from pymooncake.engine.engine import Engine
+from pymooncake.engine.config import EngineConfig
+from pymooncake.engine.model import fused as fused_step
+from pymooncake.engine.sampling import SamplingParams
+
+def eng():
+    return Engine.from_model_name("smollm2", EngineConfig(num_kv_blocks=1024, max_model_len=4096,
+                                                          num_threads=1))
+batched = fused_step._forward_decode
+seen = []
+def spy(model, dl, x, *rest):
+    seen.append(x.shape[0])
+    return batched(model, dl, x, *rest)
+def row_by_row(model, dl, x, positions, meta, _before, _after, cos_t, sin_t):
+    out = []
+    for r in range(x.shape[0]):
+        dl.set_step([int(positions[r])], [int(meta.slot_mapping[r])], meta.decode_tables[r:r + 1],
+                    [int(meta.decode_ctx_lens[r])], cos_t, sin_t)
+        xr = x[r:r + 1].contiguous().clone()
+        for i in range(len(model.model.layers)):
+            dl.run(i, xr)
+        out.append(xr)
+    return kernels.rms_norm(torch.cat(out), model.model.norm.weight, model.config.rms_norm_eps)
+rnd = random.Random(3)
+prompts = [[rnd.randrange(300, 20000) for _ in range(rnd.randrange(20, 120))] for _ in range(6)]
+p = SamplingParams(max_tokens=8, ignore_eos=True, return_logits=True)
+fused_step._forward_decode = spy
+e = eng(); a = e.generate(prompts, p)
+print("max_rows", e.model.__dict__["_decode_layers"].max_rows, "rows a decode step", max(seen))
+fused_step._forward_decode = row_by_row
+b = eng().generate(prompts, p)
+print("token ids equal:", all(x.output_token_ids == y.output_token_ids for x, y in zip(a, b)),
+      "logits equal:", all(torch.equal(torch.stack(list(x.logits)), torch.stack(list(y.logits)))
+                           for x, y in zip(a, b)))
