@@ -257,6 +257,36 @@ def test_batched_decode_rows_equal_each_sequence_decoded_alone(monkeypatch) -> N
         assert torch.equal(torch.stack(list(x.logits)), torch.stack(list(y.logits)))
 
 
+def test_decode_rows_bound_follows_weights_tile_and_threads() -> None:
+    """``decode_rows_max``: cache-resident weights take 8 rows; memory-bound ones 8 with the
+    4-row GEMV tile on one thread, 4 on more, 2 without the tile. ``DecodeLayers`` passes
+    the library's tile and torch's threads (a SmolLM2-sized LM head on the tiny layers)."""
+    big, small = 540 << 20, 11 << 20
+    assert kernels.decode_rows_max(small, 1, 2) == kernels.DECODE_ROWS_MAX == 8
+    assert kernels.decode_rows_max(big, 4, 1) == 8
+    assert kernels.decode_rows_max(big, 4, 2) == 4
+    assert kernels.decode_rows_max(big, 1, 1) == 2
+    engine = make_engine()
+    layers, eps = list(engine.model.model.layers), engine.model.config.rms_norm_eps
+    tile = kernels.library().pmk_gemv_row_tile()
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            dl = kernels.DecodeLayers(layers, engine.kv.layer_caches, eps, extra_weight_bytes=big)
+            assert dl.max_rows == (2 if tile < 4 else 8 if n == 1 else 4)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_gemv_row_tile_is_four_on_avx512_builds() -> None:
+    """``pmk_gemv_row_tile`` says 4 exactly when the kernels (built ``-march=native``) have
+    AVX-512, i.e. when the CPU has it."""
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        avx512 = "avx512f" in next((ln for ln in f if ln.startswith("flags")), "").split()
+    assert kernels.library().pmk_gemv_row_tile() == (4 if avx512 else 1)
+
+
 def test_decode_layers_refuse_a_step_they_cannot_take() -> None:
     """``DecodeLayers.set_step`` refuses more than ``DECODE_ROWS_MAX`` sequences and a
     block table shorter than a context, naming the limit."""
@@ -266,14 +296,6 @@ def test_decode_layers_refuse_a_step_they_cannot_take() -> None:
     lm = engine.model.lm_head.weight
     assert dl.weight_bytes + lm.numel() * 4 < kernels.decode_rows_max.__globals__[
         "CACHED_WEIGHTS_BYTES"] and dl.max_rows == kernels.DECODE_ROWS_MAX == 8
-    # SmolLM2-sized weights: C rows up to 8 on AVX-512 (the 4-row GEMV tile), else 2
-    assert kernels.decode_rows_max(540 << 20, avx512=True) == kernels.DECODE_ROWS_MAX
-    assert kernels.decode_rows_max(540 << 20, avx512=False) == 2
-    assert kernels.decode_rows_max(11 << 20, avx512=False) == kernels.DECODE_ROWS_MAX
-    # DecodeLayers tells an AVX-512 build by pmk_flash_group_vecs (built with -march=native)
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-        avx512 = "avx512f" in next((ln for ln in f if ln.startswith("flags")), "").split()
-    assert hasattr(kernels.library(), "pmk_flash_group_vecs") == avx512
     cos_t = sin_t = torch.zeros(64, 32)
     n = kernels.DECODE_ROWS_MAX + 1
     with pytest.raises(ValueError, match=f"1..{kernels.DECODE_ROWS_MAX} sequences"):

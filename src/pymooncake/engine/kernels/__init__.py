@@ -85,6 +85,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn = lib.pmk_argmax_rows_f32
     fn.restype = None
     fn.argtypes = [ptr, i64, i64, i64, ptr]
+    fn = lib.pmk_gemv_row_tile
+    fn.restype = ctypes.c_int
+    fn.argtypes = []
 
 
 def library() -> ctypes.CDLL | None:

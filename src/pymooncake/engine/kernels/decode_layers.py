@@ -9,26 +9,31 @@ DECODE_ROWS_MAX = 8
 
 CACHED_WEIGHTS_BYTES = 32 << 20
 """Decode weights (layers + LM head) up to this size take ``DECODE_ROWS_MAX`` rows per
-C step on any build; larger ones too on an AVX-512 build, 2 elsewhere
-(``decode_rows_max``)."""
+C step on any build; larger ones see ``decode_rows_max``."""
 
 
-def decode_rows_max(weight_bytes: int, avx512: bool) -> int:
+def decode_rows_max(weight_bytes: int, row_tile: int, threads: int) -> int:
     """Most sequences a pure decode step of a model with ``weight_bytes`` of decode weights
-    runs through ``DecodeLayers`` (more go to the batched oneDNN GEMM path); ``avx512``:
-    the kernels were built with AVX-512 (their GEMV reads each weight once for 4 rows).
+    runs through ``DecodeLayers`` (more go to the batched oneDNN GEMM path, which also
+    takes the LM head from there on: ``LlamaForCausalLM.compute_logits``). ``row_tile``:
+    input rows the kernels' GEMV reads each weight vector once for
+    (``pmk_gemv_row_tile``: 4 on AVX-512, 1 elsewhere); ``threads``: torch's intra-op
+    threads (oneDNN uses them all, the C rows one).
 
-    Measured (docs/benchmarks.md, "Decode batches" and issue 16 session 38): for the tiny
-    model (11 MB, cache-resident) the C rows beat oneDNN's GEMM at every batch from 2 to 8
-    (0.54 against 0.96 ms at 2, 1.47 against 1.84 at 8). For SmolLM2-135M (540 MB,
-    memory-bound) they lost from 3 rows on before the GEMVs prefetched their weights
-    (24.9 against 24.1 ms at 3, 39.4 against 27.9 at 6); since then, on the AVX-512 build,
-    they win at 3, 4, 6 and 8 rows (32.3 against 45.3 ms at 3, 28.6 against 44.5 at 4,
-    42.5 against 45.0 at 6, 48.0 against 55.8 at 8). The AVX2 build's rows (one GEMV per
-    row over L2-sized tiles) were not measured against oneDNN for large weights, so they
-    keep the old bound of 2."""
-    if weight_bytes <= CACHED_WEIGHTS_BYTES or avx512:
+    - Cache-resident weights (<= ``CACHED_WEIGHTS_BYTES``): ``DECODE_ROWS_MAX``. The tiny
+      model's (11 MB) C rows beat oneDNN's GEMM at every batch from 2 to 8 (0.54 against
+      0.96 ms at 2, 1.47 against 1.84 at 8; docs/benchmarks.md, "Decode batches").
+    - Memory-bound weights with the 4-row tile: ``DECODE_ROWS_MAX`` on one thread, 4 on
+      more. SmolLM2-135M (540 MB), wall ms a step, C rows against oneDNN (issue 16 session
+      38, after the GEMVs began prefetching their weights and serving every 4-row group
+      from each weight tile): one thread 32.6 / 39.7 at 4 rows, 31.0 / 42.5 at 5, 41.4 /
+      54.6 at 8; two threads 28.1 / 30.6 at 4, 32.9 / 30.6 at 5, 42.7 / 37.0 at 8.
+    - Otherwise 2: without the tile each row streams the weights again (from L2-sized
+      tiles), and SmolLM2 lost to oneDNN from 3 rows (session 18, before the prefetch)."""
+    if weight_bytes <= CACHED_WEIGHTS_BYTES:
         return DECODE_ROWS_MAX
+    if row_tile >= 4:
+        return DECODE_ROWS_MAX if threads <= 1 else 4
     return 2
 
 
@@ -91,9 +96,9 @@ class DecodeLayers:
                                           layer.mlp.gate_up_proj.weight,
                                           layer.mlp.down_proj.weight))
         """Bytes of the layers' GEMV weights (qkv, o, gate|up, down)."""
-        # pmk_flash_group_vecs exists in AVX-512 builds only (so does gemv4_rows512)
         self.max_rows = decode_rows_max(self.weight_bytes + extra_weight_bytes,
-                                        avx512=hasattr(self._lib, "pmk_flash_group_vecs"))
+                                        self._lib.pmk_gemv_row_tile(),
+                                        torch.get_num_threads())
         """Sequences a step runs here at most (``decode_rows_max`` of the layers' weights
         and ``extra_weight_bytes``: the model's LM head, ``model/fused.py``)."""
 

@@ -591,6 +591,16 @@ static inline void gemv4_rows512(const float *w, const float *x, const int R, in
 }
 #endif
 
+/* Input rows the decode GEMV's register tile reads each weight vector once for: 4 on
+ * AVX-512 (gemv4_rows512), 1 elsewhere (kernels.decode_rows_max asks). */
+int pmk_gemv_row_tile(void) {
+#ifdef __AVX512F__
+    return 4;
+#else
+    return 1;
+#endif
+}
+
 /* One-row GEMM (batch-1 decode), memory-bound: y[o] = W[o, :] . x (+ bias[o])
  * (+ residual[o]) for W [n_out, k] row-major float32, streamed once, four rows at a time.
  * bias and residual may be NULL. */

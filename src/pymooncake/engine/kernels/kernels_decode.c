@@ -47,7 +47,8 @@ int pmk_decode_layer_f32(const int64_t *lp, const int64_t *st, float eps, float 
  * pmk_gemv_f32 makes for that row alone, in its order: a row's floats do not depend on m
  * or on the other rows (a decode batch is batch-invariant). AVX-512: gemv4_rows512 (the
  * one-row GEMV's own tile) over up to 4 input rows, each weight vector loaded once per 4
- * rows (a decode batch streams the weights once, not m times). Elsewhere: pmk_gemv_f32 per row
+ * rows, the row groups inside each weight tile (a decode batch streams the weights from
+ * memory once, not m times). Elsewhere: pmk_gemv_f32 per row
  * over output tiles of at most GEMV_TILE_FLOATS weights (each tile then read from L2
  * for the later rows; tiles start at multiples of 8 rows, so the 8-row groups of the
  * AVX2 GEMV fall as in one whole call). x [m, k] and y, residual [m, n_out] contiguous;
@@ -58,11 +59,13 @@ void pmk_gemv_rows_f32(const float *w, const float *x, int64_t m, int64_t n_out,
                        const float *bias, const float *residual, float *y) {
 #ifdef __AVX512F__
     const int64_t n4 = n_out / 4 * 4;
-    for (int64_t r0 = 0; r0 < m; r0 += 4) {
-        const int64_t left = m - r0;
-        const float *xr = x + r0 * k;
-        float *yr = y + r0 * n_out;
-        for (int64_t o = 0; o < n4; o += 4) {
+    /* row groups inside the weight tiles: a tile read for the first 4 rows is still in L1
+     * for the next 4, so 5-8 rows stream the weights once, not twice */
+    for (int64_t o = 0; o < n4; o += 4) {
+        for (int64_t r0 = 0; r0 < m; r0 += 4) {
+            const int64_t left = m - r0;
+            const float *xr = x + r0 * k;
+            float *yr = y + r0 * n_out;
             switch (left >= 4 ? 4 : left) { /* constant R: the r loops unroll */
             case 4: gemv4_rows512(w, xr, 4, k, o, yr, n_out); break;
             case 3: gemv4_rows512(w, xr, 3, k, o, yr, n_out); break;
