@@ -40,6 +40,12 @@
 #endif
 #define PMK_GEMV_PF_START(tile_start, tile_bytes) \
     ((uintptr_t)(tile_start) + ((tile_bytes) > PMK_GEMV_PF_LEAD ? (tile_bytes) : PMK_GEMV_PF_LEAD))
+/* The four lines from integer address a: what one iteration of either GEMV reads. */
+#define PMK_GEMV_PREFETCH4(a)                                                       \
+    do {                                                                            \
+        for (int pf_l = 0; pf_l < 4; pf_l++)                                        \
+            _mm_prefetch((const char *)((a) + 64 * pf_l), PMK_GEMV_PF_HINT);        \
+    } while (0)
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 #define PMK_AVX2 1
 #include "kernels_avx2.c"
@@ -558,10 +564,7 @@ static inline void gemv4_rows512(const float *w, const float *x, const int R, in
 #endif
     for (int64_t j = 0; j < kv; j += 16) {
 #ifndef PMK_GEMV_NO_PREFETCH
-        _mm_prefetch((const char *)(pf + 16 * j), PMK_GEMV_PF_HINT);
-        _mm_prefetch((const char *)(pf + 16 * j + 64), PMK_GEMV_PF_HINT);
-        _mm_prefetch((const char *)(pf + 16 * j + 128), PMK_GEMV_PF_HINT);
-        _mm_prefetch((const char *)(pf + 16 * j + 192), PMK_GEMV_PF_HINT);
+        PMK_GEMV_PREFETCH4(pf + 16 * j);
 #endif
         const __m512 v0 = _mm512_loadu_ps(w0 + j), v1 = _mm512_loadu_ps(w1 + j),
                      v2 = _mm512_loadu_ps(w2 + j), v3 = _mm512_loadu_ps(w3 + j);

@@ -100,10 +100,7 @@ static int64_t gemv_rows_simd(const float *w, const float *x, int64_t n_out, int
         for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
         for (int64_t j = 0; j < kv; j += 8) {
 #ifndef PMK_GEMV_NO_PREFETCH
-            _mm_prefetch((const char *)(pf + 32 * j), PMK_GEMV_PF_HINT);
-            _mm_prefetch((const char *)(pf + 32 * j + 64), PMK_GEMV_PF_HINT);
-            _mm_prefetch((const char *)(pf + 32 * j + 128), PMK_GEMV_PF_HINT);
-            _mm_prefetch((const char *)(pf + 32 * j + 192), PMK_GEMV_PF_HINT);
+            PMK_GEMV_PREFETCH4(pf + 32 * j);
 #endif
             const __m256 xv = _mm256_loadu_ps(x + j);
             for (int i = 0; i < 8; i++)
