@@ -259,32 +259,43 @@ def test_batched_decode_rows_equal_each_sequence_decoded_alone(monkeypatch) -> N
 
 def test_decode_rows_bound_follows_weights_tile_and_threads() -> None:
     """``decode_rows_max``: cache-resident weights take 8 rows; memory-bound ones 8 with the
-    4-row GEMV tile on one thread, 4 on more, 2 without the tile. ``DecodeLayers`` passes
-    the library's tile and torch's threads (a SmolLM2-sized LM head on the tiny layers)."""
+    4-row GEMV tile on one thread, 4 on more; on AVX2 (8 lanes, no tile) 4 on one thread,
+    2 on more; in plain C 2. ``DecodeLayers`` passes the library's tile and lanes and
+    torch's threads (a SmolLM2-sized LM head on the tiny layers)."""
     big, small = 540 << 20, 11 << 20
-    assert kernels.decode_rows_max(small, 1, 2) == kernels.DECODE_ROWS_MAX == 8
-    assert kernels.decode_rows_max(big, 4, 1) == 8
-    assert kernels.decode_rows_max(big, 4, 2) == 4
-    assert kernels.decode_rows_max(big, 1, 1) == 2
+    assert kernels.decode_rows_max(small, 1, 2, 1) == kernels.DECODE_ROWS_MAX == 8
+    assert kernels.decode_rows_max(big, 4, 1, 16) == 8
+    assert kernels.decode_rows_max(big, 4, 2, 16) == 4
+    assert kernels.decode_rows_max(big, 1, 1, 8) == 4
+    assert kernels.decode_rows_max(big, 1, 2, 8) == 2
+    assert kernels.decode_rows_max(big, 1, 1, 1) == 2
     engine = make_engine()
     layers, eps = list(engine.model.model.layers), engine.model.config.rms_norm_eps
-    tile = kernels.library().pmk_gemv_row_tile()
+    lib = kernels.library()
+    tile, lanes = lib.pmk_gemv_row_tile(), lib.pmk_gemv_lanes()
     threads = torch.get_num_threads()
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
             dl = kernels.DecodeLayers(layers, engine.kv.layer_caches, eps, extra_weight_bytes=big)
-            assert dl.max_rows == (2 if tile < 4 else 8 if n == 1 else 4)
+            want = ((8 if n == 1 else 4) if tile >= 4
+                    else 4 if n == 1 and lanes >= 8 else 2)
+            assert dl.max_rows == want
     finally:
         torch.set_num_threads(threads)
 
 
 def test_gemv_row_tile_is_four_on_avx512_builds() -> None:
     """``pmk_gemv_row_tile`` says 4 exactly when the kernels (built ``-march=native``) have
-    AVX-512, i.e. when the CPU has it."""
+    AVX-512, i.e. when the CPU has it; ``pmk_gemv_lanes`` 16 then, 8 with AVX2 and FMA,
+    else 1."""
     with open("/proc/cpuinfo", encoding="utf-8") as f:
-        avx512 = "avx512f" in next((ln for ln in f if ln.startswith("flags")), "").split()
-    assert kernels.library().pmk_gemv_row_tile() == (4 if avx512 else 1)
+        flags = next((ln for ln in f if ln.startswith("flags")), "").split()
+    avx512 = "avx512f" in flags
+    lib = kernels.library()
+    assert lib.pmk_gemv_row_tile() == (4 if avx512 else 1)
+    assert lib.pmk_gemv_lanes() == (16 if avx512 else 8 if {"avx2", "fma"} <= set(flags)
+                                    else 1)
 
 
 def test_decode_layers_refuse_a_step_they_cannot_take() -> None:

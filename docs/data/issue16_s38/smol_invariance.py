@@ -2,8 +2,10 @@
 rows (up to 8 sequences a step on AVX-512 since session 38), and with each decode step's
 rows run one by one through the one-row C call (tests/engine/test_kernels.py's
 row_by_row). Token ids and logits must be equal bit for bit (the rows path is
-batch-invariant); the first run must have stepped 6 rows at once."""
-import random, torch
+batch-invariant); the first run must have stepped as many rows at once as there are
+prompts. argv: the number of prompts (default 6; session 39 ran 4 on an AVX2 build,
+whose bound is 4 rows)."""
+import random, sys, torch
 from pymooncake.engine import kernels
 from pymooncake.engine.engine import Engine
 from pymooncake.engine.config import EngineConfig
@@ -29,7 +31,8 @@ def row_by_row(model, dl, x, positions, meta, _before, _after, cos_t, sin_t):
         out.append(xr)
     return kernels.rms_norm(torch.cat(out), model.model.norm.weight, model.config.rms_norm_eps)
 rnd = random.Random(3)
-prompts = [[rnd.randrange(300, 20000) for _ in range(rnd.randrange(20, 120))] for _ in range(6)]
+prompts = [[rnd.randrange(300, 20000) for _ in range(rnd.randrange(20, 120))]
+           for _ in range(int(sys.argv[1]) if len(sys.argv) > 1 else 6)]
 p = SamplingParams(max_tokens=8, ignore_eos=True, return_logits=True)
 fused_step._forward_decode = spy
 e = eng(); a = e.generate(prompts, p)

@@ -88,6 +88,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn = lib.pmk_gemv_row_tile
     fn.restype = ctypes.c_int
     fn.argtypes = []
+    fn = lib.pmk_gemv_lanes
+    fn.restype = ctypes.c_int
+    fn.argtypes = []
 
 
 def library() -> ctypes.CDLL | None:

@@ -12,13 +12,14 @@ CACHED_WEIGHTS_BYTES = 32 << 20
 C step on any build; larger ones see ``decode_rows_max``."""
 
 
-def decode_rows_max(weight_bytes: int, row_tile: int, threads: int) -> int:
+def decode_rows_max(weight_bytes: int, row_tile: int, threads: int, lanes: int) -> int:
     """Most sequences a pure decode step of a model with ``weight_bytes`` of decode weights
     runs through ``DecodeLayers`` (more go to the batched oneDNN GEMM path, which also
     takes the LM head from there on: ``LlamaForCausalLM.compute_logits``). ``row_tile``:
     input rows the kernels' GEMV reads each weight vector once for
     (``pmk_gemv_row_tile``: 4 on AVX-512, 1 elsewhere); ``threads``: torch's intra-op
-    threads (oneDNN uses them all, the C rows one).
+    threads (oneDNN uses them all, the C rows one); ``lanes``: floats per vector of the
+    GEMV (``pmk_gemv_lanes``: 16 on AVX-512, 8 on AVX2 + FMA, 1 in plain C).
 
     - Cache-resident weights (<= ``CACHED_WEIGHTS_BYTES``): ``DECODE_ROWS_MAX``. The tiny
       model's (11 MB) C rows beat oneDNN's GEMM at every batch from 2 to 8 (0.54 against
@@ -28,13 +29,24 @@ def decode_rows_max(weight_bytes: int, row_tile: int, threads: int) -> int:
       38, after the GEMVs began prefetching their weights and serving every 4-row group
       from each weight tile): one thread 32.6 / 39.7 at 4 rows, 31.0 / 42.5 at 5, 41.4 /
       54.6 at 8; two threads 28.1 / 30.6 at 4, 32.9 / 30.6 at 5, 42.7 / 37.0 at 8.
-    - Otherwise 2: without the tile each row streams the weights again (from L2-sized
-      tiles), and SmolLM2 lost to oneDNN from 3 rows (session 18, before the prefetch)."""
+    - AVX2 + FMA (no row tile, 8 lanes): 4 on one thread, 2 on more. Each row reads the
+      weights again, but from the L2-sized tile the first row brought in, so the DRAM
+      stream is paid once. SmolLM2 on a Zen 3 guest (AVX2; issue 16 session 39,
+      ``smol3.py``, one process alternating the two paths; CPU ms of one thread a step,
+      oneDNN / C rows, medians): two runs at 3 rows, 99.7 / 70.1 (6 rounds) and 63.3 /
+      56.0 (8 rounds, C lower in 8 of 8 pairs); at 4 rows 90.9 / 66.4 and 68.4 / 60.7 (C
+      lower in 6 of 8 pairs); one run of 6 rounds each at 5, 6 and 8 rows: 80.1 / 74.2,
+      81.1 / 78.7, 91.5 / 105.9. Only the ratios within a run count: the host moved the
+      levels between runs. On two threads oneDNN won at 3 and 4 rows (wall 41.6 / 55.7
+      and 41.7 / 55.3 ms, 4 rounds).
+    - Plain C (1 lane; no prefetch, one reduction per output): 2, the bound from before
+      the prefetch (session 18: SmolLM2's rows lost to oneDNN from 3 rows); not measured
+      since."""
     if weight_bytes <= CACHED_WEIGHTS_BYTES:
         return DECODE_ROWS_MAX
     if row_tile >= 4:
         return DECODE_ROWS_MAX if threads <= 1 else 4
-    return 2
+    return 4 if threads <= 1 and lanes >= 8 else 2
 
 
 class DecodeLayers:
@@ -98,7 +110,7 @@ class DecodeLayers:
         """Bytes of the layers' GEMV weights (qkv, o, gate|up, down)."""
         self.max_rows = decode_rows_max(self.weight_bytes + extra_weight_bytes,
                                         self._lib.pmk_gemv_row_tile(),
-                                        torch.get_num_threads())
+                                        torch.get_num_threads(), self._lib.pmk_gemv_lanes())
         """Sequences a step runs here at most (``decode_rows_max`` of the layers' weights
         and ``extra_weight_bytes``: the model's LM head, ``model/fused.py``)."""
 

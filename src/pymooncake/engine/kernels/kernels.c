@@ -604,6 +604,20 @@ int pmk_gemv_row_tile(void) {
 #endif
 }
 
+/* Floats per vector of the decode GEMV: 16 on AVX-512 (gemv4_rows512), 8 on AVX2 + FMA
+ * (gemv_rows_simd, which prefetches its weights), 1 in plain C (gemv_finish only). The
+ * rows bound for memory-bound weights was measured on the first two only
+ * (kernels.decode_rows_max asks). */
+int pmk_gemv_lanes(void) {
+#if defined(__AVX512F__)
+    return 16;
+#elif defined(PMK_AVX2)
+    return 8;
+#else
+    return 1;
+#endif
+}
+
 /* One-row GEMM (batch-1 decode), memory-bound: y[o] = W[o, :] . x (+ bias[o])
  * (+ residual[o]) for W [n_out, k] row-major float32, streamed once, four rows at a time.
  * bias and residual may be NULL. */
