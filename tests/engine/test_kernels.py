@@ -285,7 +285,7 @@ def test_decode_rows_bound_follows_weights_tile_and_threads() -> None:
         torch.set_num_threads(threads)
 
 
-def test_gemv_row_tile_is_four_on_avx512_builds() -> None:
+def test_gemv_tile_and_lanes_follow_cpu_flags() -> None:
     """``pmk_gemv_row_tile`` says 4 exactly when the kernels (built ``-march=native``) have
     AVX-512, i.e. when the CPU has it; ``pmk_gemv_lanes`` 16 then, 8 with AVX2 and FMA,
     else 1."""

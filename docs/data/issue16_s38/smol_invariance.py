@@ -1,10 +1,9 @@
-"""SmolLM2-135M, 6 prompts decoded greedily in one batch, twice: through DecodeLayers' C
+"""SmolLM2-135M, N prompts (argv, default 6) decoded greedily in one batch, twice: through DecodeLayers' C
 rows (up to 8 sequences a step on AVX-512 since session 38), and with each decode step's
 rows run one by one through the one-row C call (tests/engine/test_kernels.py's
 row_by_row). Token ids and logits must be equal bit for bit (the rows path is
-batch-invariant); the first run must have stepped as many rows at once as there are
-prompts. argv: the number of prompts (default 6; session 39 ran 4 on an AVX2 build,
-whose bound is 4 rows)."""
+batch-invariant); it prints the most rows the first run stepped at once, which should
+be N. Session 39 ran N = 4 on an AVX2 build, whose bound is 4 rows."""
 import random, sys, torch
 from pymooncake.engine import kernels
 from pymooncake.engine.engine import Engine

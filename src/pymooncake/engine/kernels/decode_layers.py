@@ -19,7 +19,8 @@ def decode_rows_max(weight_bytes: int, row_tile: int, threads: int, lanes: int) 
     input rows the kernels' GEMV reads each weight vector once for
     (``pmk_gemv_row_tile``: 4 on AVX-512, 1 elsewhere); ``threads``: torch's intra-op
     threads (oneDNN uses them all, the C rows one); ``lanes``: floats per vector of the
-    GEMV (``pmk_gemv_lanes``: 16 on AVX-512, 8 on AVX2 + FMA, 1 in plain C).
+    hand-written SIMD GEMV (``pmk_gemv_lanes``: 16 on AVX-512, 8 on AVX2 + FMA, 1 where
+    there is none).
 
     - Cache-resident weights (<= ``CACHED_WEIGHTS_BYTES``): ``DECODE_ROWS_MAX``. The tiny
       model's (11 MB) C rows beat oneDNN's GEMM at every batch from 2 to 8 (0.54 against
@@ -30,18 +31,21 @@ def decode_rows_max(weight_bytes: int, row_tile: int, threads: int, lanes: int) 
       from each weight tile): one thread 32.6 / 39.7 at 4 rows, 31.0 / 42.5 at 5, 41.4 /
       54.6 at 8; two threads 28.1 / 30.6 at 4, 32.9 / 30.6 at 5, 42.7 / 37.0 at 8.
     - AVX2 + FMA (no row tile, 8 lanes): 4 on one thread, 2 on more. Each row reads the
-      weights again, but from the L2-sized tile the first row brought in, so the DRAM
-      stream is paid once. SmolLM2 on a Zen 3 guest (AVX2; issue 16 session 39,
-      ``smol3.py``, one process alternating the two paths; CPU ms of one thread a step,
-      oneDNN / C rows, medians): two runs at 3 rows, 99.7 / 70.1 (6 rounds) and 63.3 /
-      56.0 (8 rounds, C lower in 8 of 8 pairs); at 4 rows 90.9 / 66.4 and 68.4 / 60.7 (C
-      lower in 6 of 8 pairs); one run of 6 rounds each at 5, 6 and 8 rows: 80.1 / 74.2,
-      81.1 / 78.7, 91.5 / 105.9. Only the ratios within a run count: the host moved the
-      levels between runs. On two threads oneDNN won at 3 and 4 rows (wall 41.6 / 55.7
-      and 41.7 / 55.3 ms, 4 rounds).
-    - Plain C (1 lane; no prefetch, one reduction per output): 2, the bound from before
-      the prefetch (session 18: SmolLM2's rows lost to oneDNN from 3 rows); not measured
-      since."""
+      weights again, but from the tile (``GEMV_TILE_FLOATS``, 32768 floats = 128 KiB,
+      kernels_decode.c) that the first row brought into L2, so the DRAM stream is paid
+      once. SmolLM2 on a Zen 3 guest (AVX2; issue 16 session 39,
+      ``docs/data/issue16_s38/smol3.py``, one process alternating the two paths; raw
+      output ``docs/data/issue16_s39/smol_avx2.txt``), CPU ms of one thread a step, C rows
+      / oneDNN, medians: at 3 rows 70.1 / 99.7 (6 rounds) and 56.0 / 63.3 (8 rounds, C
+      lower in 8 of 8 pairs); at 4 rows 66.4 / 90.9 and 60.7 / 68.4 (C lower in 6 of 8);
+      one run of 6 rounds each at 5, 6 and 8 rows: 74.2 / 80.1, 78.7 / 81.1, 105.9 /
+      91.5. Only the ratios within a run count: the host moved the levels between runs.
+      4, not 6: the 5- and 6-row margins (7 % and 3 %) lie inside that run's spread of
+      rounds. On two threads oneDNN won at 3 and 4 rows (wall 55.7 / 41.6 and 55.3 / 41.7
+      ms, 4 rounds).
+    - No hand-written SIMD GEMV (1 lane: ``gemv_finish``'s compiler-vectorised loop only,
+      no prefetch): 2, the cap session 18 set on an AVX-512 build before the prefetch;
+      plain-C rows have never been measured against oneDNN."""
     if weight_bytes <= CACHED_WEIGHTS_BYTES:
         return DECODE_ROWS_MAX
     if row_tile >= 4:

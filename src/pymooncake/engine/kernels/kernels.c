@@ -604,10 +604,11 @@ int pmk_gemv_row_tile(void) {
 #endif
 }
 
-/* Floats per vector of the decode GEMV: 16 on AVX-512 (gemv4_rows512), 8 on AVX2 + FMA
- * (gemv_rows_simd, which prefetches its weights), 1 in plain C (gemv_finish only). The
- * rows bound for memory-bound weights was measured on the first two only
- * (kernels.decode_rows_max asks). */
+/* Floats per vector of the hand-written SIMD decode GEMV: 16 on AVX-512 (gemv4_rows512),
+ * 8 on AVX2 + FMA (gemv_rows_simd; both prefetch their weights), 1 where there is none
+ * (gemv_finish's compiler-vectorised loop only, no prefetch). The rows bound for
+ * memory-bound weights was measured on the first two only (kernels.decode_rows_max
+ * asks). */
 int pmk_gemv_lanes(void) {
 #if defined(__AVX512F__)
     return 16;
