@@ -220,6 +220,23 @@ def test_gemv_rows_give_each_row_its_own_floats(m: int, k: int, n: int) -> None:
         kernels.gemv(x, w, b, r[:, :1])  # a residual of the wrong size
 
 
+def decode_row_by_row(model, dl, x, positions, meta, _before, _after, cos_t, sin_t):
+    """A stand-in for ``fused._forward_decode`` that runs each row of the step alone
+    through the one-row C call (``pmk_decode_layer_f32``): the reference the batched rows
+    must equal bit for bit (also used by docs/data/issue16_s38/smol_invariance.py)."""
+    out = []
+    for r in range(x.shape[0]):
+        dl.set_step([int(positions[r])], [int(meta.slot_mapping[r])],
+                    meta.decode_tables[r:r + 1], [int(meta.decode_ctx_lens[r])],
+                    cos_t, sin_t)
+        xr = x[r:r + 1].contiguous().clone()
+        for i in range(len(model.model.layers)):
+            dl.run(i, xr)
+        out.append(xr)
+    return kernels.rms_norm(torch.cat(out), model.model.norm.weight,
+                            model.config.rms_norm_eps)
+
+
 def test_batched_decode_rows_equal_each_sequence_decoded_alone(monkeypatch) -> None:
     """A decode step of several sequences through ``kernels.DecodeLayers``
     (``pmk_decode_layer_rows_f32``) gives each sequence the tokens and logits, bit for bit,
@@ -232,25 +249,12 @@ def test_batched_decode_rows_equal_each_sequence_decoded_alone(monkeypatch) -> N
         seen.append(x.shape[0])
         return batched(model, dl, x, *rest)
 
-    def row_by_row(model, dl, x, positions, meta, _before, _after, cos_t, sin_t):
-        out = []
-        for r in range(x.shape[0]):
-            dl.set_step([int(positions[r])], [int(meta.slot_mapping[r])],
-                        meta.decode_tables[r:r + 1], [int(meta.decode_ctx_lens[r])],
-                        cos_t, sin_t)
-            xr = x[r:r + 1].contiguous().clone()
-            for i in range(len(model.model.layers)):
-                dl.run(i, xr)
-            out.append(xr)
-        return kernels.rms_norm(torch.cat(out), model.model.norm.weight,
-                                model.config.rms_norm_eps)
-
     prompts = random_prompts(3, 20, 70, seed=11)
     params = SamplingParams(max_tokens=10, return_logits=True)
     monkeypatch.setattr(fused_step, "_forward_decode", spy)
     a = make_engine().generate(prompts, params)
     assert max(seen) == 3  # the three sequences decoded in one step
-    monkeypatch.setattr(fused_step, "_forward_decode", row_by_row)
+    monkeypatch.setattr(fused_step, "_forward_decode", decode_row_by_row)
     b = make_engine().generate(prompts, params)
     for x, y in zip(a, b, strict=True):
         assert x.output_token_ids == y.output_token_ids

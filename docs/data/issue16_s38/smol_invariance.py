@@ -1,15 +1,16 @@
 """SmolLM2-135M, N prompts (argv, default 6) decoded greedily in one batch, twice: through DecodeLayers' C
 rows (up to 8 sequences a step on AVX-512 since session 38), and with each decode step's
 rows run one by one through the one-row C call (tests/engine/test_kernels.py's
-row_by_row). Token ids and logits must be equal bit for bit (the rows path is
+decode_row_by_row; run from the repository root). Token ids and logits must be equal bit for bit (the rows path is
 batch-invariant); it prints the most rows the first run stepped at once, which should
 be N. Session 39 ran N = 4 on an AVX2 build, whose bound is 4 rows."""
 import random, sys, torch
-from pymooncake.engine import kernels
 from pymooncake.engine.engine import Engine
 from pymooncake.engine.config import EngineConfig
 from pymooncake.engine.model import fused as fused_step
 from pymooncake.engine.sampling import SamplingParams
+sys.path.insert(0, ".")  # the repository root: tests/ is a package
+from tests.engine.test_kernels import decode_row_by_row as row_by_row
 
 def eng():
     return Engine.from_model_name("smollm2", EngineConfig(num_kv_blocks=1024, max_model_len=4096,
@@ -19,16 +20,6 @@ seen = []
 def spy(model, dl, x, *rest):
     seen.append(x.shape[0])
     return batched(model, dl, x, *rest)
-def row_by_row(model, dl, x, positions, meta, _before, _after, cos_t, sin_t):
-    out = []
-    for r in range(x.shape[0]):
-        dl.set_step([int(positions[r])], [int(meta.slot_mapping[r])], meta.decode_tables[r:r + 1],
-                    [int(meta.decode_ctx_lens[r])], cos_t, sin_t)
-        xr = x[r:r + 1].contiguous().clone()
-        for i in range(len(model.model.layers)):
-            dl.run(i, xr)
-        out.append(xr)
-    return kernels.rms_norm(torch.cat(out), model.model.norm.weight, model.config.rms_norm_eps)
 rnd = random.Random(3)
 prompts = [[rnd.randrange(300, 20000) for _ in range(rnd.randrange(20, 120))]
            for _ in range(int(sys.argv[1]) if len(sys.argv) > 1 else 6)]
