@@ -155,17 +155,21 @@ def test_a_lease_kept_alive_then_dropped_expires_on_its_late_deadline(url: str,
         md = await _open(url)
         watch = await md.watch_prefix(prefix + "k/")
         try:
-            lease = await md.grant_lease(1.0)
+            # A 2 s TTL refreshed every 0.5 s leaves 1.5 s of slack per refresh: a loaded
+            # 2-core CI host once stalled this loop past a 1 s TTL refreshed every 0.6 s.
+            ttl_s = 2.0
+            lease = await md.grant_lease(ttl_s)
             await md.put(prefix + "k/1", b"v", lease_id=lease)
             assert (await _next(watch)).kind is EventKind.PUT
-            for _ in range(3):              # 1.8 s in all: past the first deadline
-                await asyncio.sleep(0.6)
+            for _ in range(5):              # 2.5 s in all: past the first deadline
+                await asyncio.sleep(0.5)
+                sent = time.monotonic()     # the server refreshes after this instant
                 await md.keep_alive(lease)
-            last = time.monotonic()
             assert await md.get(prefix + "k/1") is not None
-            ev = await _next(watch, timeout_s=6.0)
+            ev = await _next(watch, timeout_s=8.0)
             assert (ev.kind, ev.key) == (EventKind.DELETE, prefix + "k/1")
-            assert time.monotonic() - last >= 0.9   # not before the extended deadline
+            # Not before the extended deadline (5 ms for the clocks' granularity).
+            assert time.monotonic() - sent >= ttl_s - 0.005
         finally:
             await watch.close()
             await md.close()
