@@ -94,7 +94,7 @@ def test_lease_expiry_deletes_keys_and_keepalive_extends(url: str, prefix: str) 
         try:
             t0 = time.monotonic()
             short = await md.grant_lease(1.0)
-            kept = await md.grant_lease(1.0)
+            kept = await md.grant_lease(2.0)    # 2 s: a loaded host may stall ~1 s
             await md.put(prefix + "short", b"x", lease_id=short)
             await md.put(prefix + "kept", b"y", lease_id=kept)
             kv = await md.get(prefix + "short")
@@ -107,6 +107,9 @@ def test_lease_expiry_deletes_keys_and_keepalive_extends(url: str, prefix: str) 
             await _until(gone, timeout_s=6.0)
             # Expired after its TTL (etcd may round up and expire late, never early).
             assert time.monotonic() - t0 >= 0.95
+            while time.monotonic() - t0 < 2.5:  # past kept's first deadline
+                await md.keep_alive(kept)
+                await asyncio.sleep(0.25)
             assert await md.get(prefix + "kept") is not None
             with pytest.raises(LeaseNotFound):
                 await md.keep_alive(short)
