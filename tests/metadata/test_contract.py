@@ -253,8 +253,9 @@ def test_leader_election_resign_and_expiry(url: str, prefix: str) -> None:
         md = await _open(url)
         try:
             key = prefix + "leader"
-            a = LeaderElection(md, key, b"A", ttl_s=1.0)
-            b = LeaderElection(md, key, b"B", ttl_s=1.0)
+            # 2 s: refreshed every ttl/3, a lease rides out a ~1 s stall of a loaded host
+            a = LeaderElection(md, key, b"A", ttl_s=2.0)
+            b = LeaderElection(md, key, b"B", ttl_s=2.0)
             assert await a.campaign(timeout_s=5) is True
             assert await b.campaign(timeout_s=0.2) is False
             assert await b.leader() == b"A" and a.is_leader and not b.is_leader
@@ -311,13 +312,13 @@ def test_election_revision_fences_the_loser(url: str, prefix: str) -> None:
         md = await _open(url)
         try:
             key = prefix + "leader"
-            a = LeaderElection(md, key, b"A", ttl_s=1.0)
+            a = LeaderElection(md, key, b"A", ttl_s=2.0)
             assert await a.campaign(timeout_s=5) is True
             assert a.revision is not None and a.valid()
             assert await md.guarded_write(key, a.revision, [(prefix + "w", b"a")]) is not None
             await a.abandon()  # frozen: its lease runs out
             assert not a.valid()
-            b = LeaderElection(md, key, b"B", ttl_s=1.0)
+            b = LeaderElection(md, key, b"B", ttl_s=2.0)
             assert await b.campaign(timeout_s=6) is True
             assert b.revision != a.revision
             assert await md.guarded_write(key, a.revision, [(prefix + "w", b"late")]) is None
