@@ -31,6 +31,28 @@ def test_mooncake_wire_protocol_and_bad_requests(http_metadata_url: str) -> None
         assert c.get("/health").text == "ok"
 
 
+def test_replies_leave_with_tcp_nodelay() -> None:
+    """A reply is written as headers, then body: with Nagle's algorithm on the server's
+    socket the body waited for the client's delayed ACK (~40 ms on Linux loopback), and
+    every call took 44 ms (docs/benchmarks.md, issue 16, session 40). Every connection the
+    server accepted must have TCP_NODELAY set."""
+    import socket
+
+    from pymooncake.metadata.http import MetadataHttpServer
+
+    srv = MetadataHttpServer("127.0.0.1", 0).start()
+    try:
+        with httpx.Client(timeout=5) as c:
+            base = srv.url.rsplit("/metadata", 1)[0]
+            assert c.get(base + "/health").text == "ok"
+            assert c.put(srv.url, params={"key": "k"}, content=b"v").status_code == 200
+            conns = list(srv._server._conns)   # the keep-alive connection just used
+            assert len(conns) == 1
+            assert conns[0].getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        srv.stop()
+
+
 _NO_FAILED_IMPORT = r"""
 import asyncio, sys
 from pymooncake.metadata.http import MetadataHttpServer

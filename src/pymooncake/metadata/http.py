@@ -47,6 +47,10 @@ request per this many seconds; changes answer it at once)."""
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY: a reply is written as headers, then body. With Nagle's algorithm the body
+    # waited for the client's delayed ACK of the headers, ~40 ms on Linux loopback, so every
+    # call took 44 ms and a watch event 88 ms (docs/benchmarks.md, issue 16, session 40).
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         logger.debug("metadata http: " + format, *args)
