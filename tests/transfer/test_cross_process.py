@@ -130,10 +130,18 @@ def test_out_of_range_and_unregistered_refused_on_both_ends(engine: TransferEngi
     engine.free_batch(bid)
     assert peer.digest(peer.addr, 2 * MiB) == before
 
-    # Target side: the peer withdraws its buffer; our cached descriptor still lists it,
-    # so only the target's own check can refuse (and must not write into that memory).
+    # Target side: the peer withdraws its buffer while our cached descriptor still lists
+    # it, so only the target's own check can refuse (and must not write into that memory).
+    # The segment watch brings the new descriptor within milliseconds, so the test waits
+    # for it and puts the old one back: the cache of an engine that has not yet seen it.
     engine.transfer_sync(TransferOp.READ, src_addr, peer.name, peer.addr, 16)  # cache it
+    held = engine._peers[peer.name]
     assert peer.ask(f"unregister {peer.addr}") == "ok"
+    deadline = time.monotonic() + 10
+    while engine._peers.get(peer.name) is held:
+        assert time.monotonic() < deadline, "the segment watch never brought the change"
+        time.sleep(0.01)
+    engine._peers[peer.name] = held
     st = engine.transfer_sync(TransferOp.WRITE, src_addr, peer.name, peer.addr, MiB)
     assert st.code is StatusCode.INVALID_ARGUMENT
     assert "refused by target" in st.reason and "outside every registered" in st.reason
