@@ -5,6 +5,7 @@ and only those requests; unit test (the fault tests run it against real hosts)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -71,5 +72,93 @@ def test_a_guarded_coroutine_is_cancelled_when_its_worker_is_lost() -> None:
         await asyncio.sleep(0)
         assert ran == ["cancelled"]
         w.forget("r1")
+
+    asyncio.run(main())
+
+
+def test_the_guard_turns_only_its_own_cancel_into_the_loss() -> None:
+    """The guard cancels the awaiting task on a loss (no task of its own). Its own cancel
+    becomes ``WORKER_LOST`` and leaves the task with nothing pending; a cancel from
+    elsewhere still propagates; a loss noticed after the call returned cancels nothing."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        w = WorkerLossWatch()
+
+        # a loss: WORKER_LOST, and the task can await (and time out) normally afterwards
+        w.watch("r1", ("decode-b",))
+
+        async def lose() -> str:
+            try:
+                await w.guard("r1", asyncio.sleep(30))
+            except RpcError as e:
+                me = asyncio.current_task()
+                assert me is not None and me.cancelling() == 0
+                await asyncio.sleep(0.01)          # no cancel left pending
+                try:
+                    async with asyncio.timeout(0.01):
+                        await asyncio.sleep(1)
+                except TimeoutError:
+                    return e.code
+            return "no error"
+        t = asyncio.ensure_future(lose())
+        await asyncio.sleep(0.01)
+        w.lost("decode-b", "gone")
+        assert await t == "WORKER_LOST"
+        w.forget("r1")
+
+        # a cancel from elsewhere: alone, just after the loss, just before it
+        for order in ("cancel", "loss, cancel", "cancel, loss"):
+            w.watch("r2", ("decode-c",))
+            t = asyncio.ensure_future(w.guard("r2", asyncio.sleep(30)))
+            await asyncio.sleep(0.01)
+            for step in order.split(", "):
+                if step == "cancel":
+                    t.cancel()
+                else:
+                    w.lost("decode-c", "gone")
+            with pytest.raises(asyncio.CancelledError):
+                await t
+            w.forget("r2")
+
+        # a call that swallows the cancel and returns: the loss still came first
+        w.watch("r3", ("decode-d",))
+
+        async def stubborn() -> int:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(30)
+            return 5
+
+        async def run3() -> tuple[str, int]:
+            try:
+                await w.guard("r3", stubborn())
+            except RpcError as e:
+                me = asyncio.current_task()
+                assert me is not None
+                return e.code, me.cancelling()
+            return "no error", -1
+        t3 = asyncio.ensure_future(run3())
+        await asyncio.sleep(0.01)
+        w.lost("decode-d", "gone")
+        assert await t3 == ("WORKER_LOST", 0)
+        w.forget("r3")
+
+        # the answer and the loss in one loop turn, the answer first: the call's result,
+        # and the loss's callback (already queued) must not cancel the task's next await
+        w.watch("r4", ("decode-e",))
+        answer = loop.create_future()
+
+        async def rpc() -> int:
+            return await answer
+
+        async def run4() -> tuple[int, str]:
+            got = await w.guard("r4", rpc())
+            await asyncio.sleep(0.05)
+            return got, "slept"
+        t4 = asyncio.ensure_future(run4())
+        await asyncio.sleep(0.01)
+        answer.set_result(7)
+        w.lost("decode-e", "gone")
+        assert await t4 == (7, "slept")
+        w.forget("r4")
 
     asyncio.run(main())

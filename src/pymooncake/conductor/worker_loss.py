@@ -16,7 +16,6 @@ No I/O here: the service feeds it (``lost``) and awaits through it (``guard``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Iterable
 from typing import TypeVar
 
@@ -63,38 +62,52 @@ class WorkerLossWatch:
     async def guard(self, request_id: str, call: Awaitable[T]) -> T:
         """``await call``, unless a worker ``request_id`` involves is lost first: then
         ``RpcError("WORKER_LOST")`` (a future ``call`` is left to the caller, which cancels
-        it; a coroutine is cancelled here). Unwatched requests simply await ``call``."""
+        it; a coroutine is cancelled here). Unwatched requests simply await ``call``.
+
+        No task or waiter of its own (three to four guarded calls per P/D request): the
+        loss cancels the awaiting task, and the cancellation it caused is turned into
+        the loss's error; one from elsewhere still propagates."""
         entry = self._watched.get(request_id)
         if entry is None:
             return await call
         lost = entry[1]
-        owned = not asyncio.isfuture(call)
-        task = asyncio.ensure_future(call)
-        waiter = asyncio.ensure_future(_wait_done(lost))
+        if lost.done() and not lost.cancelled():    # lost before the call: never started
+            if asyncio.isfuture(call) and call.done():
+                return await call
+            if asyncio.iscoroutine(call):
+                call.close()
+            raise _loss_error(lost)
+        me = asyncio.current_task()
+        if me is None:                      # not in a task: nothing to cancel on a loss
+            return await call
+        hit = False
+        active = True
+
+        def on_lost(f: asyncio.Future[None]) -> None:
+            nonlocal hit
+            if active and not f.cancelled():
+                hit = True
+                me.cancel()
+
+        lost.add_done_callback(on_lost)
         try:
-            await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+            result = await (asyncio.shield(call) if asyncio.isfuture(call) else call)
+        except BaseException as e:
+            if not hit:
+                raise
+            if me.uncancel() > 0 and isinstance(e, asyncio.CancelledError):
+                raise                       # cancelled from elsewhere too
+            raise _loss_error(lost) from None
         finally:
-            waiter.cancel()
-            with contextlib.suppress(BaseException):
-                await waiter
-        if task.done() or not lost.done() or lost.cancelled():
-            return await task
-        if owned:
-            task.cancel()
-            task.add_done_callback(_consume)   # its own late error is not news
-        exc = lost.exception()
-        assert exc is not None
-        raise exc
+            active = False
+            lost.remove_done_callback(on_lost)
+        if hit:     # the call swallowed the cancel (3.11's wait_for may): the loss came first
+            me.uncancel()
+            raise _loss_error(lost)
+        return result
 
 
-def _consume(task: asyncio.Future[object]) -> None:
-    """Retrieve a given-up call's outcome, so asyncio does not log "Task exception was
-    never retrieved" when the call ends with an error after its cancel."""
-    if not task.cancelled():
-        task.exception()
-
-
-async def _wait_done(fut: asyncio.Future[None]) -> None:
-    """Wait until ``fut`` is done without consuming or cancelling it."""
-    with contextlib.suppress(BaseException):
-        await asyncio.shield(fut)
+def _loss_error(lost: asyncio.Future[None]) -> BaseException:
+    exc = lost.exception()
+    assert exc is not None
+    return exc
