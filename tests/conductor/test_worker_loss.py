@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from typing import Any
 
 import pytest
 
@@ -120,7 +121,7 @@ def test_the_guard_turns_only_its_own_cancel_into_the_loss() -> None:
                 await t
             w.forget("r2")
 
-        # a call that swallows the cancel and returns: the loss still came first
+        # a call that returns despite the cancel: its answer is used, nothing left pending
         w.watch("r3", ("decode-d",))
 
         async def stubborn() -> int:
@@ -128,18 +129,15 @@ def test_the_guard_turns_only_its_own_cancel_into_the_loss() -> None:
                 await asyncio.sleep(30)
             return 5
 
-        async def run3() -> tuple[str, int]:
-            try:
-                await w.guard("r3", stubborn())
-            except RpcError as e:
-                me = asyncio.current_task()
-                assert me is not None
-                return e.code, me.cancelling()
-            return "no error", -1
+        async def run3() -> tuple[int, int]:
+            got = await w.guard("r3", stubborn())
+            me = asyncio.current_task()
+            assert me is not None
+            return got, me.cancelling()
         t3 = asyncio.ensure_future(run3())
         await asyncio.sleep(0.01)
         w.lost("decode-d", "gone")
-        assert await t3 == ("WORKER_LOST", 0)
+        assert await t3 == (5, 0)
         w.forget("r3")
 
         # the answer and the loss in one loop turn, the answer first: the call's result,
@@ -160,5 +158,58 @@ def test_the_guard_turns_only_its_own_cancel_into_the_loss() -> None:
         w.lost("decode-e", "gone")
         assert await t4 == (7, "slept")
         w.forget("r4")
+
+        # the same through the hops the Conductor's calls take: a Task (the prefill call)
+        # or a coroutine around wait_for (RpcClient.call). A prefill worker that answers
+        # and then closes its connection: the answer wins, as it did with the old guard
+        for form in ("task", "coroutine"):
+            w.watch("r5", ("prefill-f",))
+            reply = loop.create_future()
+
+            async def rpc_call(reply: asyncio.Future[int] = reply) -> int:
+                return await asyncio.wait_for(reply, 5)
+            call = asyncio.ensure_future(rpc_call()) if form == "task" else rpc_call()
+
+            async def run5(call: Any = call) -> tuple[int, int]:
+                got = await w.guard("r5", call)
+                me = asyncio.current_task()
+                assert me is not None
+                return got, me.cancelling()
+            t5 = asyncio.ensure_future(run5())
+            await asyncio.sleep(0.01)
+            reply.set_result(9)
+            w.lost("prefill-f", "connection closed after its answer")
+            assert await t5 == (9, 0), form
+            w.forget("r5")
+
+    asyncio.run(main())
+
+
+def test_a_call_guarded_after_the_loss_is_never_sent() -> None:
+    """A worker already lost: a coroutine call is closed unsent (no request reaches a
+    worker for a request that has failed), a pending future is left to its owner, and
+    an answer already in is still returned."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        w = WorkerLossWatch()
+        w.watch("r", ("decode-b",))
+        w.lost("decode-b", "gone")
+        sent: list[str] = []
+
+        async def call() -> int:
+            sent.append("sent")
+            return 1
+        coro = call()
+        with pytest.raises(RpcError, match="WORKER_LOST"):
+            await w.guard("r", coro)
+        assert sent == [] and coro.cr_frame is None          # closed, never ran
+        pending = loop.create_future()
+        with pytest.raises(RpcError, match="WORKER_LOST"):
+            await w.guard("r", pending)
+        assert not pending.done()
+        answered = loop.create_future()
+        answered.set_result(3)
+        assert await w.guard("r", answered) == 3
+        w.forget("r")
 
     asyncio.run(main())

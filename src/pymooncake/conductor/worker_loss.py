@@ -66,7 +66,11 @@ class WorkerLossWatch:
 
         No task or waiter of its own (three to four guarded calls per P/D request): the
         loss cancels the awaiting task, and the cancellation it caused is turned into
-        the loss's error; one from elsewhere still propagates."""
+        the loss's error; one from elsewhere still propagates. An answer the call has by
+        then (one that arrived in the loss's loop turn) is returned, as before: a prefill
+        worker that answers and then closes its connection does not fail the request.
+        The error waits for a coroutine ``call`` to finish handling its cancel
+        (``RpcClient.call`` does at once)."""
         entry = self._watched.get(request_id)
         if entry is None:
             return await call
@@ -97,13 +101,14 @@ class WorkerLossWatch:
                 raise
             if me.uncancel() > 0 and isinstance(e, asyncio.CancelledError):
                 raise                       # cancelled from elsewhere too
+            if asyncio.isfuture(call) and call.done() and not call.cancelled():
+                return call.result()        # its answer came first, by more hops than ours
             raise _loss_error(lost) from None
         finally:
             active = False
             lost.remove_done_callback(on_lost)
-        if hit:     # the call swallowed the cancel (3.11's wait_for may): the loss came first
-            me.uncancel()
-            raise _loss_error(lost)
+        if hit:     # the call returned despite the cancel (3.11's wait_for does when its
+            me.uncancel()   # answer was in): an answer is used, never thrown away
         return result
 
 
