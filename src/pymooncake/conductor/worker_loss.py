@@ -75,15 +75,15 @@ class WorkerLossWatch:
         if entry is None:
             return await call
         lost = entry[1]
+        fut = call if asyncio.isfuture(call) else None     # a future is the caller's
         if lost.done() and not lost.cancelled():    # lost before the call: never started
-            if asyncio.isfuture(call) and call.done():
-                return await call
+            if fut is not None and fut.done():
+                return fut.result()
             if asyncio.iscoroutine(call):
                 call.close()
             raise _loss_error(lost)
         me = asyncio.current_task()
-        if me is None:                      # not in a task: nothing to cancel on a loss
-            return await call
+        assert me is not None               # a coroutine run by asyncio runs in a task
         hit = False
         active = True
 
@@ -95,14 +95,14 @@ class WorkerLossWatch:
 
         lost.add_done_callback(on_lost)
         try:
-            result = await (asyncio.shield(call) if asyncio.isfuture(call) else call)
+            result = await (call if fut is None else asyncio.shield(fut))
         except BaseException as e:
             if not hit:
                 raise
             if me.uncancel() > 0 and isinstance(e, asyncio.CancelledError):
                 raise                       # cancelled from elsewhere too
-            if asyncio.isfuture(call) and call.done() and not call.cancelled():
-                return call.result()        # its answer came first, by more hops than ours
+            if fut is not None and fut.done() and not fut.cancelled():
+                return fut.result()        # its answer came first, by more hops than ours
             raise _loss_error(lost) from None
         finally:
             active = False
