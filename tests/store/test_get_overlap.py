@@ -1,6 +1,7 @@
-"""A get of a key whose remote place the client knows reads the bytes while the master
-answers (``store.client_overlap``, issue 16), and keeps them only when the answer confirms
-them: real master and store-server processes, real Transfer Engine reads over tcp."""
+"""A get of a key whose place the client knows — in another process's segment or its own
+— reads the bytes while the master answers (``store.client_overlap``, issue 16), and keeps
+them only when the answer confirms them: real master and store-server processes, real
+Transfer Engine reads over tcp."""
 
 from __future__ import annotations
 
@@ -135,23 +136,87 @@ def test_get_size_is_one_metadata_call_without_a_lease(cluster_factory) -> None:
     assert e.value.code == ErrorCode.OBJECT_NOT_FOUND
 
 
-def test_a_key_with_a_replica_in_the_own_segment_is_not_remembered(cluster_factory) -> None:
-    """A local replica is one memcpy after the answer: such a key is never read remotely
-    ahead of it; a key held only remotely is remembered."""
+def test_a_key_in_the_own_segment_is_copied_while_the_master_answers(cluster_factory
+                                                                    ) -> None:
+    """A key with a replica in the client's own segment is remembered there with the
+    object's checksum (from the put, and from a read's answer): its get copies the bytes
+    out of the segment between sending ``get_replica_list`` and taking the answer, at
+    every size (the fused copy-and-hash from 4 MiB on). With a second, remote replica the
+    own one is the one remembered; a key held only remotely is remembered remotely."""
+    from pymooncake.store.checksum import digests
     from pymooncake.store.config import ReplicateConfig
 
     cl = cluster_factory()
     cl.store_server(16 * MiB, transports="local,tcp")
-    a = cl.client(transfer_config=TCP, global_segment_size=16 * MiB)
+    a = cl.client(transfer_config=TCP, global_segment_size=32 * MiB)
+    vals = {"small": os.urandom(1000), "kv": os.urandom(700 * 1024),
+            "big": os.urandom(5 * MiB + 12345)}
+    for k, v in vals.items():
+        a.put(k, v, ReplicateConfig(preferred_segment=a.segment_name))
+        loc = a._locations[k]
+        assert loc.segment == a.segment_name and loc.size == len(v)
+        assert loc.checksum == digests(v)
     a.put("both", b"b" * 8192, ReplicateConfig(replica_num=2))
     reps = a.replica_list("both").replicas
     assert {r.segment == a.segment_name for r in reps} == {True, False}
-    assert "both" not in a._locations
-    assert a.get("both") == b"b" * 8192 and "both" not in a._locations
+    assert a._locations["both"].segment == a.segment_name
+    calls = _Calls(a)
+    for k, v in [*vals.items(), ("both", b"b" * 8192)]:
+        assert a.get(k) == v
+    assert calls.begun == ["get_replica_list"] * 4 and calls.called == []
     other = next(r.segment for r in reps if r.segment != a.segment_name)
     a.put("far", b"f" * 8192, ReplicateConfig(preferred_segment=other))
-    assert a._locations["far"].segment == other
+    assert a._locations["far"].segment == other and a._locations["far"].checksum is None
     assert a.get("far") == b"f" * 8192
+    # learnt from a read: forgotten, read the usual way, then remembered with its checksum
+    del a._locations["kv"]
+    calls = _Calls(a)
+    assert a.get("kv") == vals["kv"] and calls.called == ["get_replica_list"]
+    assert a._locations["kv"].checksum == digests(vals["kv"])
+    assert a.get("kv") == vals["kv"] and calls.begun == ["get_replica_list"]
+
+
+def test_own_segment_copy_is_kept_only_when_the_answer_confirms_it(cluster_factory
+                                                                   ) -> None:
+    """The own-segment copy made ahead of the answer is dropped, and the value read the
+    usual way, when the key was written again by another client (another generation,
+    often the same place), when the remembered checksum is not the answer's, or when the
+    bytes fail it: a flipped byte in the only replica is ``CHECKSUM_MISMATCH``, never
+    data; with a second replica elsewhere that one is served."""
+    from pymooncake.store.config import ReplicateConfig
+
+    cl = cluster_factory()
+    a = cl.client(transfer_config=TCP, global_segment_size=32 * MiB)
+    b = cl.client(transfer_config=TCP)   # no segment: its puts land in a's
+    for round_ in range(4):
+        key, old, new = f"re-{round_}", os.urandom(300_000), os.urandom(300_000)
+        a.put(key, old)
+        before = a._locations[key]
+        assert before.segment == a.segment_name
+        b.remove(key)
+        b.put(key, new)
+        calls = _Calls(a)
+        assert a.get(key) == new
+        assert calls.begun == ["get_replica_list"] and calls.called == []
+        assert a._locations[key].generation != before.generation
+    v = os.urandom(5 * MiB)
+    a.put("sum", v)
+    loc = a._locations["sum"]
+    wrong = bytes([loc.checksum[0]]) + bytes(len(loc.checksum) - 1)
+    a._locations["sum"] = loc._replace(checksum=wrong)  # verifies nothing: not kept
+    assert a.get("sum") == v
+    assert a._locations["sum"].checksum == loc.checksum   # from the answer
+    a._local_view(loc.addr, loc.size)[loc.size // 3] ^= 0x20
+    with pytest.raises(StoreError) as e:
+        a.get("sum")
+    assert e.value.code == ErrorCode.CHECKSUM_MISMATCH
+    cl.store_server(16 * MiB, transports="local,tcp")
+    w = os.urandom(5 * MiB)
+    a.put("two", w, ReplicateConfig(replica_num=2))
+    lt = a._locations["two"]
+    assert lt.segment == a.segment_name
+    a._local_view(lt.addr, lt.size)[7] ^= 0x01
+    assert a.get("two") == w
 
 
 def test_a_remembered_place_on_a_dead_segment_is_read_once(cluster_factory) -> None:

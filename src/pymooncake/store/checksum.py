@@ -90,9 +90,12 @@ def digests(buf: memoryview | bytes | bytearray) -> bytes:
 
 PARALLEL_MIN = 4 << 20
 """Values from this size (4 MiB) on are hashed on the checksum helper thread while the
-caller copies (a put's ``digests_begin``) or hashed and copied half there, half on the
-caller (a get's ``copy_verified``): XXH3 and ``memmove`` run without the GIL, so the two
-halves use two cores. Smaller values (KV blocks are 0.7 MiB) stay on the caller's thread."""
+caller copies them (a put's ``digests_begin``): XXH3 over a whole value and ``memmove`` run
+without the GIL, so the two use two cores. Smaller values (KV blocks are 0.7 MiB) stay on
+the caller's thread. A get's ``copy_verified`` stays on one thread at every size: it
+hashes 64 KiB chunks, and xxhash keeps the GIL for those, so a second thread doing half
+the work made a 16 MiB embedded get slower here, 5.66 against 4.92 ms (docs/benchmarks.md,
+issue 16 session 42)."""
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = 0
 _pool_lock = threading.Lock()
@@ -186,22 +189,9 @@ def copy_verified(addr: int, length: int, checksum: bytes | None) -> bytes | Non
     out = _new_bytes(None, length)
     dst = id(out) + _BYTES_DATA
     mv = memoryview(out)
-    if length >= PARALLEL_MIN:  # the second half on the helper thread, at once
-        mid = length // 2 // COPY_PIECE * COPY_PIECE
-        rest = _helper().submit(_copy_pieces, dst, addr, mv, checksum, mid, length)
-        ok = _copy_pieces(dst, addr, mv, checksum, 0, mid)
-        return out if rest.result() and ok else None
-    return out if _copy_pieces(dst, addr, mv, checksum, 0, length) else None
-
-
-def _copy_pieces(dst: int, addr: int, mv: memoryview, checksum: bytes, start: int,
-                 end: int) -> bool:
-    """Copy bytes ``[start, end)`` from ``addr`` to ``dst`` (``mv`` its view), each
-    ``COPY_PIECE`` hashed right after its copy; False at the first piece that does not
-    match ``checksum`` (``start`` a multiple of ``COPY_PIECE``)."""
-    for off in range(start, end, COPY_PIECE):
-        n = min(COPY_PIECE, end - off)
+    for off in range(0, length, COPY_PIECE):
+        n = min(COPY_PIECE, length - off)
         ctypes.memmove(dst + off, addr + off, n)
         if not verify(mv[off:off + n], checksum, off):
-            return False
-    return True
+            return None
+    return out

@@ -147,9 +147,12 @@ class GetOps(BadReplicaOps):
         p.replicas = reps
         if not reps:
             p.error = StoreError(ErrorCode.OBJECT_NOT_FOUND, f"{p.key!r}: no reachable replica")
-        elif all(x.segment != self.segment_name for x in reps):  # overlapped next time
-            remember(self._locations, p.key, Location(reps[0].segment, reps[0].addr,
-                                                      rl.size_bytes, rl.generation))
+        elif reps[0].segment == self.segment_name or all(x.segment != self.segment_name
+                                                         for x in reps):
+            # overlapped next time (client_overlap); our own copy with its checksum
+            remember(self._locations, p.key, Location(
+                reps[0].segment, reps[0].addr, rl.size_bytes, rl.generation,
+                rl.checksum if reps[0].segment == self.segment_name else None))
 
     def _plan_one(self, key: str) -> _ReadPlan:
         """``_plan([key], True, load=False)`` in one ``get_replica_list`` call (no batch

@@ -187,13 +187,14 @@ class PutOps(MasterOps, MemoryOps):
                 r = self._batch_item(item)
                 if isinstance(r, StoreError):
                     out[i] = r
-        for i in ok:  # where a remote replica lies: a later get reads it at once
+        for i in ok:  # where a replica lies: a later get reads it while the master answers
             reps = handles[i].replicas
-            if out[i] is None and all(x.segment != self.segment_name for x in reps):
-                rep = reps[0] if reps else None  # (with a local replica: read that one)
-                if rep is not None:
-                    remember(self._locations, keys[i], Location(
-                        rep.segment, rep.addr, sizes[i], handles[i].generation))
+            if out[i] is None and reps:
+                own = [x for x in reps if x.segment == self.segment_name]
+                rep = own[0] if own else reps[0]  # (with a local replica: read that one)
+                remember(self._locations, keys[i], Location(
+                    rep.segment, rep.addr, sizes[i], handles[i].generation,
+                    sums[i] if own else None))
 
     def _answer(self, method: str, params: Any, reply_type: Any = None) -> Any:
         """A single-key call's result, or the master's ``StoreError`` answer as a value (as
