@@ -128,7 +128,8 @@ def test_digests_begin_equals_digests_and_hashes_large_values_on_the_helper(n: i
 
 def test_checksum_helper_works_in_a_forked_child() -> None:
     """A child forked after the helper thread started gets its own helper (the parent's
-    thread does not exist there): its large hash and verified copy finish and are right."""
+    thread does not exist there): its large hash (on that helper) finishes and is right,
+    and so is its verified copy (on the child's own thread)."""
     n = PARALLEL_MIN + CHUNK
     buf = _value(7, n)
     want = digests_begin(buf)()  # the parent's helper is running now

@@ -136,13 +136,29 @@ def test_get_size_is_one_metadata_call_without_a_lease(cluster_factory) -> None:
     assert e.value.code == ErrorCode.OBJECT_NOT_FOUND
 
 
+class _Serves:
+    """Counts the reads a client makes the usual way (``_serve``, after the answer): an
+    overlapped get whose bytes the answer confirmed makes none."""
+
+    def __init__(self, client) -> None:
+        self.n = 0
+        inner = client._serve
+
+        def counted(plans):
+            self.n += 1
+            return inner(plans)
+
+        client._serve = counted
+
+
 def test_a_key_in_the_own_segment_is_copied_while_the_master_answers(cluster_factory
                                                                     ) -> None:
     """A key with a replica in the client's own segment is remembered there with the
-    object's checksum (from the put, and from a read's answer): its get copies the bytes
-    out of the segment between sending ``get_replica_list`` and taking the answer, at
-    every size (the fused copy-and-hash from 4 MiB on). With a second, remote replica the
-    own one is the one remembered; a key held only remotely is remembered remotely."""
+    object's checksum (by a one-key put, and by a one-key get's answer): its get copies
+    the bytes out of the segment between sending ``get_replica_list`` and taking the
+    answer, and serves that copy (no read after the answer), at every size (the fused
+    copy-and-hash from 4 MiB on). With a second, remote replica the own one is the one
+    remembered; a key held only remotely is remembered remotely, without a checksum."""
     from pymooncake.store.checksum import digests
     from pymooncake.store.config import ReplicateConfig
 
@@ -160,34 +176,60 @@ def test_a_key_in_the_own_segment_is_copied_while_the_master_answers(cluster_fac
     reps = a.replica_list("both").replicas
     assert {r.segment == a.segment_name for r in reps} == {True, False}
     assert a._locations["both"].segment == a.segment_name
-    calls = _Calls(a)
+    calls, serves = _Calls(a), _Serves(a)
     for k, v in [*vals.items(), ("both", b"b" * 8192)]:
         assert a.get(k) == v
     assert calls.begun == ["get_replica_list"] * 4 and calls.called == []
+    assert serves.n == 0
     other = next(r.segment for r in reps if r.segment != a.segment_name)
     a.put("far", b"f" * 8192, ReplicateConfig(preferred_segment=other))
     assert a._locations["far"].segment == other and a._locations["far"].checksum is None
     assert a.get("far") == b"f" * 8192
     # learnt from a read: forgotten, read the usual way, then remembered with its checksum
     del a._locations["kv"]
-    calls = _Calls(a)
+    calls, serves = _Calls(a), _Serves(a)
     assert a.get("kv") == vals["kv"] and calls.called == ["get_replica_list"]
-    assert a._locations["kv"].checksum == digests(vals["kv"])
+    assert serves.n == 1 and a._locations["kv"].checksum == digests(vals["kv"])
     assert a.get("kv") == vals["kv"] and calls.begun == ["get_replica_list"]
+    assert serves.n == 1
+
+
+def test_batch_paths_and_large_objects_leave_own_places_alone(cluster_factory,
+                                                             monkeypatch) -> None:
+    """Own-segment places are remembered by the one-key paths only (a batch of KV blocks
+    is read back in batches, which never look them up) and for objects of at most
+    ``OWN_MAX_BYTES`` (their checksums are kept with them)."""
+    from pymooncake.store import client_overlap
+
+    cl = cluster_factory()
+    a = cl.client(transfer_config=TCP, global_segment_size=16 * MiB)
+    vals = [os.urandom(70_000 + i) for i in range(3)]
+    a.batch_put([f"b{i}" for i in range(3)], vals)
+    assert a.batch_get([f"b{i}" for i in range(3)]) == vals
+    assert a._locations == {}
+    assert a.get("b1") == vals[1] and set(a._locations) == {"b1"}
+    monkeypatch.setattr(client_overlap, "OWN_MAX_BYTES", 100_000)
+    big = os.urandom(100_001)
+    a.put("big", big)
+    assert "big" not in a._locations
+    assert a.get("big") == big and "big" not in a._locations
 
 
 def test_own_segment_copy_is_kept_only_when_the_answer_confirms_it(cluster_factory
                                                                    ) -> None:
     """The own-segment copy made ahead of the answer is dropped, and the value read the
     usual way, when the key was written again by another client (another generation,
-    often the same place), when the remembered checksum is not the answer's, or when the
-    bytes fail it: a flipped byte in the only replica is ``CHECKSUM_MISMATCH``, never
-    data; with a second replica elsewhere that one is served."""
+    often the same place), when the remembered checksum is not the answer's (even if the
+    bytes now there match it), or when the bytes fail it: a flipped byte in the only
+    replica is ``CHECKSUM_MISMATCH``, never data; with a second replica elsewhere that
+    one is served."""
+    from pymooncake.store.checksum import digests
     from pymooncake.store.config import ReplicateConfig
 
     cl = cluster_factory()
     a = cl.client(transfer_config=TCP, global_segment_size=32 * MiB)
     b = cl.client(transfer_config=TCP)   # no segment: its puts land in a's
+    serves = _Serves(a)
     for round_ in range(4):
         key, old, new = f"re-{round_}", os.urandom(300_000), os.urandom(300_000)
         a.put(key, old)
@@ -198,6 +240,7 @@ def test_own_segment_copy_is_kept_only_when_the_answer_confirms_it(cluster_facto
         calls = _Calls(a)
         assert a.get(key) == new
         assert calls.begun == ["get_replica_list"] and calls.called == []
+        assert serves.n == round_ + 1   # read again the usual way
         assert a._locations[key].generation != before.generation
     v = os.urandom(5 * MiB)
     a.put("sum", v)
@@ -206,12 +249,23 @@ def test_own_segment_copy_is_kept_only_when_the_answer_confirms_it(cluster_facto
     a._locations["sum"] = loc._replace(checksum=wrong)  # verifies nothing: not kept
     assert a.get("sum") == v
     assert a._locations["sum"].checksum == loc.checksum   # from the answer
-    a._local_view(loc.addr, loc.size)[loc.size // 3] ^= 0x20
+    # other bytes written in place, and remembered as if they were the object's: the
+    # copy verifies against that checksum, but the answer's differs
+    other = os.urandom(5 * MiB)
+    view = a._local_view(loc.addr, loc.size)
+    view[:] = memoryview(other)
+    a._locations["sum"] = loc._replace(checksum=digests(other))
     with pytest.raises(StoreError) as e:
         a.get("sum")
     assert e.value.code == ErrorCode.CHECKSUM_MISMATCH
-    cl.store_server(16 * MiB, transports="local,tcp")
     w = os.urandom(5 * MiB)
+    a.put("one", w)
+    lo = a._locations["one"]
+    a._local_view(lo.addr, lo.size)[lo.size // 3] ^= 0x20
+    with pytest.raises(StoreError) as e:
+        a.get("one")
+    assert e.value.code == ErrorCode.CHECKSUM_MISMATCH
+    cl.store_server(16 * MiB, transports="local,tcp")
     a.put("two", w, ReplicateConfig(replica_num=2))
     lt = a._locations["two"]
     assert lt.segment == a.segment_name

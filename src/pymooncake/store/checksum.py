@@ -94,7 +94,8 @@ caller copies them (a put's ``digests_begin``): XXH3 over a whole value and ``me
 without the GIL, so the two use two cores. Smaller values (KV blocks are 0.7 MiB) stay on
 the caller's thread. A get's ``copy_verified`` stays on one thread at every size: it
 hashes 64 KiB chunks, and xxhash keeps the GIL for those, so a second thread doing half
-the work made a 16 MiB embedded get slower here, 5.66 against 4.92 ms (docs/benchmarks.md,
+the work only traded the GIL back and forth: a 16 MiB embedded get took a median 5.48 ms
+a round split against 5.13 on one thread (and more CPU in session 40; docs/benchmarks.md,
 issue 16 session 42)."""
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = 0

@@ -151,7 +151,7 @@ class StoreClient(Background, RangeGetOps, PutOps):
         self._thread: threading.Thread | None = None
         self._stop: asyncio.Event | None = None
         self._rpc_port = 0
-        self._locations: dict[str, Location] = {}  # remote objects' places (client_overlap)
+        self._locations: dict[str, Location] = {}  # objects' places (client_overlap)
         self.started = False
 
     # -- lifecycle ---------------------------------------------------------------------

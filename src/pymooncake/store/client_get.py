@@ -23,7 +23,7 @@ from pymooncake.store.client_base import (
     NEEDS_LOAD,
 )
 from pymooncake.store.client_memory import check_lists
-from pymooncake.store.client_overlap import Location, planned_get, remember
+from pymooncake.store.client_overlap import Location, own_remembered, planned_get, remember
 from pymooncake.store.datapath import Move
 from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.protocol import (
@@ -130,9 +130,11 @@ class GetOps(BadReplicaOps):
         return plans
 
     def _fill(self, p: _ReadPlan, rl: ReplicaList, t_asked: float, now: float,
-              prefer_local: bool) -> None:
+              prefer_local: bool, one: bool = False) -> None:
         """``p`` from the master's answer ``r`` (asked at ``t_asked``, client clock): size,
-        lease expiry and the DRAM replicas to try, in order."""
+        lease expiry and the DRAM replicas to try, in order. The place of a key held only
+        in other segments is remembered (client_overlap); ``one`` (a one-key ``get``, the
+        only reader of those places): a replica in the own segment too, with the checksum."""
         p.size = rl.size_bytes
         p.checksum = rl.checksum
         p.generation = rl.generation
@@ -147,12 +149,13 @@ class GetOps(BadReplicaOps):
         p.replicas = reps
         if not reps:
             p.error = StoreError(ErrorCode.OBJECT_NOT_FOUND, f"{p.key!r}: no reachable replica")
-        elif reps[0].segment == self.segment_name or all(x.segment != self.segment_name
-                                                         for x in reps):
-            # overlapped next time (client_overlap); our own copy with its checksum
+        elif reps[0].segment != self.segment_name:
+            if all(x.segment != self.segment_name for x in reps):  # overlapped next time
+                remember(self._locations, p.key, Location(reps[0].segment, reps[0].addr,
+                                                          rl.size_bytes, rl.generation))
+        elif one and own_remembered(rl.size_bytes, rl.checksum):  # copied next time
             remember(self._locations, p.key, Location(
-                reps[0].segment, reps[0].addr, rl.size_bytes, rl.generation,
-                rl.checksum if reps[0].segment == self.segment_name else None))
+                reps[0].segment, reps[0].addr, rl.size_bytes, rl.generation, rl.checksum))
 
     def _plan_one(self, key: str) -> _ReadPlan:
         """``_plan([key], True, load=False)`` in one ``get_replica_list`` call (no batch
@@ -168,7 +171,7 @@ class GetOps(BadReplicaOps):
         if r.promote:
             p.error = NEEDS_LOAD
             return p
-        self._fill(p, r, t_query, self._clock(), True)
+        self._fill(p, r, t_query, self._clock(), True, one=True)
         return p
 
     def _read(self, plans: list[_ReadPlan], dests: list[tuple[int, int] | None]) -> None:

@@ -1,24 +1,28 @@
 """A one-key get whose master round trip overlaps the read of the bytes (issue 16).
 
-A client remembers where the objects it wrote (and read) live in other processes'
-segments: ``Location`` = segment, address, size and the object's generation. A ``get`` of
-such a key sends ``get_replica_list`` to the master, reads the remembered range into
-staging while the master answers, and then takes the answer. The bytes are kept only when
-the answer confirms them: the same generation (a removed and re-put key has another one),
-the same size, a readable DRAM replica at the same segment and address, and the object's
-checksum verifies the staged bytes. Since the object existed there at the put (or the
-earlier read) and still exists there, with the same generation, when the master answers,
-nothing else was written to that range in between; the lease granted with the answer and
-the lease check after the copy (case BUG-15) are as on the usual path. Anything else —
-another place, a failed or corrupt read, an error — falls back to the usual read with
-the answer already in hand (no second master call), so a stale location costs one wasted
-read and never a wrong value.
+A client remembers where objects it wrote (and read) live: ``Location`` = segment,
+address, size and the object's generation, and for a replica in its own segment the
+object's checksum. A ``get`` of such a key sends ``get_replica_list`` to the master, reads
+the remembered range while the master answers — another process's segment into staging
+by the Transfer Engine, its own segment by one copy into the new value, each 256 KiB
+piece hashed as it lands (``checksum.copy_verified``) — and then takes the answer. The
+bytes are kept only when the answer confirms them: the same generation (a removed and
+re-put key has another one), the same size, a readable DRAM replica at the same segment
+and address, and the object's checksum (the answer's, which for an own replica must
+also be the remembered one) verifies every byte read. Same generation and place alone
+do not prove the range was untouched — a replica loaded back from SSD keeps its
+generation and may be rewritten while it is read — so the checksum is what makes a
+kept read right; the lease granted with the answer and the lease check after the copy
+(case BUG-15) are as on the usual path. Anything else — another place, a failed or
+corrupt read, an error — falls back to the usual read with the answer already in hand
+(no second master call), so a stale location costs one wasted read and never a wrong
+value.
 
-A replica in the client's own segment is remembered too, with the object's checksum: the
-get copies it out of the segment (``checksum.copy_verified``, hashed as it lands) while
-the master answers, and keeps the copy when the answer confirms the same generation, size,
-place and checksum. A 16 MiB embedded get spends its ~0.4 ms round trip inside the copy
-instead of before it (docs/benchmarks.md, issue 16 session 42).
+Own-segment places are remembered only by the one-key paths (``put``, ``get``) and for
+objects of up to ``OWN_MAX_BYTES`` with a checksum: batch puts and reads (KV blocks) are
+read back in batches, which never look here. A 16 MiB embedded get then spends the
+master's round trip inside its copy instead of before it (docs/benchmarks.md, issue 16
+session 42).
 """
 
 from __future__ import annotations
@@ -38,6 +42,15 @@ if TYPE_CHECKING:
 
 LOCATIONS_MAX = 4096
 """Keys whose location a client remembers (the oldest forgotten first)."""
+OWN_MAX_BYTES = 64 << 20
+"""Largest object whose own-segment place is remembered: its checksum (1 + 8 bytes per
+64 KiB, 8 KiB at 64 MiB) is kept with it, so ``LOCATIONS_MAX`` of them stay under 32 MiB."""
+
+
+def own_remembered(size: int, checksum: bytes | None) -> bool:
+    """Whether an own-segment replica of ``size`` bytes with ``checksum`` is remembered:
+    it has a checksum (the copy is verified as it lands) and is at most ``OWN_MAX_BYTES``."""
+    return checksum is not None and size <= OWN_MAX_BYTES
 
 
 class Location(NamedTuple):
@@ -93,7 +106,7 @@ def overlapped_get(c: GetOps, key: str, loc: Location, plan: type[_ReadPlan]
     try:
         try:
             if own:
-                view = c._local_view(loc.addr, loc.size)
+                view = c._local_view(loc.addr, loc.size) if loc.checksum else None
                 if view is not None:  # as the usual own-segment read: verified as copied
                     (value,) = c._copy_out([view], [loc.checksum])
                 moved = value is not None
@@ -122,7 +135,7 @@ def overlapped_get(c: GetOps, key: str, loc: Location, plan: type[_ReadPlan]
         if answer.promote:  # held only on SSD: the batch path loads it back
             p.error = NEEDS_LOAD
             return p
-        c._fill(p, answer, t_query, c._clock(), True)
+        c._fill(p, answer, t_query, c._clock(), True, one=True)
         if not (p.error is None and moved and answer.generation == loc.generation
                 and answer.size_bytes == loc.size
                 and any(r.segment == loc.segment and r.addr == loc.addr
