@@ -177,10 +177,14 @@ def test_a_key_in_the_own_segment_is_copied_while_the_master_answers(cluster_fac
     assert {r.segment == a.segment_name for r in reps} == {True, False}
     assert a._locations["both"].segment == a.segment_name
     calls, serves = _Calls(a), _Serves(a)
+    copied: list[int] = []   # own-segment copies: one a get, none by the Transfer Engine
+    inner = a._copy_out
+    a._copy_out = lambda views, sums: copied.extend(v.nbytes for v in views) or inner(
+        views, sums)
     for k, v in [*vals.items(), ("both", b"b" * 8192)]:
         assert a.get(k) == v
     assert calls.begun == ["get_replica_list"] * 4 and calls.called == []
-    assert serves.n == 0
+    assert serves.n == 0 and copied == [*map(len, vals.values()), 8192]
     other = next(r.segment for r in reps if r.segment != a.segment_name)
     a.put("far", b"f" * 8192, ReplicateConfig(preferred_segment=other))
     assert a._locations["far"].segment == other and a._locations["far"].checksum is None
