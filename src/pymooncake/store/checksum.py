@@ -93,10 +93,11 @@ PARALLEL_MIN = 4 << 20
 caller copies them (a put's ``digests_begin``): XXH3 over a whole value and ``memmove`` run
 without the GIL, so the two use two cores. Smaller values (KV blocks are 0.7 MiB) stay on
 the caller's thread. A get's ``copy_verified`` stays on one thread at every size: it
-hashes 64 KiB chunks, and xxhash keeps the GIL for those, so a second thread doing half
-the work only traded the GIL back and forth: a 16 MiB embedded get took a median 5.48 ms
-a round split against 5.13 on one thread (and more CPU in session 40; docs/benchmarks.md,
-issue 16 session 42)."""
+hashes 64 KiB chunks, and xxhash keeps the GIL for those (two threads hashing 8 MiB each
+that way took 0.99 ms against 0.51 for one thread doing all 16), so a second thread doing
+half the work gained nothing: a 16 MiB embedded get took a median 5.48 ms a round split
+against 5.13 on one thread (and more CPU in session 40; docs/benchmarks.md, issue 16
+session 42)."""
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = 0
 _pool_lock = threading.Lock()
