@@ -23,7 +23,7 @@ from pymooncake.store.client_base import (
     NEEDS_LOAD,
 )
 from pymooncake.store.client_memory import check_lists
-from pymooncake.store.client_overlap import Location, own_remembered, planned_get, remember
+from pymooncake.store.client_overlap import note_place, planned_get
 from pymooncake.store.datapath import Move
 from pymooncake.store.errors import ErrorCode, StoreError
 from pymooncake.store.protocol import (
@@ -149,13 +149,9 @@ class GetOps(BadReplicaOps):
         p.replicas = reps
         if not reps:
             p.error = StoreError(ErrorCode.OBJECT_NOT_FOUND, f"{p.key!r}: no reachable replica")
-        elif reps[0].segment != self.segment_name:
-            if all(x.segment != self.segment_name for x in reps):  # overlapped next time
-                remember(self._locations, p.key, Location(reps[0].segment, reps[0].addr,
-                                                          rl.size_bytes, rl.generation))
-        elif one and own_remembered(rl.size_bytes, rl.checksum):  # copied next time
-            remember(self._locations, p.key, Location(
-                reps[0].segment, reps[0].addr, rl.size_bytes, rl.generation, rl.checksum))
+        else:  # read while the master answers, next time
+            note_place(self._locations, self.segment_name, p.key, reps, rl.size_bytes,
+                       rl.generation, rl.checksum, one)
 
     def _plan_one(self, key: str) -> _ReadPlan:
         """``_plan([key], True, load=False)`` in one ``get_replica_list`` call (no batch

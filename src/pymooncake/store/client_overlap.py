@@ -28,6 +28,7 @@ session 42).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from pymooncake.rpc import RpcConnectionError, RpcError, RpcTimeout
@@ -35,7 +36,7 @@ from pymooncake.store.checksum import verify_at
 from pymooncake.store.client_base import NEEDS_LOAD
 from pymooncake.store.datapath import Move
 from pymooncake.store.errors import StoreError
-from pymooncake.store.protocol import KeyRequest, ReplicaList
+from pymooncake.store.protocol import KeyRequest, ReplicaDesc, ReplicaList
 
 if TYPE_CHECKING:
     from pymooncake.store.client_get import GetOps, _ReadPlan
@@ -47,10 +48,21 @@ OWN_MAX_BYTES = 64 << 20
 64 KiB, 8 KiB at 64 MiB) is kept with it, so ``LOCATIONS_MAX`` of them stay under 32 MiB."""
 
 
-def own_remembered(size: int, checksum: bytes | None) -> bool:
-    """Whether an own-segment replica of ``size`` bytes with ``checksum`` is remembered:
-    it has a checksum (the copy is verified as it lands) and is at most ``OWN_MAX_BYTES``."""
-    return checksum is not None and size <= OWN_MAX_BYTES
+def note_place(locations: dict[str, Location], own: str, key: str,
+               reps: Sequence[ReplicaDesc], size: int, generation: int,
+               checksum: bytes | None, one: bool) -> None:
+    """After a put or a read of ``key`` (``reps``: its replicas, the one to read first
+    first): remember the first one when none is in segment ``own`` (the client's); else,
+    on a one-key path (``one``), the own one with ``checksum`` when there is one and the
+    object is at most ``OWN_MAX_BYTES`` (a batch of KV blocks is read back in batches,
+    which never look here)."""
+    mine = next((r for r in reps if r.segment == own), None)
+    if mine is None:
+        if reps:
+            remember(locations, key, Location(reps[0].segment, reps[0].addr, size,
+                                              generation))
+    elif one and checksum is not None and size <= OWN_MAX_BYTES:
+        remember(locations, key, Location(own, mine.addr, size, generation, checksum))
 
 
 class Location(NamedTuple):
@@ -106,7 +118,7 @@ def overlapped_get(c: GetOps, key: str, loc: Location, plan: type[_ReadPlan]
     try:
         try:
             if own:
-                view = c._local_view(loc.addr, loc.size) if loc.checksum else None
+                view = c._local_view(loc.addr, loc.size)  # (note_place: with a checksum)
                 if view is not None:  # as the usual own-segment read: verified as copied
                     (value,) = c._copy_out([view], [loc.checksum])
                 moved = value is not None

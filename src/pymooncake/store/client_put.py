@@ -16,7 +16,7 @@ from pymooncake.store.checksum import digests_begin, view_at
 from pymooncake.store.client_base import DEFAULT_CONFIG, PUT_LATENCY
 from pymooncake.store.client_master import MasterOps
 from pymooncake.store.client_memory import MemoryOps, check_lists
-from pymooncake.store.client_overlap import Location, own_remembered, remember
+from pymooncake.store.client_overlap import note_place
 from pymooncake.store.config import ReplicateConfig
 from pymooncake.store.datapath import Move
 from pymooncake.store.errors import ErrorCode, StoreError
@@ -188,16 +188,9 @@ class PutOps(MasterOps, MemoryOps):
                 if isinstance(r, StoreError):
                     out[i] = r
         for i in ok:  # where a replica lies: a later get reads it while the master answers
-            reps = handles[i].replicas
-            if out[i] is None and reps:
-                own = [x for x in reps if x.segment == self.segment_name]
-                if not own:
-                    remember(self._locations, keys[i], Location(
-                        reps[0].segment, reps[0].addr, sizes[i], handles[i].generation))
-                elif one and own_remembered(sizes[i], sums[i]):  # (a batch: KV blocks,
-                    remember(self._locations, keys[i], Location(  # read back in batches)
-                        own[0].segment, own[0].addr, sizes[i], handles[i].generation,
-                        sums[i]))
+            if out[i] is None:
+                note_place(self._locations, self.segment_name, keys[i], handles[i].replicas,
+                           sizes[i], handles[i].generation, sums[i], one)
 
     def _answer(self, method: str, params: Any, reply_type: Any = None) -> Any:
         """A single-key call's result, or the master's ``StoreError`` answer as a value (as
